@@ -1,0 +1,67 @@
+"""Error codes of the wire contract (PROTOCOL.md section 6), with Kafka's numbers.
+
+Kafka users already know these numbers; keeping them lets logs, metrics and
+client exceptions read the same as in a Kafka deployment.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
+    INVALID_TOPIC_EXCEPTION = 17
+    INVALID_REQUIRED_ACKS = 21
+    TOPIC_AUTHORIZATION_FAILED = 29
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REQUEST = 42
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    INVALID_TXN_STATE = 48
+    CONCURRENT_TRANSACTIONS = 51
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
+    UNKNOWN_PRODUCER_ID = 59
+    UNSUPPORTED_COMPRESSION_TYPE = 76
+    INVALID_RECORD = 87
+    PRODUCER_FENCED = 90
+
+    @classmethod
+    def name_of(cls, code: int) -> str:
+        """The symbolic name of `code`, or a readable placeholder for codes we do not know."""
+        try:
+            return cls(code).name
+        except ValueError:
+            return f"UNKNOWN_ERROR_CODE({code})"
+
+
+RETRIABLE: frozenset[ErrorCode] = frozenset(
+    {
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.CORRUPT_MESSAGE,
+        ErrorCode.KAFKA_STORAGE_ERROR,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
+    }
+)
+"""Codes after which Kafka's clients retry the same request unchanged."""
+
+
+class ProtocolError(Exception):
+    """A wire-level failure that carries the error code to answer with."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message

@@ -1,0 +1,85 @@
+"""Length-prefixed msgpack frames, sans IO: bytes in, messages out.
+
+| size | field                                  |
+|-----:|----------------------------------------|
+|    4 | length, uint32 big-endian              |
+|  len | one msgpack value (a map for messages) |
+
+`FrameDecoder` never touches a socket. It refuses a declared length over its
+limit as soon as the 4 length bytes arrive, before buffering the body, so a
+hostile peer cannot make the broker allocate a large frame.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+LENGTH = struct.Struct(">I")
+LENGTH_BYTES = 4
+DEFAULT_FRAME_BYTES_MAX = 16 * 1024 * 1024
+
+
+class FrameError(Exception):
+    """The byte stream cannot be framed or decoded; the connection must close."""
+
+
+class FrameTooLarge(FrameError):
+    def __init__(self, length: int, limit: int) -> None:
+        super().__init__(f"frame of {length} bytes exceeds max_frame_bytes {limit}")
+        self.length = length
+        self.limit = limit
+
+
+def encode_frame(message: Any) -> bytes:
+    """One frame holding `message` as msgpack (str for text, bin for bytes)."""
+    body = msgpack.packb(message, use_bin_type=True)
+    return LENGTH.pack(len(body)) + body
+
+
+def decode_body(body: bytes | memoryview) -> Any:
+    """Decode one frame's msgpack body, mapping every decoder failure to FrameError."""
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise FrameError(f"frame body is not msgpack: {exc}") from exc
+
+
+class FrameDecoder:
+    """Incremental decoder: `feed` bytes as they arrive, get whole messages back."""
+
+    __slots__ = ("_buffer", "frame_bytes_max")
+
+    def __init__(self, frame_bytes_max: int = DEFAULT_FRAME_BYTES_MAX) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
+        """Append `data` and return every message now complete, in order."""
+        buf = self._buffer
+        buf += data
+        messages: list[Any] = []
+        pos = 0
+        end = len(buf)
+        view = memoryview(buf)
+        try:
+            while end - pos >= LENGTH_BYTES:
+                (length,) = LENGTH.unpack_from(buf, pos)
+                if length > self.frame_bytes_max:
+                    raise FrameTooLarge(length, self.frame_bytes_max)
+                if end - pos - LENGTH_BYTES < length:
+                    break
+                start = pos + LENGTH_BYTES
+                messages.append(decode_body(view[start : start + length]))
+                pos = start + length
+        finally:
+            view.release()
+        if pos:
+            del buf[:pos]
+        return messages
