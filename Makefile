@@ -1,0 +1,53 @@
+# Set-up is two commands on a fresh clone: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: run test lint format bench clean check-java check-promtool
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/minibroker serve --host 127.0.0.1 --port 9092 --data-dir ./data
+
+test: $(STAMP) check-java check-promtool lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "make test: 'java' not found. pyspark 4.x needs Java 17 for the Spark tests."; \
+	  echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless"; \
+	  echo "  macOS:         brew install openjdk@17"; \
+	  exit 1; }
+
+# promtool and prometheus (Debian's `prometheus` package) check deploy/ and
+# back the Prometheus integration test.
+check-promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's prometheus package (promtool, prometheus)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) \
+	      || { echo "make test: could not install prometheus; run: sudo apt-get install -y prometheus"; exit 1; }; \
+	  else \
+	    echo "make test: 'promtool' not found. Install it: sudo apt-get install -y prometheus"; exit 1; \
+	  fi; }
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

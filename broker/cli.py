@@ -1,0 +1,102 @@
+"""The `minibroker` command: `serve` runs the broker; the client tools add their own verbs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from broker import config as cfg
+from broker import logs
+from broker.data_dir import DataDirError
+from broker.producer_ids import ProducerIdStateError
+
+log = logging.getLogger("minibroker.cli")
+
+# CLI flags that map one-to-one onto settings of the same name.
+SERVE_FLAGS = (
+    "host",
+    "port",
+    "data_dir",
+    "backend",
+    "log_level",
+    "log_format",
+    "metrics_host",
+    "metrics_port",
+    "pid_file",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="minibroker",
+        description="A single-process broker with Kafka's idempotent producer guarantees.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="run the broker in the foreground")
+    serve.add_argument(
+        "--config", metavar="FILE.toml", help="settings file (see docs/configuration.md)"
+    )
+    for name in SERVE_FLAGS:
+        f = cfg.SETTINGS[name]
+        kwargs: dict[str, Any] = {
+            "default": None,
+            "help": f"{f.metadata['doc']} (default {f.default!r})",
+        }
+        if name == "backend":
+            kwargs["choices"] = ["trio", "asyncio"]
+        elif name == "log_level":
+            kwargs["choices"] = list(cfg.LOG_LEVELS)
+        elif name == "log_format":
+            kwargs["choices"] = ["text", "json"]
+        elif isinstance(f.default, int):
+            kwargs["type"] = int
+        serve.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs)
+    serve.set_defaults(func=run_serve)
+    sub.add_parser("config-table", help="print the settings table (markdown)").set_defaults(
+        func=lambda _args: print(cfg.markdown_table()) or 0
+    )
+    try:
+        from client import cli as client_cli
+    except ImportError:
+        client_cli = None
+    if client_cli is not None:
+        client_cli.register(sub)
+    return parser
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    overrides = {k: getattr(args, k) for k in SERVE_FLAGS if getattr(args, k) is not None}
+    try:
+        config = cfg.load(args.config, overrides)
+    except cfg.ConfigError as exc:
+        print(f"minibroker: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(config.log_level, config.log_format)
+    # A write past RLIMIT_FSIZE must fail with EFBIG (answered as a storage
+    # error) instead of killing the process.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    from broker.server import Broker
+
+    broker = Broker(config, lambda: cfg.load(args.config, overrides))
+    backend_options = {"use_uvloop": True} if config.backend == "asyncio" else {}
+    try:
+        anyio.run(broker.run, backend=config.backend, backend_options=backend_options)
+    except (DataDirError, ProducerIdStateError) as exc:
+        log.error("event=refused_to_start reason=%r", str(exc))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)

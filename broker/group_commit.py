@@ -1,0 +1,83 @@
+"""Group commit for acks=-1: one fdatasync round serves every batch appended before it.
+
+Producers append and then wait for their partition's flushed offset to pass
+their batch. A single flusher task runs rounds: it collects the partitions
+with waiters, syncs their dirty segment files in a worker thread (so the event
+loop keeps appending), marks them flushed, and wakes every waiter. Batches
+appended while a round runs ride the next one, which is what makes fsync cost
+per round rather than per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import anyio
+
+from broker.metrics import BrokerMetrics
+from broker.partition import Partition
+
+log = logging.getLogger("minibroker.group_commit")
+
+
+class FlushFailed(Exception):
+    """fdatasync failed: the batch is in the page cache but not known durable."""
+
+
+class GroupCommitter:
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+        self._dirty: dict[int, Partition] = {}
+        self._waiters = 0
+        self._wake = anyio.Event()
+        self._round_done = anyio.Event()
+        self._failed: set[int] = set()
+
+    async def wait_durable(self, partition: Partition, last_offset: int) -> None:
+        """Return once every offset up to `last_offset` of `partition` is on disk."""
+        plog = partition.log
+        key = id(partition)
+        while plog.flushed_offset <= last_offset:
+            self._dirty[key] = partition
+            self._wake.set()
+            done = self._round_done
+            self._waiters += 1
+            try:
+                await done.wait()
+            finally:
+                self._waiters -= 1
+            if key in self._failed and plog.flushed_offset <= last_offset:
+                raise FlushFailed(f"fdatasync failed for {partition.topic}-{partition.index}")
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            batch = self._dirty
+            self._dirty = {}
+            targets = [(key, p, *p.log.sync_targets()) for key, p in batch.items()]
+            started = time.perf_counter()
+            failed = await anyio.to_thread.run_sync(_sync_all, [t[2] for t in targets])
+            self._metrics.observe_fsync(time.perf_counter() - started, self._waiters)
+            self._failed = set()
+            for i, (key, p, _fds, end_offset) in enumerate(targets):
+                if i in failed:
+                    self._failed.add(key)
+                    log.error("event=fsync_failed topic=%s partition=%d", p.topic, p.index)
+                else:
+                    p.log.mark_flushed(end_offset)
+            done, self._round_done = self._round_done, anyio.Event()
+            done.set()
+
+
+def _sync_all(fd_lists: list[list[int]]) -> set[int]:
+    failed: set[int] = set()
+    for i, fds in enumerate(fd_lists):
+        for fd in fds:
+            try:
+                os.fdatasync(fd)
+            except OSError:
+                failed.add(i)
+    return failed

@@ -1,0 +1,410 @@
+"""API semantics: each request in, its response map out (PROTOCOL.md section 4).
+
+Handlers run on the event loop and do their log work synchronously, so the
+requests of one connection take effect strictly in arrival order. A Produce
+with acks=-1 appends at once and returns a `Deferred` that completes when the
+group commit has made its batches durable; the connection layer sends replies
+in order, so later requests keep flowing while it waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from broker.config import BrokerConfig
+from broker.group_commit import FlushFailed, GroupCommitter
+from broker.log import OffsetOutOfRange
+from broker.metrics import BrokerMetrics
+from broker.partition import Partition
+from broker.producer_ids import ProducerIdManager
+from broker.topics import TopicError, TopicRegistry
+from protocol import messages as m
+from protocol.batch import BatchError, scan_batches, validate
+from protocol.errors import ErrorCode
+
+log = logging.getLogger("minibroker.handlers")
+
+BROKER_VERSION = "0.1.0"
+BROKER_ID = 0
+SUPPORTED_APIS = frozenset(
+    {"ApiVersions", "Metadata", "CreateTopics", "InitProducerId", "Produce", "Fetch", "ListOffsets"}
+)
+
+Deferred = Callable[[], Awaitable[dict[str, Any]]]
+"""A reply that is not ready yet: awaiting it yields the response map."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Handlers:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        topics: TopicRegistry,
+        producer_ids: ProducerIdManager,
+        committer: GroupCommitter,
+        metrics: BrokerMetrics,
+        advertised: tuple[str, int],
+    ) -> None:
+        self.config = config
+        self.topics = topics
+        self.producer_ids = producer_ids
+        self.committer = committer
+        self.metrics = metrics
+        self.advertised = advertised
+        self._appended = anyio.Event()
+        self._fetch_waiters = 0
+        self._stopping = False
+        self._table: dict[str, Callable[[Any], Any]] = {
+            "ApiVersions": self.api_versions,
+            "Metadata": self.metadata,
+            "CreateTopics": self.create_topics,
+            "InitProducerId": self.init_producer_id,
+            "Produce": self.produce,
+            "Fetch": self.fetch,
+            "ListOffsets": self.list_offsets,
+        }
+
+    async def handle(self, request: Any) -> dict[str, Any] | Deferred | None:
+        """The response map, a Deferred, or None for a request that gets no reply (acks=0)."""
+        result = self._table[request.api](request)
+        if isinstance(result, Awaitable):
+            return await result
+        return result
+
+    # ----------------------------------------------------------------- simple APIs
+
+    def api_versions(self, _: m.ApiVersionsRequest) -> dict[str, Any]:
+        return m.ApiVersionsResponse(
+            {api: [m.VERSION, m.VERSION] for api in sorted(SUPPORTED_APIS)},
+            BROKER_VERSION,
+            self.config.max_frame_bytes,
+        ).to_wire()
+
+    def metadata(self, req: m.MetadataRequest) -> dict[str, Any]:
+        registry = self.topics
+        names = sorted(registry.topics) if req.topics is None else req.topics
+        out: list[m.TopicMetadata] = []
+        for name in names:
+            topic = registry.topics.get(name)
+            if topic is None and req.allow_auto_create and self.config.auto_create_topics:
+                try:
+                    topic = registry.create(name, self.config.default_partitions, None, now_ms())
+                except TopicError as exc:
+                    out.append(m.TopicMetadata(name, exc.code))
+                    continue
+            if topic is None:
+                out.append(m.TopicMetadata(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            out.append(
+                m.TopicMetadata(
+                    name,
+                    ErrorCode.NONE,
+                    [
+                        m.PartitionMetadata(p.index, ErrorCode.NONE, BROKER_ID)
+                        for p in topic.partitions
+                    ],
+                )
+            )
+        host, port = self.advertised
+        return m.MetadataResponse([m.BrokerMetadata(BROKER_ID, host, port)], out).to_wire()
+
+    def create_topics(self, req: m.CreateTopicsRequest) -> dict[str, Any]:
+        results = []
+        for t in req.topics:
+            try:
+                self.topics.create(t.name, t.partitions, t.config, now_ms())
+                results.append(m.CreateTopicResult(t.name))
+            except TopicError as exc:
+                results.append(m.CreateTopicResult(t.name, exc.code, exc.message))
+        return m.CreateTopicsResponse(results).to_wire()
+
+    def init_producer_id(self, req: m.InitProducerIdRequest) -> dict[str, Any]:
+        ids = self.producer_ids
+        if req.transactional_id is not None:
+            grant = ids.init_transactional(req.transactional_id)
+        elif req.producer_id >= 0:
+            known = [
+                e
+                for p in self.topics.all_partitions()
+                if (e := p.producers.epoch_of(req.producer_id)) is not None
+            ]
+            grant = ids.bump(req.producer_id, req.producer_epoch, max(known, default=None))
+        else:
+            grant = ids.new_producer()
+        if grant.error == ErrorCode.INVALID_PRODUCER_EPOCH:
+            self.metrics.producer_event("fenced")
+        return m.InitProducerIdResponse(
+            grant.producer_id, grant.producer_epoch, grant.error
+        ).to_wire()
+
+    def list_offsets(self, req: m.ListOffsetsRequest) -> dict[str, Any]:
+        topics = []
+        for topic, parts in req.topics:
+            out = []
+            for index, timestamp in parts:
+                p = self.topics.partition(topic, index)
+                if p is None:
+                    out.append(
+                        m.ListOffsetsPartitionResponse(index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                    )
+                elif timestamp == m.TIMESTAMP_LATEST:
+                    out.append(m.ListOffsetsPartitionResponse(index, offset=self._stable_end(p)))
+                elif timestamp == m.TIMESTAMP_EARLIEST:
+                    out.append(m.ListOffsetsPartitionResponse(index, offset=p.log.log_start_offset))
+                else:
+                    found = p.log.offset_for_timestamp(timestamp)
+                    out.append(
+                        m.ListOffsetsPartitionResponse(
+                            index, offset=-1 if found is None else found, timestamp=timestamp
+                        )
+                    )
+            topics.append((topic, out))
+        return m.ListOffsetsResponse(topics).to_wire()
+
+    @staticmethod
+    def _stable_end(p: Partition) -> int:
+        # Without open transactions the last stable offset is the log end.
+        return p.log.log_end_offset
+
+    # ----------------------------------------------------------------- produce
+
+    def produce(self, req: m.ProduceRequest) -> dict[str, Any] | Deferred | None:
+        acks = req.acks
+        stamp = now_ms()
+        results: list[tuple[str, list[m.ProducePartitionResponse]]] = []
+        durable: list[tuple[Partition, int]] = []
+        for topic, parts in req.topics:
+            out = []
+            for index, records in parts:
+                if acks not in (-1, 0, 1):
+                    out.append(
+                        m.ProducePartitionResponse(
+                            index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}"
+                        )
+                    )
+                    continue
+                response, partition, last_offset = self._produce_one(topic, index, records, stamp)
+                out.append(response)
+                if partition is not None and acks == -1 and last_offset >= 0:
+                    durable.append((partition, last_offset))
+            results.append((topic, out))
+        if acks == 0:
+            return None
+        if durable:
+            return self._await_durable(req.timeout_ms, results, durable)
+        return m.ProduceResponse(results).to_wire()
+
+    def _produce_one(
+        self, topic: str, index: int, records: bytes, stamp: int
+    ) -> tuple[m.ProducePartitionResponse, Partition | None, int]:
+        partition = self.topics.partition(topic, index)
+        if partition is None:
+            return (
+                m.ProducePartitionResponse(
+                    index,
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    message=f"unknown topic-partition {topic}-{index}",
+                ),
+                None,
+                -1,
+            )
+        try:
+            header = validate(records, max_bytes=self.config.message_max_bytes)
+        except BatchError as exc:
+            return m.ProducePartitionResponse(index, exc.code, message=exc.message), None, -1
+        error, message = self._refuse_batch(header)
+        if error:
+            return m.ProducePartitionResponse(index, error, message=message), None, -1
+        result = partition.append(records, header, stamp)
+        plog = partition.log
+        if result.error:
+            self._count_rejection(result.error)
+            return (
+                m.ProducePartitionResponse(
+                    index,
+                    result.error,
+                    log_start_offset=plog.log_start_offset,
+                    message=result.message,
+                ),
+                None,
+                -1,
+            )
+        if result.duplicate:
+            self.metrics.producer_event("duplicate")
+        else:
+            self.metrics.record_produce(topic, len(records), header.record_count)
+            if self._fetch_waiters:
+                self._appended.set()
+                self._appended = anyio.Event()
+        return (
+            m.ProducePartitionResponse(
+                index,
+                ErrorCode.NONE,
+                result.base_offset,
+                -1,
+                plog.log_start_offset,
+                result.duplicate,
+            ),
+            partition,
+            result.last_offset,
+        )
+
+    def _refuse_batch(self, header: Any) -> tuple[ErrorCode, str | None]:
+        """Broker-wide checks before the partition's producer state is consulted."""
+        if header.is_control:
+            return ErrorCode.INVALID_RECORD, "clients may not write control batches"
+        if header.is_transactional:
+            return ErrorCode.INVALID_TXN_STATE, "no ongoing transaction for this producer"
+        if not header.is_idempotent:
+            return ErrorCode.NONE, None
+        pid, epoch = header.producer_id, header.producer_epoch
+        if not self.producer_ids.is_issued(pid):
+            self.metrics.producer_event("unknown_producer_id")
+            return ErrorCode.UNKNOWN_PRODUCER_ID, f"producer id {pid} was never issued"
+        if self.producer_ids.fenced(pid, epoch):
+            self.metrics.producer_event("fenced")
+            return ErrorCode.INVALID_PRODUCER_EPOCH, f"epoch {epoch} of producer {pid} is fenced"
+        return ErrorCode.NONE, None
+
+    def _count_rejection(self, code: ErrorCode) -> None:
+        kind = {
+            ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER: "out_of_order",
+            ErrorCode.UNKNOWN_PRODUCER_ID: "unknown_producer_id",
+            ErrorCode.INVALID_PRODUCER_EPOCH: "fenced",
+            ErrorCode.DUPLICATE_SEQUENCE_NUMBER: "duplicate",
+        }.get(code)
+        if kind:
+            self.metrics.producer_event(kind)
+
+    def _await_durable(
+        self,
+        timeout_ms: int,
+        results: list[tuple[str, list[m.ProducePartitionResponse]]],
+        durable: list[tuple[Partition, int]],
+    ) -> Deferred:
+        timeout_s = min(max(timeout_ms, 0), self.config.request_timeout_ms) / 1000
+
+        async def complete() -> dict[str, Any]:
+            failed: set[int] = set()
+            with anyio.move_on_after(timeout_s) as scope:
+                for partition, last_offset in durable:
+                    try:
+                        await self.committer.wait_durable(partition, last_offset)
+                    except FlushFailed:
+                        failed.add(id(partition))
+            for topic, parts in results:
+                for r in parts:
+                    if r.error:
+                        continue
+                    p = self.topics.partition(topic, r.partition)
+                    assert p is not None
+                    if id(p) in failed:
+                        r.error, r.message = ErrorCode.KAFKA_STORAGE_ERROR, "fsync failed"
+                    elif scope.cancelled_caught and p.log.flushed_offset <= r.base_offset:
+                        r.error = ErrorCode.REQUEST_TIMED_OUT
+                        r.message = f"not durable within timeout_ms={timeout_ms}"
+            return m.ProduceResponse(results).to_wire()
+
+        return complete
+
+    # ----------------------------------------------------------------- fetch
+
+    async def fetch(self, req: m.FetchRequest) -> dict[str, Any]:
+        wait_s = min(max(req.max_wait_ms, 0), self.config.request_timeout_ms) / 1000
+        deadline = anyio.current_time() + wait_s
+        while True:
+            response, ready_bytes, errored = self._fetch_once(req)
+            remaining = deadline - anyio.current_time()
+            if ready_bytes >= req.min_bytes or errored or remaining <= 0 or self._stopping:
+                return response
+            self._fetch_waiters += 1
+            try:
+                with anyio.move_on_after(remaining):
+                    await self._appended.wait()
+            finally:
+                self._fetch_waiters -= 1
+
+    def _fetch_once(self, req: m.FetchRequest) -> tuple[dict[str, Any], int, bool]:
+        budget = min(req.max_bytes, self.config.fetch_max_bytes)
+        used = 0
+        errored = False
+        topics = []
+        for topic, parts in req.topics:
+            out = []
+            for fp in parts:
+                p = self.topics.partition(topic, fp.partition)
+                if p is None:
+                    errored = True
+                    out.append(
+                        m.FetchPartitionResponse(fp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                    )
+                    continue
+                plog = p.log
+                high_watermark = plog.log_end_offset
+                stable = self._stable_end(p)
+                records = b""
+                error = ErrorCode.NONE
+                # Kafka's rule: the first non-empty partition may exceed the budget by one
+                # batch so a consumer always progresses; the rest stay within it.
+                room = (
+                    min(fp.partition_max_bytes, budget - used) if used else fp.partition_max_bytes
+                )
+                if room > 0 or not used:
+                    try:
+                        records = plog.read(
+                            fp.fetch_offset,
+                            max(room, 1),
+                            stable if req.isolation_level == m.ISOLATION_READ_COMMITTED else None,
+                        )
+                    except OffsetOutOfRange:
+                        error = ErrorCode.OFFSET_OUT_OF_RANGE
+                        errored = True
+                used += len(records)
+                if records:
+                    count = sum(h.record_count for _, h in scan_batches(records, check_crc=False))
+                    self.metrics.record_fetch(topic, len(records), count)
+                out.append(
+                    m.FetchPartitionResponse(
+                        fp.partition,
+                        error,
+                        high_watermark,
+                        stable,
+                        plog.log_start_offset,
+                        [] if req.isolation_level == m.ISOLATION_READ_COMMITTED else None,
+                        records,
+                    )
+                )
+            topics.append((topic, out))
+        return m.FetchResponse(topics).to_wire(), used, errored
+
+    def stop_waiting(self) -> None:
+        """Shutdown: answer every long-polling Fetch now with what it has."""
+        self._stopping = True
+        self._appended.set()
+
+    # ----------------------------------------------------------------- housekeeping
+
+    def housekeeping(self) -> None:
+        """Retention and producer expiry, run every retention_check_interval_ms."""
+        stamp = now_ms()
+        for p in self.topics.all_partitions():
+            deleted = p.log.apply_retention(stamp)
+            if deleted:
+                log.info(
+                    "event=retention topic=%s partition=%d segments_deleted=%d log_start_offset=%d",
+                    p.topic,
+                    p.index,
+                    deleted,
+                    p.log.log_start_offset,
+                )
+            expired = p.producers.expire(stamp)
+            if expired:
+                self.metrics.producer_event("expired", expired)

@@ -1,0 +1,130 @@
+"""Producer id allocation and epochs: InitProducerId's bookkeeping.
+
+Ids are handed out from blocks whose upper bound is made durable before the
+first id of the block is used, so after any crash the next start resumes past
+every id ever issued: ids are never reused. The transactional_id -> (pid,
+epoch) map is persisted on every change, since fencing depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+from broker.fileio import seal, unseal, write_atomic
+from protocol.errors import ErrorCode
+
+ID_BLOCK_SIZE = 1000
+EPOCH_MAX = 32767
+EPOCHS_REMEMBERED_MAX = 1_000_000
+BLOCK_FILE = "producer_id_block"
+TXN_FILE = "transactional_ids"
+
+
+class ProducerIdStateError(RuntimeError):
+    """A persisted id file is unreadable; ids could be reused, so the broker will not start."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    error: ErrorCode
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+class ProducerIdManager:
+    """Issues producer ids and epochs; knows which ids exist and their newest epoch."""
+
+    def __init__(self, directory: Path) -> None:
+        self._block_path = directory / BLOCK_FILE
+        self._txn_path = directory / TXN_FILE
+        self._next_id = self._load_block_end()
+        self._block_end = self._next_id
+        # Newest epoch handed out per id, for fencing. Bounded: ids that fall out
+        # are checked against the partitions' producer state instead.
+        self._epochs: dict[int, int] = {}
+        self._transactional: dict[str, tuple[int, int]] = self._load_transactional()
+        for pid, epoch in self._transactional.values():
+            self._epochs[pid] = epoch
+
+    def _load_block_end(self) -> int:
+        if not self._block_path.exists():
+            return 0
+        body = unseal(self._block_path.read_bytes())
+        if body is None:
+            raise ProducerIdStateError(
+                f"{self._block_path} fails its CRC; producer ids could be reused. "
+                "Restore it from a backup, or write a higher block by hand."
+            )
+        value = msgpack.unpackb(body)
+        assert isinstance(value, int) and value >= 0
+        return value
+
+    def _load_transactional(self) -> dict[str, tuple[int, int]]:
+        if not self._txn_path.exists():
+            return {}
+        body = unseal(self._txn_path.read_bytes())
+        if body is None:
+            raise ProducerIdStateError(f"{self._txn_path} fails its CRC")
+        raw = msgpack.unpackb(body, raw=False)
+        return {tid: (pid, epoch) for tid, (pid, epoch) in raw.items()}
+
+    def _allocate(self) -> int:
+        if self._next_id >= self._block_end:
+            self._block_end = self._next_id + ID_BLOCK_SIZE
+            write_atomic(self._block_path, seal(msgpack.packb(self._block_end)))
+        pid = self._next_id
+        self._next_id += 1
+        assert pid < self._block_end
+        return pid
+
+    def _remember(self, pid: int, epoch: int) -> None:
+        epochs = self._epochs
+        epochs[pid] = epoch
+        if len(epochs) > EPOCHS_REMEMBERED_MAX:
+            for old in list(epochs)[: EPOCHS_REMEMBERED_MAX // 2]:
+                del epochs[old]
+
+    def is_issued(self, producer_id: int) -> bool:
+        return 0 <= producer_id < self._next_id
+
+    def fenced(self, producer_id: int, producer_epoch: int) -> bool:
+        """True when a newer epoch of this id has been issued."""
+        newest = self._epochs.get(producer_id)
+        return newest is not None and producer_epoch < newest
+
+    def new_producer(self) -> Grant:
+        pid = self._allocate()
+        self._remember(pid, 0)
+        return Grant(ErrorCode.NONE, pid, 0)
+
+    def bump(self, producer_id: int, producer_epoch: int, known_epoch: int | None) -> Grant:
+        """KIP-360: the client resets its sequences by asking for epoch + 1.
+
+        `known_epoch` is the newest epoch the partitions hold for this id, the
+        fallback when the id fell out of memory (a restart, say)."""
+        if not self.is_issued(producer_id):
+            return Grant(ErrorCode.UNKNOWN_PRODUCER_ID)
+        current = self._epochs.get(producer_id)
+        if current is None:
+            current = producer_epoch if known_epoch is None else max(known_epoch, producer_epoch)
+        if producer_epoch != current:
+            return Grant(ErrorCode.INVALID_PRODUCER_EPOCH)
+        if current >= EPOCH_MAX:
+            return self.new_producer()
+        self._remember(producer_id, current + 1)
+        return Grant(ErrorCode.NONE, producer_id, current + 1)
+
+    def init_transactional(self, transactional_id: str) -> Grant:
+        """Same id for a name, epoch + 1 each call: the older instance is fenced."""
+        entry = self._transactional.get(transactional_id)
+        if entry is None or entry[1] >= EPOCH_MAX:
+            pid, epoch = self._allocate(), 0
+        else:
+            pid, epoch = entry[0], entry[1] + 1
+        self._transactional[transactional_id] = (pid, epoch)
+        write_atomic(self._txn_path, seal(msgpack.packb(self._transactional, use_bin_type=True)))
+        self._remember(pid, epoch)
+        return Grant(ErrorCode.NONE, pid, epoch)

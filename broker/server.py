@@ -1,0 +1,392 @@
+"""The broker process on AnyIO: listener, connections, lifecycle and signals.
+
+Each connection has a reader that decodes frames and runs requests strictly
+in order, and a writer that sends replies in that same order. The reader may
+run up to `max_inflight_requests_per_connection` requests ahead of the writer
+(pipelining); past that it stops reading and TCP pushes back on the client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import SocketStream, TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from broker.config import RELOADABLE, BrokerConfig, ConfigError
+from broker.data_dir import DataDir
+from broker.group_commit import GroupCommitter
+from broker.handlers import Handlers, now_ms
+from broker.http_endpoints import serve_http
+from broker.metrics import BrokerMetrics, PartitionStats
+from broker.producer_ids import ProducerIdManager
+from broker.topics import TopicRegistry
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.framing import FrameDecoder, FrameError, encode_frame
+from protocol.messages import error_response, parse_request, request_cid
+
+log = logging.getLogger("minibroker.server")
+
+RECEIVE_BYTES = 256 * 1024
+Reply = bytes | tuple[int, float, str, Callable[[], Any]]
+
+
+@dataclass(eq=False)
+class Connection:
+    peer: str
+    read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    last_active: float = 0.0
+
+
+class Broker:
+    """Everything one broker process owns, from start to clean shutdown."""
+
+    def __init__(
+        self, config: BrokerConfig, reload_config: Callable[[], BrokerConfig] | None = None
+    ):
+        self.config = config
+        self.reload_config = reload_config
+        self.metrics = BrokerMetrics(enabled=config.metrics_port >= 0)
+        self.data_dir = DataDir(config.data_path)
+        self.ready = False
+        self.connections: set[Connection] = set()
+        self.handlers: Handlers | None = None
+        self.topics: TopicRegistry | None = None
+        self.port = config.port
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        clean = self.data_dir.acquire()
+        producer_ids = ProducerIdManager(config.data_path)
+        log.info(
+            "event=starting data_dir=%s backend=%s clean_shutdown=%s pid=%d",
+            config.data_path.resolve(),
+            config.backend,
+            clean,
+            os.getpid(),
+        )
+        pid_file = config.pid_file
+        if pid_file:
+            with open(pid_file, "w") as f:
+                f.write(f"{os.getpid()}\n")
+        try:
+            async with anyio.create_task_group() as tg:
+                if config.metrics_port >= 0:
+                    metrics_port = await tg.start(
+                        serve_http,
+                        config.metrics_host,
+                        config.metrics_port,
+                        self.metrics,
+                        self.is_ready,
+                    )
+                    log.info(
+                        "event=metrics_listening host=%s port=%d", config.metrics_host, metrics_port
+                    )
+                await self._recover(clean)
+                listener = await anyio.create_tcp_listener(
+                    local_host=config.host, local_port=config.port, reuse_port=False
+                )
+                self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                committer = GroupCommitter(self.metrics)
+                assert self.topics is not None
+                self.handlers = Handlers(
+                    config,
+                    self.topics,
+                    producer_ids,
+                    committer,
+                    self.metrics,
+                    (config.host, self.port),
+                )
+                self.data_dir.begin_run()
+                self.ready = True
+                tg.start_soon(committer.run)
+                tg.start_soon(self._housekeeping)
+                serve_scope = anyio.CancelScope()
+                tg.start_soon(self._serve, listener, serve_scope)
+                log.info(
+                    "event=listening host=%s port=%d data_dir=%s",
+                    config.host,
+                    self.port,
+                    config.data_path.resolve(),
+                )
+                task_status.started(self.port)
+                await self._wait_for_stop_signal()
+                await self._drain(serve_scope)
+                tg.cancel_scope.cancel()
+            self._close_storage()
+        finally:
+            self.data_dir.release()
+            if pid_file:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(pid_file)
+        log.info("event=stopped clean=true")
+
+    async def _recover(self, clean: bool) -> None:
+        started = time.perf_counter()
+        self.topics = TopicRegistry(self.config.data_path, self.config)
+        registry = self.topics
+        await anyio.to_thread.run_sync(
+            lambda: registry.open_all(clean_shutdown=clean, now_ms=now_ms())
+        )
+        seconds = time.perf_counter() - started
+        self.metrics.set_recovery_seconds(seconds)
+        self.metrics.set_partition_source(self._partition_stats)
+        log.info(
+            "event=recovered topics=%d partitions=%d seconds=%.3f clean_shutdown=%s",
+            len(registry.topics),
+            len(registry.all_partitions()),
+            seconds,
+            clean,
+        )
+
+    def _partition_stats(self) -> list[PartitionStats]:
+        assert self.topics is not None
+        return [
+            PartitionStats(
+                p.topic,
+                p.index,
+                p.log.log_end_offset,
+                p.log.log_start_offset,
+                p.log.log_end_offset,
+                p.log.size_bytes,
+                len(p.producers),
+            )
+            for p in self.topics.all_partitions()
+        ]
+
+    def is_ready(self) -> bool:
+        return self.ready and not self._stopping
+
+    async def _wait_for_stop_signal(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    self._reload()
+                    continue
+                log.info("event=stopping signal=%s", signal.Signals(signum).name)
+                return
+
+    def _reload(self) -> None:
+        if self.reload_config is None:
+            log.warning("event=reload_skipped reason='no config source'")
+            return
+        try:
+            new = self.reload_config()
+        except ConfigError as exc:
+            log.error("event=reload_failed error=%r", str(exc))
+            return
+        changed = {
+            k: getattr(new, k) for k in RELOADABLE if getattr(new, k) != getattr(self.config, k)
+        }
+        ignored = sorted(
+            k
+            for k in vars(new)
+            if k not in RELOADABLE and getattr(new, k) != getattr(self.config, k)
+        )
+        applied = dict(changed)
+        self.config = type(self.config)(
+            **{**vars(self.config), **{k: getattr(new, k) for k in RELOADABLE}}
+        )
+        if "log_level" in changed:
+            logging.getLogger("minibroker").setLevel(self.config.log_level.upper())
+        assert self.topics is not None and self.handlers is not None
+        self.topics.apply_settings(self.config)
+        self.handlers.config = self.config
+        self.handlers.housekeeping()
+        log.info(
+            "event=reloaded applied=%s needs_restart=%s",
+            ",".join(f"{k}={v}" for k, v in sorted(applied.items())) or "none",
+            ",".join(ignored) or "none",
+        )
+
+    async def _housekeeping(self) -> None:
+        assert self.handlers is not None
+        while True:
+            await anyio.sleep(self.config.retention_check_interval_ms / 1000)
+            self.handlers.housekeeping()
+
+    async def _drain(self, serve_scope: anyio.CancelScope) -> None:
+        """Stop accepting, stop reading, let in-flight replies go out, within the deadline."""
+        self._stopping = True
+        serve_scope.cancel()
+        if self.handlers is not None:
+            self.handlers.stop_waiting()
+        for conn in list(self.connections):
+            conn.read_scope.cancel()
+        with anyio.move_on_after(self.config.shutdown_timeout_ms / 1000 * 0.8):
+            while self.connections:
+                await anyio.sleep(0.01)
+        if self.connections:
+            log.warning("event=drain_timeout connections=%d", len(self.connections))
+
+    def _close_storage(self) -> None:
+        if self.topics is not None:
+            self.topics.close()
+        self.data_dir.mark_clean_shutdown()
+
+    # ------------------------------------------------------------------ connections
+
+    async def _serve(self, listener: Any, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with listener:
+                await listener.serve(self._connection)
+
+    async def _connection(self, stream: SocketStream) -> None:
+        peer = _peer(stream)
+        if self._stopping or len(self.connections) >= self.config.max_connections:
+            log.warning(
+                "event=connection_refused peer=%s reason=%s",
+                peer,
+                "shutting_down"
+                if self._stopping
+                else f"max_connections={self.config.max_connections}",
+            )
+            await stream.aclose()
+            return
+        conn = Connection(peer)
+        self.connections.add(conn)
+        self.metrics.connection_opened()
+        send, receive = anyio.create_memory_object_stream[Reply](
+            self.config.max_inflight_requests_per_connection
+        )
+        try:
+            async with stream, anyio.create_task_group() as tg:
+                tg.start_soon(self._writer, stream, receive, conn)
+                async with send:
+                    await self._reader(stream, send, conn)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self.connections.discard(conn)
+            self.metrics.connection_closed()
+
+    async def _reader(
+        self, stream: SocketStream, send: MemoryObjectSendStream[Reply], conn: Connection
+    ) -> None:
+        decoder = FrameDecoder(self.config.max_frame_bytes)
+        handlers = self.handlers
+        assert handlers is not None
+        idle_s = self.config.connections_max_idle_ms / 1000
+        # Shutdown cancels only the wait for more bytes; a request already read
+        # runs to completion and its reply is queued (shielded), so in-flight
+        # work finishes as SIGTERM promises.
+        with conn.read_scope:
+            while True:
+                with anyio.move_on_after(idle_s) as idle:
+                    data = await _receive(stream)
+                if idle.cancelled_caught:
+                    log.info("event=connection_idle_closed peer=%s", conn.peer)
+                    return
+                if data is None:
+                    return
+                try:
+                    messages = decoder.feed(data)
+                except FrameError as exc:
+                    log.warning("event=connection_closed peer=%s reason=%r", conn.peer, str(exc))
+                    return
+                with anyio.CancelScope(shield=True):
+                    for message in messages:
+                        reply = await self._dispatch(message, handlers, conn)
+                        if reply is False:
+                            return
+                        if reply is not None:
+                            await send.send(reply)
+
+    async def _dispatch(
+        self, message: Any, handlers: Handlers, conn: Connection
+    ) -> Reply | bool | None:
+        """Run one request; False means close the connection (PROTOCOL.md section 1)."""
+        cid = request_cid(message)
+        if cid is None:
+            log.warning(
+                "event=connection_closed peer=%s reason='frame is not a map with a cid'", conn.peer
+            )
+            return False
+        started = time.perf_counter()
+        api = message.get("api") if isinstance(message.get("api"), str) else "unknown"
+        try:
+            request = parse_request(message)
+            if request.api not in handlers._table:
+                raise ProtocolError(
+                    ErrorCode.UNSUPPORTED_VERSION, f"{request.api} is not supported yet"
+                )
+            result = await handlers.handle(request)
+        except ProtocolError as exc:
+            self.metrics.observe_request(api, exc.code, time.perf_counter() - started)
+            return encode_frame(error_response(cid, exc.code, exc.message))
+        except Exception:
+            log.exception("event=request_failed api=%s peer=%s", api, conn.peer)
+            self.metrics.observe_request(
+                api, ErrorCode.UNKNOWN_SERVER_ERROR, time.perf_counter() - started
+            )
+            return encode_frame(
+                error_response(cid, ErrorCode.UNKNOWN_SERVER_ERROR, "internal error")
+            )
+        if result is None:
+            self.metrics.observe_request(api, 0, time.perf_counter() - started)
+            return None
+        if callable(result):
+            return (cid, started, api, result)
+        result["cid"] = cid
+        self.metrics.observe_request(api, result.get("error", 0), time.perf_counter() - started)
+        return encode_frame(result)
+
+    async def _writer(
+        self, stream: SocketStream, receive: MemoryObjectReceiveStream[Reply], conn: Connection
+    ) -> None:
+        pending: list[bytes] = []
+        async with receive:
+            while True:
+                try:
+                    reply = receive.receive_nowait()
+                except anyio.WouldBlock:
+                    if pending:
+                        await stream.send(b"".join(pending))
+                        pending.clear()
+                    try:
+                        reply = await receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                except anyio.EndOfStream:
+                    if pending:
+                        await stream.send(b"".join(pending))
+                    return
+                if isinstance(reply, bytes):
+                    pending.append(reply)
+                    continue
+                if pending:
+                    await stream.send(b"".join(pending))
+                    pending.clear()
+                cid, started, api, complete = reply
+                response = await complete()
+                response["cid"] = cid
+                self.metrics.observe_request(
+                    api, response.get("error", 0), time.perf_counter() - started
+                )
+                pending.append(encode_frame(response))
+
+
+async def _receive(stream: SocketStream) -> bytes | None:
+    try:
+        return await stream.receive(RECEIVE_BYTES)
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        return None
+
+
+def _peer(stream: SocketStream) -> str:
+    try:
+        host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+        return f"{host}:{port}"
+    except Exception:
+        return "unknown"

@@ -1,0 +1,121 @@
+"""Start the real `minibroker serve` process on loopback for integration tests.
+
+The broker binds port 0 and logs the port it got; the harness reads it from the
+log line `event=listening ... port=N` on stderr, so parallel tests never race
+for a port. Stderr is drained by a thread into a list so the pipe never fills.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+START_TIMEOUT_S = 30.0
+_LISTENING = re.compile(r"event=listening .*host=(\S+) port=(\d+)")
+_METRICS = re.compile(r"event=metrics_listening .*port=(\d+)")
+
+
+@dataclass
+class BrokerProcess:
+    data_dir: Path
+    backend: str = "trio"
+    extra_args: Sequence[str] = ()
+    env: dict[str, str] | None = None
+    preexec_fn: object = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = None
+    proc: subprocess.Popen[str] | None = None
+    log_lines: list[str] = field(default_factory=list)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def command(self, port: int) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(self.data_dir),
+            "--backend",
+            self.backend,
+            # Tests run brokers side by side: never the fixed default metrics port.
+            "--metrics-port",
+            "0",
+            *self.extra_args,
+        ]
+
+    def start(self, port: int | None = None) -> BrokerProcess:
+        """Start (or restart, on the same port when it had one) and wait until it listens."""
+        port = self.port if port is None else port
+        env = dict(os.environ)
+        env.update(self.env or {})
+        self.log_lines = []
+        self.proc = subprocess.Popen(
+            self.command(port),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            preexec_fn=self.preexec_fn,  # type: ignore[arg-type]
+        )
+        listening = threading.Event()
+
+        def drain() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.log_lines.append(line.rstrip("\n"))
+                m = _METRICS.search(line)
+                if m:
+                    self.metrics_port = int(m.group(1))
+                m = _LISTENING.search(line)
+                if m:
+                    self.port = int(m.group(2))
+                    listening.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not listening.wait(0.05):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("broker did not start:\n" + "\n".join(self.log_lines))
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: the unclean crash that recovery must survive."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM and wait: the graceful stop; returns the exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def restart(self, *, kill: bool = True) -> BrokerProcess:
+        if kill:
+            self.kill()
+        else:
+            self.terminate()
+        return self.start(self.port)
+
+    def log_text(self) -> str:
+        return "\n".join(self.log_lines)
