@@ -107,7 +107,7 @@ class BrokerConfig:
                 self.max_inflight_requests_per_connection >= 1,
                 ">= 1",
             ),
-            ("segment_bytes", self.segment_bytes >= 1024, ">= 1024"),
+            ("segment_bytes", 1024 <= self.segment_bytes <= 2**31 - 1, "1024..2147483647"),
             ("segment_ms", self.segment_ms >= 1, ">= 1"),
             ("retention_bytes", self.retention_bytes >= -1, ">= -1"),
             ("retention_ms", self.retention_ms >= -1, ">= -1"),

@@ -1,0 +1,404 @@
+"""One log segment: a `.log` file of stamped batches, kept open, and its indexes.
+
+The indexes live in memory (offset_index.py) and go to `.index`/`.timeindex` files when
+the segment stops being active and at close; a reopened log loads them after a clean
+shutdown and rebuilds them from the log (recovery.py) otherwise.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from collections.abc import Iterator
+from contextlib import suppress
+from pathlib import Path
+
+from broker.offset_index import (
+    OFFSET_ENTRY_BYTES,
+    TIME_ENTRY_BYTES,
+    IndexCorruptError,
+    OffsetIndex,
+    SegmentIndex,
+    TimeIndex,
+)
+from broker.recovery import SegmentScan, scan_segment
+from protocol.batch import (
+    HEADER_BYTES,
+    LENGTH_PREFIX_BYTES,
+    MAGIC,
+    OFFSET,
+    BatchHeader,
+    iter_records,
+    read_header,
+    scan_batches,
+)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TMP_SUFFIX = ".tmp"
+
+# Header walks read this much per pread: several small batches' headers in one call.
+_HEADER_WINDOW_BYTES = 4096
+_READ_CHUNK_BYTES = 1 << 20
+
+
+class StorageError(Exception):
+    """An OSError while writing the log (disk full, EFBIG, EIO). Raised after any partial
+    write was undone, so nothing half-written is visible."""
+
+
+def file_name(offset: int, suffix: str) -> str:
+    return f"{offset:020d}{suffix}"
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make created, renamed and deleted names in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` by `data` durably: a crash leaves the old file or the new one, whole."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
+
+
+class Segment:
+    """The batches of offsets [base_offset, next_offset) in one `.log` file of `size_bytes`.
+
+    Not thread-safe: one event-loop thread appends and reads; a flusher thread only
+    fdatasyncs `fd`."""
+
+    __slots__ = (
+        "base_offset",
+        "directory",
+        "fd",
+        "first_append_ms",
+        "index",
+        "index_dirty",
+        "index_interval_bytes",
+        "next_offset",
+        "segment_index_bytes",
+        "size_bytes",
+    )
+
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        fd: int,
+        *,
+        index_interval_bytes: int,
+        segment_index_bytes: int,
+        first_append_ms: int,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.fd = fd
+        self.index_interval_bytes = index_interval_bytes
+        self.segment_index_bytes = segment_index_bytes
+        self.size_bytes = os.fstat(fd).st_size
+        self.next_offset = base_offset
+        self.index = self._empty_index()
+        self.index_dirty = True  # the files do not match `index` until written or loaded
+        # When the first batch went in, for segment_ms; meaningful once size_bytes > 0. A
+        # reopened segment uses its first batch's max timestamp (capped at now), as Kafka does.
+        self.first_append_ms = first_append_ms
+
+    @classmethod
+    def create(
+        cls,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        segment_index_bytes: int,
+        now_ms: int,
+    ) -> Segment:
+        """A new, empty segment whose file name is durable when this returns."""
+        path = directory / file_name(base_offset, LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fsync_directory(directory)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        return cls(
+            directory,
+            base_offset,
+            fd,
+            index_interval_bytes=index_interval_bytes,
+            segment_index_bytes=segment_index_bytes,
+            first_append_ms=now_ms,
+        )
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        segment_index_bytes: int,
+        now_ms: int,
+    ) -> Segment:
+        """An existing segment, not yet usable: call `load_indexes` or `recover` next."""
+        fd = os.open(directory / file_name(base_offset, LOG_SUFFIX), os.O_RDWR | os.O_CLOEXEC)
+        return cls(
+            directory,
+            base_offset,
+            fd,
+            index_interval_bytes=index_interval_bytes,
+            segment_index_bytes=segment_index_bytes,
+            first_append_ms=now_ms,
+        )
+
+    def _empty_index(self) -> SegmentIndex:
+        return SegmentIndex.empty(
+            self.base_offset,
+            index_interval_bytes=self.index_interval_bytes,
+            segment_index_bytes=self.segment_index_bytes,
+        )
+
+    def _path(self, suffix: str) -> Path:
+        return self.directory / file_name(self.base_offset, suffix)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def append(self, batch: bytes, header: BatchHeader, base_offset: int, now_ms: int) -> None:
+        """Write `batch` stamped with `base_offset` at the end of the file and index it.
+
+        On OSError the file is cut back to its previous size and StorageError raised with
+        the in-memory state untouched; reads never go past `size_bytes` in any case."""
+        position = self.size_bytes
+        size = header.size_bytes
+        assert len(batch) == size, (len(batch), size)
+        assert base_offset == self.next_offset, (base_offset, self.next_offset)
+        stamp = OFFSET.pack(base_offset)
+        try:
+            written = os.pwritev(self.fd, (stamp, memoryview(batch)[8:]), position)
+            if written != size:
+                self._finish_short_write(stamp + batch[8:], written, position)
+        except OSError as exc:
+            with suppress(OSError):
+                os.ftruncate(self.fd, position)
+            raise StorageError(f"append to {self._path(LOG_SUFFIX)}: {exc}") from exc
+        if position == 0:
+            self.first_append_ms = now_ms
+        self.size_bytes = position + size
+        self.next_offset = base_offset + header.last_offset_delta + 1
+        self.index.add(position, base_offset, header.max_timestamp)
+        self.index_dirty = True
+
+    def _finish_short_write(self, data: bytes, written: int, position: int) -> None:
+        """Write the rest after a short write; the next call reports why it was short."""
+        view = memoryview(data)
+        while written < len(view):
+            count = os.pwrite(self.fd, view[written:], position + written)
+            if count == 0:
+                raise OSError(errno.EIO, "write made no progress")
+            written += count
+
+    def write_indexes(self) -> None:
+        """Write both index files durably, after recording the max timestamp in the time
+        index so a reopened segment knows it without scanning."""
+        self.index.finalize()
+        write_atomically(self._path(INDEX_SUFFIX), self.index.offsets.to_bytes())
+        write_atomically(self._path(TIME_INDEX_SUFFIX), self.index.times.to_bytes())
+        self.index_dirty = False
+
+    # -- loading --------------------------------------------------------------------------
+
+    def load_indexes(self, next_offset: int | None, now_ms: int) -> bool:
+        """Trust the log and load the index files. False, changing nothing, when a file is
+        missing or fails a check; the caller then recovers the segment instead.
+
+        `next_offset` is the next segment's base offset; None for the last segment, whose
+        end is found by walking the batches after the newest index entry."""
+        try:
+            offsets = OffsetIndex.from_bytes(
+                self.base_offset,
+                self._path(INDEX_SUFFIX).read_bytes(),
+                self.segment_index_bytes // OFFSET_ENTRY_BYTES,
+            )
+            times = TimeIndex.from_bytes(
+                self._path(TIME_INDEX_SUFFIX).read_bytes(),
+                self.segment_index_bytes // TIME_ENTRY_BYTES,
+            )
+        except (FileNotFoundError, IndexCorruptError):
+            return False
+        index = SegmentIndex(offsets, times, self.index_interval_bytes)
+        if self.size_bytes == 0:
+            if len(offsets) or len(times) or next_offset not in (None, self.base_offset):
+                return False
+            self.index = index
+            self.next_offset = self.base_offset
+            self.index_dirty = False
+            return True
+        tail_start = offsets.last_position
+        if tail_start + HEADER_BYTES > self.size_bytes:
+            return False
+        if next_offset is None:
+            next_offset = self._walk_tail(offsets.last_offset, tail_start, times.last_timestamp)
+            if next_offset is None:
+                return False
+        elif self._read_header(tail_start).base_offset != offsets.last_offset:
+            return False
+        first_time, last_time = times.first_offset, times.last_offset
+        if first_time is None or last_time is None:
+            return False  # a segment with data always has its final time entry
+        if not (self.base_offset <= first_time and last_time < next_offset):
+            return False
+        self.index = index
+        self.next_offset = next_offset
+        self.index_dirty = False
+        self.first_append_ms = min(self._read_header(0).max_timestamp, now_ms)
+        return True
+
+    def _walk_tail(self, offset: int, position: int, max_timestamp: int) -> int | None:
+        """The offset after the batches from `position` to the end of the file, which must
+        be whole, CRC-valid, start at `offset`, and not raise the max timestamp."""
+        tail = self._read_at(position, self.size_bytes - position)
+        end = 0
+        for at, header in scan_batches(tail):
+            if header.base_offset != offset or header.max_timestamp > max_timestamp:
+                return None
+            offset = header.next_offset
+            end = at + header.size_bytes
+        return offset if end == len(tail) else None
+
+    def recover(self, now_ms: int) -> SegmentScan:
+        """Rebuild the indexes by validating every batch, and cut the file after the last
+        valid one."""
+        index = self._empty_index()
+        if self.size_bytes == 0:
+            scan = scan_segment(b"", index)
+        else:
+            with mmap.mmap(self.fd, self.size_bytes, access=mmap.ACCESS_READ) as data:
+                scan = scan_segment(data, index)
+        assert scan.valid_bytes <= self.size_bytes
+        if scan.valid_bytes < self.size_bytes:
+            os.ftruncate(self.fd, scan.valid_bytes)
+        self.size_bytes = scan.valid_bytes
+        self.next_offset = scan.next_offset
+        self.index = scan.index
+        self.index_dirty = True
+        if scan.valid_bytes:
+            self.first_append_ms = min(self._read_header(0).max_timestamp, now_ms)
+        return scan
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _read_at(self, position: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, position)
+        assert len(data) == size, (position, size, len(data))
+        return data
+
+    def _read_header(self, position: int) -> BatchHeader:
+        return read_header(self._read_at(position, HEADER_BYTES))
+
+    def _headers(self, position: int) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each batch from `position` to the end."""
+        end = self.size_bytes
+        while position < end:
+            window = self._read_at(position, min(_HEADER_WINDOW_BYTES, end - position))
+            at = 0
+            while at + HEADER_BYTES <= len(window):
+                header = read_header(window, at)
+                assert header.magic == MAGIC and header.batch_length >= (
+                    HEADER_BYTES - LENGTH_PREFIX_BYTES
+                ), (position + at, header)
+                yield position + at, header
+                at += header.size_bytes
+            assert at > 0, (position, end)
+            position += at
+
+    def locate(self, offset: int) -> tuple[int, BatchHeader]:
+        """Position and header of the batch holding `offset`: from the newest index entry at
+        or below it, a walk of at most about one index interval of headers."""
+        assert self.base_offset <= offset < self.next_offset, (offset, self.base_offset)
+        for position, header in self._headers(self.index.offsets.lookup(offset)[1]):
+            if header.last_offset >= offset:
+                assert header.base_offset <= offset, (offset, header)
+                return position, header
+        raise AssertionError(f"offset {offset} not found in segment {self.base_offset}")
+
+    def read(self, offset: int, max_bytes: int, upper_offset: int) -> bytes:
+        """Whole batches from the one holding `offset`: at most `max_bytes` but at least
+        one, none whose base offset is at or above `upper_offset`."""
+        position, first = self.locate(offset)
+        if first.base_offset >= upper_offset:
+            return b""
+        size = max(first.size_bytes, min(max_bytes, self.size_bytes - position))
+        data = self._read_at(position, size)
+        end = first.size_bytes
+        while end + HEADER_BYTES <= size:
+            header = read_header(data, end)
+            if end + header.size_bytes > size or header.base_offset >= upper_offset:
+                break
+            end += header.size_bytes
+        return data if end == size else data[:end]
+
+    def batches(self, position: int) -> Iterator[tuple[BatchHeader, bytes]]:
+        """Each batch from `position` to the end, read a chunk of many batches at a time."""
+        end = self.size_bytes
+        while position < end:
+            chunk = self._read_at(position, min(_READ_CHUNK_BYTES, end - position))
+            at = 0
+            while at + HEADER_BYTES <= len(chunk):
+                header = read_header(chunk, at)
+                if at + header.size_bytes > len(chunk):
+                    break
+                yield header, chunk[at : at + header.size_bytes]
+                at += header.size_bytes
+            if at == 0:  # one batch larger than a chunk
+                assert len(chunk) >= HEADER_BYTES, (position, end)
+                header = read_header(chunk)
+                yield header, self._read_at(position, header.size_bytes)
+                at = header.size_bytes
+            position += at
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The first offset here whose record timestamp is >= `timestamp_ms`, or None.
+
+        Starts at the time index's newest entry at or below the target: no batch before
+        it reaches the target, so no earlier record can."""
+        start = self.index.times.lookup(timestamp_ms)
+        position = self.index.offsets.lookup(self.base_offset if start is None else start)[1]
+        for at, header in self._headers(position):
+            if header.max_timestamp < timestamp_ms:
+                continue
+            if header.base_timestamp >= timestamp_ms:
+                return header.base_offset
+            batch = self._read_at(at, header.size_bytes)
+            for record in iter_records(batch, 0, header):
+                if record.timestamp >= timestamp_ms:
+                    return record.offset
+        return None
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def delete(self) -> None:
+        """Close and remove the files, the log first: a crash in between leaves only index
+        files without a log, which opening the partition removes."""
+        self.close()
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            self._path(suffix).unlink(missing_ok=True)
