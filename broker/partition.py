@@ -67,7 +67,7 @@ class Partition:
         producers, replay_from = cls._load_snapshot(plog, limits)
         replayed = 0
         for header, _ in plog.batches_from(replay_from):
-            if header.base_offset < replay_from or not header.is_idempotent:
+            if header.base_offset < replay_from or not header.is_idempotent or header.is_control:
                 continue
             # Recovered producers count as seen at restart: expiring them early
             # would turn a client's next retry into a duplicate.
@@ -81,6 +81,7 @@ class Partition:
                 now_ms,
             )
             replayed += 1
+        producers.expire(now_ms)
         if replayed:
             log.info(
                 "event=producer_state_replayed topic=%s partition=%d from_offset=%d batches=%d",

@@ -43,7 +43,12 @@ Reply = bytes | tuple[int, float, str, Callable[[], Any]]
 class Connection:
     peer: str
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    last_active: float = 0.0
+    inflight: int = 0
+    room: anyio.Event = field(default_factory=anyio.Event)
+
+    def sent(self, count: int) -> None:
+        self.inflight -= count
+        self.room.set()
 
 
 class Broker:
@@ -257,9 +262,8 @@ class Broker:
         conn = Connection(peer)
         self.connections.add(conn)
         self.metrics.connection_opened()
-        send, receive = anyio.create_memory_object_stream[Reply](
-            self.config.max_inflight_requests_per_connection
-        )
+        # Bounded by conn.inflight below, counted in requests rather than items.
+        send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
         try:
             async with stream, anyio.create_task_group() as tg:
                 tg.start_soon(self._writer, stream, receive, conn)
@@ -272,17 +276,21 @@ class Broker:
             self.metrics.connection_closed()
 
     async def _reader(
-        self, stream: SocketStream, send: MemoryObjectSendStream[Reply], conn: Connection
+        self, stream: SocketStream, send: MemoryObjectSendStream[list[Reply]], conn: Connection
     ) -> None:
         decoder = FrameDecoder(self.config.max_frame_bytes)
         handlers = self.handlers
         assert handlers is not None
         idle_s = self.config.connections_max_idle_ms / 1000
+        inflight_max = self.config.max_inflight_requests_per_connection
         # Shutdown cancels only the wait for more bytes; a request already read
         # runs to completion and its reply is queued (shielded), so in-flight
         # work finishes as SIGTERM promises.
         with conn.read_scope:
             while True:
+                while conn.inflight >= inflight_max:
+                    conn.room = anyio.Event()
+                    await conn.room.wait()
                 with anyio.move_on_after(idle_s) as idle:
                     data = await _receive(stream)
                 if idle.cancelled_caught:
@@ -296,12 +304,22 @@ class Broker:
                     log.warning("event=connection_closed peer=%s reason=%r", conn.peer, str(exc))
                     return
                 with anyio.CancelScope(shield=True):
+                    # Replies of one read go to the writer together: one send()
+                    # for the lot instead of one per request.
+                    group: list[Reply] = []
+                    close = False
                     for message in messages:
                         reply = await self._dispatch(message, handlers, conn)
                         if reply is False:
-                            return
+                            close = True
+                            break
                         if reply is not None:
-                            await send.send(reply)
+                            group.append(reply)
+                    if group:
+                        conn.inflight += len(group)
+                        await send.send(group)
+                    if close:
+                        return
 
     async def _dispatch(
         self, message: Any, handlers: Handlers, conn: Connection
@@ -343,38 +361,37 @@ class Broker:
         return encode_frame(result)
 
     async def _writer(
-        self, stream: SocketStream, receive: MemoryObjectReceiveStream[Reply], conn: Connection
+        self,
+        stream: SocketStream,
+        receive: MemoryObjectReceiveStream[list[Reply]],
+        conn: Connection,
     ) -> None:
         pending: list[bytes] = []
         async with receive:
-            while True:
-                try:
-                    reply = receive.receive_nowait()
-                except anyio.WouldBlock:
+            async for group in receive:
+                for reply in group:
+                    if isinstance(reply, bytes):
+                        pending.append(reply)
+                        continue
                     if pending:
-                        await stream.send(b"".join(pending))
-                        pending.clear()
-                    try:
-                        reply = await receive.receive()
-                    except anyio.EndOfStream:
-                        return
-                except anyio.EndOfStream:
-                    if pending:
-                        await stream.send(b"".join(pending))
-                    return
-                if isinstance(reply, bytes):
-                    pending.append(reply)
-                    continue
-                if pending:
-                    await stream.send(b"".join(pending))
-                    pending.clear()
-                cid, started, api, complete = reply
-                response = await complete()
-                response["cid"] = cid
-                self.metrics.observe_request(
-                    api, response.get("error", 0), time.perf_counter() - started
-                )
-                pending.append(encode_frame(response))
+                        await self._flush(stream, pending, conn)
+                    cid, started, api, complete = reply
+                    response = await complete()
+                    response["cid"] = cid
+                    self.metrics.observe_request(
+                        api, response.get("error", 0), time.perf_counter() - started
+                    )
+                    pending.append(encode_frame(response))
+                if pending and not receive.statistics().current_buffer_used:
+                    await self._flush(stream, pending, conn)
+            if pending:
+                await self._flush(stream, pending, conn)
+
+    @staticmethod
+    async def _flush(stream: SocketStream, pending: list[bytes], conn: Connection) -> None:
+        await stream.send(b"".join(pending) if len(pending) > 1 else pending[0])
+        conn.sent(len(pending))
+        pending.clear()
 
 
 async def _receive(stream: SocketStream) -> bytes | None:

@@ -288,11 +288,43 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
         raise BatchError(
             ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"compression code {header.compression}"
         )
+    if header.compression == Compression.NONE:
+        declared = _array_length(buf, HEADER_BYTES)
+        if declared != header.record_count:
+            raise BatchError(
+                ErrorCode.INVALID_RECORD,
+                f"record_count {header.record_count} but the records array holds {declared}",
+            )
+    if (
+        header.producer_id != NO_PRODUCER_ID
+        and not header.is_control
+        and (header.producer_epoch < 0 or header.base_sequence < 0)
+    ):
+        raise BatchError(
+            ErrorCode.INVALID_RECORD,
+            f"idempotent batch with epoch {header.producer_epoch} "
+            f"and base_sequence {header.base_sequence}",
+        )
     if max_bytes is not None and size > max_bytes:
         raise BatchError(
             ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes over message_max_bytes {max_bytes}"
         )
     return header
+
+
+def _array_length(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
+    """The element count of the msgpack array header at `pos`, without decoding the
+    elements: lets the broker check record_count on the hot path for free."""
+    if pos >= len(buf):
+        return None
+    tag = buf[pos]
+    if 0x90 <= tag <= 0x9F:
+        return tag & 0x0F
+    if tag == 0xDC and pos + 3 <= len(buf):
+        return int.from_bytes(buf[pos + 1 : pos + 3], "big")
+    if tag == 0xDD and pos + 5 <= len(buf):
+        return int.from_bytes(buf[pos + 1 : pos + 5], "big")
+    return None
 
 
 def scan_batches(

@@ -1,0 +1,388 @@
+"""Per-partition idempotent-producer state (PROTOCOL.md section 3), pure logic.
+
+For every producer id that wrote to the partition we keep its epoch, the time it
+was last seen and the metadata of its last `CACHED_BATCHES` batches. `check`
+judges a produced batch against that state without changing it; `apply` records
+a batch once the log holds it, and is also how recovery replays the log after
+the newest snapshot. No IO and no clock: time comes in as `now_ms`.
+
+Decisions the protocol leaves open, fixed here:
+
+- Sequence order is serial-number arithmetic modulo 2^31 (RFC 1982): `a` lies
+  before `b` when `b - a` (mod 2^31) is in 1 .. 2^30-1. A batch is answered
+  DUPLICATE_SEQUENCE_NUMBER when its last_seq lies before the oldest cached
+  first_seq; at 2^30 or more behind it counts as ahead (OUT_OF_ORDER).
+- A producer idle longer than `expiration_ms` is forgotten from that moment:
+  `check` and `apply` treat it as absent whether or not `expire` has swept it
+  yet, so decisions never depend on when the sweep runs.
+
+The cached batches of a producer are contiguous in sequence (apply starts a new
+cache whenever a batch does not continue the newest one) and are packed into
+one bytes object, 24 bytes per batch, because a broker may hold a million
+producers (10,000 per partition, 100 partitions).
+
+Snapshot layout, all big-endian:
+
+| size | field                                                            |
+|-----:|------------------------------------------------------------------|
+|    4 | magic b"MBPS"                                                    |
+|    2 | version, uint16, 1                                               |
+|    8 | offset, int64: the log end offset the snapshot was taken at      |
+|    4 | body_length, uint32                                              |
+|    n | msgpack body: [[producer_id, epoch, last_seen_ms, [[first_seq,   |
+|      |   last_seq, base_offset, last_offset_delta, max_timestamp] ...]] |
+|      |   ...], producers least recently used first, batches oldest first |
+|    4 | crc32 (zlib) of every byte before it                             |
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import msgpack
+
+from protocol.batch import SEQUENCE_MODULUS
+from protocol.errors import ErrorCode
+
+CACHED_BATCHES = 5
+PRODUCER_EPOCH_MAX = 2**15 - 1  # int16 on the wire
+RECORD_COUNT_MAX = 2**31 - 1  # int32 on the wire
+SEQUENCE_HALF = SEQUENCE_MODULUS // 2
+
+# One cached batch: first_seq, last_offset_delta, base_offset, max_timestamp.
+# last_seq is not stored: it is (first_seq + last_offset_delta) mod 2^31.
+_CACHED = struct.Struct(">Iiqq")
+_CACHED_BYTES = _CACHED.size
+_FIRST_SEQ = struct.Struct(">I")  # the leading field of a packed cached batch
+_DELTAS = [struct.Struct(">" + "4xi16x" * count) for count in range(CACHED_BATCHES + 1)]
+_CACHE_BYTES_MAX = CACHED_BATCHES * _CACHED_BYTES
+
+SNAPSHOT_MAGIC = b"MBPS"
+SNAPSHOT_VERSION = 1
+_SNAPSHOT_HEAD = struct.Struct(">4sHqI")
+_SNAPSHOT_CRC = struct.Struct(">I")
+
+assert _CACHED_BYTES == 24
+assert _SNAPSHOT_HEAD.size == 18
+
+
+class SnapshotError(ValueError):
+    """Snapshot bytes that are truncated, corrupt or not a snapshot at all."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    """What the state remembers of one appended batch."""
+
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset_delta: int
+    max_timestamp: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+
+class Decision(NamedTuple):
+    """The verdict of `check`; a rejected batch changes nothing.
+
+    `error` is NONE both for a batch to append and for a duplicate; a duplicate
+    carries the cached batch so the broker answers with its base_offset."""
+
+    error: ErrorCode
+    duplicate: BatchMetadata | None
+    message: str | None
+
+
+_APPEND = Decision(ErrorCode.NONE, None, None)
+
+
+class _Producer:
+    """One producer's state; `batches` packs the cached batches, oldest first."""
+
+    __slots__ = ("batches", "epoch", "lapped", "last_seen_ms", "next_seq")
+
+    def __init__(self, epoch: int, last_seen_ms: int, batches: bytes) -> None:
+        count = len(batches) // _CACHED_BYTES
+        assert 1 <= count <= CACHED_BATCHES and len(batches) == count * _CACHED_BYTES
+        first_seq, last_offset_delta, _, _ = _CACHED.unpack_from(
+            batches, len(batches) - _CACHED_BYTES
+        )
+        self.epoch = epoch
+        self.last_seen_ms = last_seen_ms
+        self.batches = batches
+        self.next_seq = (first_seq + last_offset_delta + 1) % SEQUENCE_MODULUS
+        # When the cache spans a whole lap of sequence numbers, a cached batch can start
+        # at next_seq, and rule 3 (duplicate) must be tried before taking it as the next.
+        self.lapped = count + sum(_DELTAS[count].unpack(batches)) >= SEQUENCE_MODULUS
+
+
+class PartitionProducerState:
+    """The idempotence state of one partition: producers in least-recently-used order."""
+
+    __slots__ = ("_producers", "evicted_total", "expiration_ms", "expired_total", "max_producers")
+
+    def __init__(self, *, max_producers: int, expiration_ms: int) -> None:
+        if max_producers < 1:
+            raise ValueError(f"max_producers must be at least 1, got {max_producers}")
+        if expiration_ms < 0:
+            raise ValueError(f"expiration_ms must not be negative, got {expiration_ms}")
+        self.max_producers = max_producers
+        self.expiration_ms = expiration_ms
+        self.expired_total = 0
+        self.evicted_total = 0
+        self._producers: OrderedDict[int, _Producer] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Producer ids held, including idle ones `expire` has not swept yet."""
+        return len(self._producers)
+
+    def epoch_of(self, producer_id: int) -> int | None:
+        entry = self._producers.get(producer_id)
+        return None if entry is None else entry.epoch
+
+    def check(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        record_count: int,
+        now_ms: int,
+    ) -> Decision:
+        """Judge an idempotent batch by rules 2-5 of PROTOCOL.md section 3, in order.
+
+        Never mutates. The in-order batch of a known producer, the common case,
+        allocates nothing."""
+        assert producer_id >= 0, producer_id
+        assert producer_epoch <= PRODUCER_EPOCH_MAX, producer_epoch
+        assert base_sequence < SEQUENCE_MODULUS, base_sequence
+        assert 1 <= record_count <= RECORD_COUNT_MAX, record_count
+        if base_sequence < 0 or producer_epoch < 0:
+            # Section 2 validation does not cover these; storing them would break the state.
+            return Decision(
+                ErrorCode.INVALID_RECORD,
+                None,
+                f"producer {producer_id}: epoch {producer_epoch} and base_sequence "
+                f"{base_sequence} must not be negative",
+            )
+        entry = self._producers.get(producer_id)
+        if entry is not None and now_ms - entry.last_seen_ms > self.expiration_ms:
+            entry = None
+        if entry is None:
+            if base_sequence == 0:
+                return _APPEND
+            return Decision(
+                ErrorCode.UNKNOWN_PRODUCER_ID,
+                None,
+                f"no state for producer {producer_id} on this partition: "
+                f"base_sequence must be 0, got {base_sequence}",
+            )
+        if producer_epoch < entry.epoch:
+            return Decision(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                None,
+                f"producer {producer_id} epoch {producer_epoch} is older than {entry.epoch}",
+            )
+        if producer_epoch > entry.epoch:
+            if base_sequence == 0:
+                return _APPEND
+            return Decision(
+                ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                None,
+                f"producer {producer_id} epoch {producer_epoch} is new (was {entry.epoch}): "
+                f"base_sequence must be 0, got {base_sequence}",
+            )
+        if base_sequence == entry.next_seq and not entry.lapped:
+            return _APPEND
+        return _check_same_epoch(producer_id, entry, base_sequence, record_count)
+
+    def apply(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        base_sequence: int,
+        record_count: int,
+        base_offset: int,
+        max_timestamp: int,
+        now_ms: int,
+    ) -> None:
+        """Record a batch the log now holds at `base_offset` (rule 6).
+
+        Also replays the log on recovery, so it accepts any batch a valid log can
+        hold: one that does not continue the producer's newest cached batch
+        (new epoch, or state forgotten) starts a new cache instead of failing."""
+        assert producer_id >= 0, producer_id
+        assert 0 <= producer_epoch <= PRODUCER_EPOCH_MAX, producer_epoch
+        assert 0 <= base_sequence < SEQUENCE_MODULUS, base_sequence
+        assert 1 <= record_count <= RECORD_COUNT_MAX, record_count
+        assert base_offset >= 0, base_offset
+        batch = _CACHED.pack(base_sequence, record_count - 1, base_offset, max_timestamp)
+        producers = self._producers
+        entry = producers.get(producer_id)
+        if entry is not None and now_ms - entry.last_seen_ms > self.expiration_ms:
+            del producers[producer_id]
+            self.expired_total += 1
+            entry = None
+        if entry is None:
+            producers[producer_id] = _Producer(producer_epoch, now_ms, batch)
+        else:
+            _, newest_delta, newest_offset, _ = _CACHED.unpack_from(
+                entry.batches, len(entry.batches) - _CACHED_BYTES
+            )
+            assert base_offset > newest_offset + newest_delta, "log offsets only grow"
+            if producer_epoch == entry.epoch and base_sequence == entry.next_seq:
+                batches = entry.batches[-_CACHE_BYTES_MAX + _CACHED_BYTES :] + batch
+            else:
+                batches = batch
+            producers[producer_id] = _Producer(producer_epoch, now_ms, batches)
+            producers.move_to_end(producer_id)
+        while len(producers) > self.max_producers:
+            producers.popitem(last=False)
+            self.evicted_total += 1
+        assert producer_id in producers
+
+    def expire(self, now_ms: int) -> int:
+        """Forget every producer idle for more than `expiration_ms`; return how many.
+
+        Scans all producers: LRU order follows `now_ms` only while the caller's
+        clock never steps back, so it cannot bound the scan."""
+        oldest_kept_ms = now_ms - self.expiration_ms
+        idle = [
+            pid for pid, entry in self._producers.items() if entry.last_seen_ms < oldest_kept_ms
+        ]
+        for pid in idle:
+            del self._producers[pid]
+        self.expired_total += len(idle)
+        return len(idle)
+
+    def encode_snapshot(self, offset: int) -> bytes:
+        """The whole state as self-checking bytes, taken at log end offset `offset`."""
+        producers = []
+        for pid, entry in self._producers.items():
+            batches = [
+                [first, (first + delta) % SEQUENCE_MODULUS, base_offset, delta, max_timestamp]
+                for first, delta, base_offset, max_timestamp in _CACHED.iter_unpack(entry.batches)
+            ]
+            assert batches[-1][2] + batches[-1][3] < offset, "snapshot offset below a batch"
+            producers.append([pid, entry.epoch, entry.last_seen_ms, batches])
+        body = msgpack.packb(producers, use_bin_type=True)
+        head = _SNAPSHOT_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, offset, len(body))
+        crc = zlib.crc32(body, zlib.crc32(head))
+        return head + body + _SNAPSHOT_CRC.pack(crc)
+
+    @classmethod
+    def decode_snapshot(
+        cls, data: bytes, *, max_producers: int, expiration_ms: int
+    ) -> tuple[int, PartitionProducerState]:
+        """(offset, state) from `encode_snapshot` bytes; SnapshotError when they are not.
+
+        A snapshot with more producers than `max_producers` loses its least
+        recently used ones, counted as evictions."""
+        size = len(data)
+        if size < _SNAPSHOT_HEAD.size + _SNAPSHOT_CRC.size:
+            raise SnapshotError(f"snapshot truncated: {size} bytes")
+        magic, version, offset, body_length = _SNAPSHOT_HEAD.unpack_from(data)
+        if magic != SNAPSHOT_MAGIC:
+            raise SnapshotError(f"not a producer-state snapshot: magic {magic!r}")
+        body_end = _SNAPSHOT_HEAD.size + body_length
+        if size != body_end + _SNAPSHOT_CRC.size:
+            raise SnapshotError(f"snapshot of {size} bytes declares a {body_length}-byte body")
+        (crc,) = _SNAPSHOT_CRC.unpack_from(data, body_end)
+        if zlib.crc32(memoryview(data)[:body_end]) != crc:
+            raise SnapshotError("snapshot CRC mismatch")
+        if version != SNAPSHOT_VERSION:
+            raise SnapshotError(f"snapshot version {version} is not {SNAPSHOT_VERSION}")
+        if offset < 0:
+            raise SnapshotError(f"snapshot offset {offset} is negative")
+        try:
+            producers = msgpack.unpackb(memoryview(data)[_SNAPSHOT_HEAD.size : body_end])
+        except Exception as exc:  # msgpack raises several unrelated types for bad input
+            raise SnapshotError(f"snapshot body is not msgpack: {exc}") from exc
+        if not isinstance(producers, list):
+            raise SnapshotError("snapshot body is not an array")
+        state = cls(max_producers=max_producers, expiration_ms=expiration_ms)
+        for item in producers:
+            pid, entry = _decode_producer(item, offset)
+            if pid in state._producers:
+                raise SnapshotError(f"producer {pid} appears twice")
+            state._producers[pid] = entry
+        while len(state._producers) > max_producers:
+            state._producers.popitem(last=False)
+            state.evicted_total += 1
+        return offset, state
+
+
+def _check_same_epoch(
+    producer_id: int, entry: _Producer, base_sequence: int, record_count: int
+) -> Decision:
+    """Rules 3 and 5 for a batch of the producer's current epoch, off the fast path."""
+    last_offset_delta = record_count - 1
+    for first, delta, base_offset, max_timestamp in _CACHED.iter_unpack(entry.batches):
+        # Equal first_seq and record count is the same as equal (first_seq, last_seq).
+        if first == base_sequence and delta == last_offset_delta:
+            last_seq = (first + delta) % SEQUENCE_MODULUS
+            return Decision(
+                ErrorCode.NONE,
+                BatchMetadata(first, last_seq, base_offset, delta, max_timestamp),
+                None,
+            )
+    if base_sequence == entry.next_seq:
+        return _APPEND
+    last_seq = (base_sequence + last_offset_delta) % SEQUENCE_MODULUS
+    (oldest_first,) = _FIRST_SEQ.unpack_from(entry.batches)
+    if 0 < (oldest_first - last_seq) % SEQUENCE_MODULUS < SEQUENCE_HALF:
+        return Decision(
+            ErrorCode.DUPLICATE_SEQUENCE_NUMBER,
+            None,
+            f"producer {producer_id} sequences {base_sequence}..{last_seq} lie before the "
+            f"oldest cached batch (first_seq {oldest_first}): already written",
+        )
+    return Decision(
+        ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+        None,
+        f"producer {producer_id}: expected base_sequence {entry.next_seq}, got {base_sequence}",
+    )
+
+
+def _decode_producer(item: Any, offset: int) -> tuple[int, _Producer]:
+    """One producer of a snapshot body, checked as strictly as `apply` would have built it."""
+    if not (isinstance(item, list) and len(item) == 4):
+        raise SnapshotError(f"producer entry is not [pid, epoch, last_seen_ms, batches]: {item!r}")
+    pid, epoch, last_seen_ms, batches = item
+    if not (_is_int(pid) and 0 <= pid < 2**63 and _is_int(last_seen_ms)):
+        raise SnapshotError(f"bad producer id or last_seen_ms: {item!r}")
+    if not (_is_int(epoch) and 0 <= epoch <= PRODUCER_EPOCH_MAX):
+        raise SnapshotError(f"producer {pid}: bad epoch {epoch!r}")
+    if not (isinstance(batches, list) and 1 <= len(batches) <= CACHED_BATCHES):
+        raise SnapshotError(f"producer {pid}: expected 1..{CACHED_BATCHES} batches")
+    packed = bytearray()
+    next_seq = next_offset = None
+    for batch in batches:
+        if not (isinstance(batch, list) and len(batch) == 5 and all(map(_is_int, batch))):
+            raise SnapshotError(f"producer {pid}: batch is not five integers: {batch!r}")
+        first, last, base_offset, delta, max_timestamp = batch
+        valid = (
+            0 <= first < SEQUENCE_MODULUS
+            and 0 <= delta < RECORD_COUNT_MAX
+            and last == (first + delta) % SEQUENCE_MODULUS
+            and (next_seq is None or first == next_seq)
+            and base_offset >= (0 if next_offset is None else next_offset)
+            and base_offset + delta < offset
+            and -(2**63) <= max_timestamp < 2**63
+        )
+        if not valid:
+            raise SnapshotError(f"producer {pid}: inconsistent batch {batch!r}")
+        packed += _CACHED.pack(first, delta, base_offset, max_timestamp)
+        next_seq = (last + 1) % SEQUENCE_MODULUS
+        next_offset = base_offset + delta + 1
+    return pid, _Producer(epoch, last_seen_ms, bytes(packed))
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int

@@ -1,0 +1,214 @@
+"""Unit tests of the pure protocol package: frames, messages, record batches."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol import messages as m
+from protocol.batch import (
+    CONTROL_COMMIT,
+    BatchError,
+    build_batch,
+    build_batch_from_columns,
+    build_control_batch,
+    control_type,
+    iter_records,
+    scan_batches,
+    validate,
+    with_sequence,
+)
+from protocol.compression import Compression
+from protocol.errors import ErrorCode
+from protocol.framing import FrameDecoder, FrameError, FrameTooLarge, encode_frame
+
+records_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 2**40),
+        st.one_of(st.none(), st.binary(max_size=20)),
+        st.one_of(st.none(), st.binary(max_size=200)),
+        st.one_of(
+            st.none(), st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=5)), max_size=3)
+        ),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+@given(records=records_strategy)
+def test_batch_round_trip(codec: Compression, records: list) -> None:
+    batch = build_batch(
+        records, producer_id=7, producer_epoch=2, base_sequence=40, compression=codec
+    )
+    header = validate(batch)
+    assert (header.record_count, header.producer_id, header.producer_epoch) == (len(records), 7, 2)
+    assert header.base_sequence == 40 and header.compression == codec
+    assert header.max_timestamp == max(r[0] for r in records)
+    got = list(iter_records(batch, 0, header))
+    assert [(r.timestamp, r.key, r.value, r.headers or None) for r in got] == [
+        (ts, k, v, [tuple(h) for h in hs] if hs else None) for ts, k, v, hs in records
+    ]
+    assert [r.offset for r in got] == list(range(len(records)))
+
+
+def test_columns_path_matches_the_record_path() -> None:
+    values = [b"a" * 100, None, b"c"]
+    keys = [b"k1", b"k2", None]
+    a = build_batch_from_columns(values, keys, 123)
+    b = build_batch([(123, k, v, None) for k, v in zip(keys, values, strict=True)])
+    assert a == b
+
+
+def test_with_sequence_restamps_and_keeps_crc_valid() -> None:
+    batch = build_batch(
+        [(1, None, b"x", None)] * 3, producer_id=1, producer_epoch=0, base_sequence=0
+    )
+    again = with_sequence(batch, 4, 99)
+    header = validate(again)
+    assert (header.producer_epoch, header.base_sequence, header.last_sequence) == (4, 99, 101)
+    assert header.last_sequence == (99 + 3 - 1)
+    wrapped = validate(with_sequence(batch, 0, 2**31 - 2))
+    assert wrapped.last_sequence == 0
+
+
+def test_control_batch() -> None:
+    batch = build_control_batch(CONTROL_COMMIT, producer_id=3, producer_epoch=1, timestamp_ms=5)
+    header = validate(batch)
+    assert header.is_control and header.is_transactional
+    assert control_type(batch, 0, header) == CONTROL_COMMIT
+
+
+def _restamp(buf: bytearray) -> bytes:
+    struct.pack_into(">I", buf, 12, zlib.crc32(bytes(buf[16:])))
+    return bytes(buf)
+
+
+def test_every_truncation_and_every_flipped_byte_is_caught() -> None:
+    batch = build_batch([(1, b"k", b"value", [("h", b"v")])] * 4)
+    for cut in range(len(batch)):
+        with pytest.raises(BatchError) as info:
+            validate(batch[:cut])
+        assert info.value.code == ErrorCode.CORRUPT_MESSAGE
+    for i in range(12, len(batch)):  # base_offset and batch_length are not CRC-covered
+        flipped = bytearray(batch)
+        flipped[i] ^= 0x01
+        with pytest.raises(BatchError):
+            validate(bytes(flipped))
+
+
+@pytest.mark.parametrize(
+    ("offset", "fmt", "value", "code"),
+    [
+        (16, ">B", 0, ErrorCode.INVALID_RECORD),  # magic
+        (52, ">i", 0, ErrorCode.INVALID_RECORD),  # record_count < 1
+        (18, ">i", 7, ErrorCode.INVALID_RECORD),  # last_offset_delta
+        (52, ">i", 9, ErrorCode.INVALID_RECORD),  # record_count disagrees with the records array
+        (17, ">B", 6, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
+    ],
+)
+def test_header_checks_answer_the_contract_codes(
+    offset: int, fmt: str, value: int, code: ErrorCode
+) -> None:
+    buf = bytearray(build_batch([(1, None, b"v", None)] * 3))
+    struct.pack_into(fmt, buf, offset, value)
+    if offset == 52 and value == 9:
+        struct.pack_into(">i", buf, 18, 8)
+    with pytest.raises(BatchError) as info:
+        validate(_restamp(buf))
+    assert info.value.code == code
+
+
+def test_idempotent_batch_needs_non_negative_epoch_and_sequence() -> None:
+    batch = build_batch([(1, None, b"v", None)], producer_id=5, producer_epoch=-1, base_sequence=0)
+    with pytest.raises(BatchError) as info:
+        validate(batch)
+    assert info.value.code == ErrorCode.INVALID_RECORD
+
+
+def test_message_too_large() -> None:
+    batch = build_batch([(1, None, b"v" * 1000, None)])
+    with pytest.raises(BatchError) as info:
+        validate(batch, max_bytes=500)
+    assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
+
+
+def test_scan_batches_stops_at_a_torn_tail() -> None:
+    a = build_batch([(1, None, b"a", None)])
+    b = build_batch([(2, None, b"b", None)] * 2)
+    stream = a + b
+    for cut in range(len(stream) + 1):
+        found = [pos for pos, _ in scan_batches(stream[:cut])]
+        expected = [p for p, size in ((0, len(a)), (len(a), len(stream))) if size <= cut]
+        assert found == expected
+
+
+@given(
+    messages=st.lists(
+        st.dictionaries(
+            st.text(max_size=5), st.integers(-(2**63), 2**64 - 1) | st.binary(max_size=50)
+        ),
+        max_size=5,
+    )
+)
+def test_frames_fed_byte_at_a_time(messages: list[dict]) -> None:
+    stream = b"".join(encode_frame(msg) for msg in messages)
+    decoder = FrameDecoder()
+    out = []
+    for i in range(len(stream)):
+        out.extend(decoder.feed(stream[i : i + 1]))
+    assert out == messages
+    assert decoder.buffered_bytes == 0
+
+
+def test_frame_decoder_refuses_large_length_before_the_body() -> None:
+    decoder = FrameDecoder(frame_bytes_max=1024)
+    with pytest.raises(FrameTooLarge):
+        decoder.feed(struct.pack(">I", 1025))
+    assert decoder.buffered_bytes == 4  # nothing of the body was waited for
+
+
+def test_frame_decoder_rejects_garbage() -> None:
+    with pytest.raises(FrameError):
+        FrameDecoder().feed(struct.pack(">I", 1) + b"\xc1")
+
+
+def test_parse_request_errors() -> None:
+    with pytest.raises(m.UnsupportedApi):
+        m.parse_request({"api": "Nope", "v": 1, "cid": 1})
+    with pytest.raises(m.UnsupportedApi):
+        m.parse_request({"api": "Produce", "v": 9, "cid": 1})
+    with pytest.raises(m.InvalidRequest, match="acks"):
+        m.parse_request({"api": "Produce", "v": 1, "cid": 1, "topics": []})
+    with pytest.raises(m.InvalidRequest, match="acks"):
+        m.parse_request({"api": "Produce", "v": 1, "cid": 1, "acks": True, "topics": []})
+    assert m.request_cid({"cid": -1}) is None
+    assert m.request_cid({"cid": 2**31}) is None
+    assert m.request_cid([1]) is None
+    assert m.request_cid({"cid": 0}) == 0
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        m.ApiVersionsRequest(),
+        m.MetadataRequest(["a"], True),
+        m.CreateTopicsRequest([m.CreatableTopic("t", 3, {"retention.ms": 5})]),
+        m.InitProducerIdRequest("tx", 1000, 5, 2),
+        m.ProduceRequest(-1, 100, [("t", [(0, b"batch")])], None),
+        m.FetchRequest([("t", [m.FetchPartition(0, 5, 100)])], 10, 1, 1000, 1),
+        m.ListOffsetsRequest([("t", [(0, -2)])], 0),
+        m.AddPartitionsToTxnRequest("tx", 1, 0, [("t", [0, 1])]),
+        m.EndTxnRequest("tx", 1, 0, True),
+    ],
+)
+def test_requests_round_trip_through_msgpack(request_: object) -> None:
+    wire = msgpack.unpackb(msgpack.packb(m.request_to_wire(request_, 7, "me"), use_bin_type=True))
+    assert wire["cid"] == 7 and wire["v"] == 1 and wire["client_id"] == "me"
+    assert m.parse_request(wire) == request_
