@@ -18,6 +18,11 @@ from broker.producer_ids import ProducerIdStateError
 
 log = logging.getLogger("minibroker.cli")
 
+EXIT_CONFIG_ERROR = 2
+# Distinct from a crash so that systemd's RestartPreventExitStatus can stop
+# retrying a start that cannot succeed (locked, unwritable or foreign data dir).
+EXIT_REFUSED_TO_START = 3
+
 # CLI flags that map one-to-one onto settings of the same name.
 SERVE_FLAGS = (
     "host",
@@ -76,7 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
         config = cfg.load(args.config, overrides)
     except cfg.ConfigError as exc:
         print(f"minibroker: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG_ERROR
     logs.setup(config.log_level, config.log_format)
     # A write past RLIMIT_FSIZE must fail with EFBIG (answered as a storage
     # error) instead of killing the process.
@@ -90,7 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
         anyio.run(broker.run, backend=config.backend, backend_options=backend_options)
     except (DataDirError, ProducerIdStateError) as exc:
         log.error("event=refused_to_start reason=%r", str(exc))
-        return 1
+        return EXIT_REFUSED_TO_START
     except KeyboardInterrupt:
         return 130
     return 0

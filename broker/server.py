@@ -147,6 +147,8 @@ class Broker:
         seconds = time.perf_counter() - started
         self.metrics.set_recovery_seconds(seconds)
         self.metrics.set_partition_source(self._partition_stats)
+        self.metrics.set_producer_ids_max(self.config.max_producers_per_partition)
+        self.metrics.set_data_dir(self.config.data_path)
         log.info(
             "event=recovered topics=%d partitions=%d seconds=%.3f clean_shutdown=%s",
             len(registry.topics),

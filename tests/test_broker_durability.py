@@ -190,7 +190,7 @@ def test_second_broker_on_same_data_dir_refuses(tmp_path: Path) -> None:
             text=True,
             timeout=30,
         )
-        assert second.returncode == 1
+        assert second.returncode == 3
         assert "locked by another running broker" in second.stderr
     finally:
         broker.kill()
@@ -217,4 +217,4 @@ def test_refuses_incompatible_format_version(tmp_path: Path) -> None:
         text=True,
         timeout=30,
     )
-    assert r.returncode == 1 and "format version" in r.stderr
+    assert r.returncode == 3 and "format version" in r.stderr
