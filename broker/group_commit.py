@@ -35,6 +35,12 @@ class GroupCommitter:
         self._round_done = anyio.Event()
         self._failed: set[int] = set()
 
+    def request_flush(self, partition: Partition) -> None:
+        """Sync `partition` in the next round without anyone waiting: a rolled
+        segment, so the recovery point and retention can move past it."""
+        self._dirty[id(partition)] = partition
+        self._wake.set()
+
     async def wait_durable(self, partition: Partition, last_offset: int) -> None:
         """Return once every offset up to `last_offset` of `partition` is on disk."""
         plog = partition.log

@@ -9,6 +9,7 @@ and rebuilt on open from the newest valid snapshot plus a replay of the log.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +50,9 @@ class Partition:
         self.log = log_
         self.producers = producers
         self.limits = limits
-        log_.on_roll = self._snapshot_at
+        # Set by the server: queues a background fsync of the segment just rolled.
+        self.on_rolled: Callable[[Partition], None] | None = None
+        log_.on_roll = self._rolled
 
     @classmethod
     def open(
@@ -114,6 +117,11 @@ class Partition:
             max_producers=limits.max_producers, expiration_ms=limits.expiration_ms
         )
         return fresh, plog.log_start_offset
+
+    def _rolled(self, offset: int) -> None:
+        self._snapshot_at(offset)
+        if self.on_rolled is not None:
+            self.on_rolled(self)
 
     def _snapshot_at(self, offset: int) -> None:
         assert offset == self.log.log_end_offset

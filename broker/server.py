@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,50 +85,57 @@ class Broker:
         if pid_file:
             with open(pid_file, "w") as f:
                 f.write(f"{os.getpid()}\n")
+        # Signals are caught from here on, before any line that tells a supervisor
+        # the broker is up, so an early SIGTERM is a graceful stop, not a kill.
+        signals = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         try:
-            async with anyio.create_task_group() as tg:
-                if config.metrics_port >= 0:
-                    metrics_port = await tg.start(
-                        serve_http,
-                        config.metrics_host,
-                        config.metrics_port,
+            with signals as signal_stream:
+                async with anyio.create_task_group() as tg:
+                    if config.metrics_port >= 0:
+                        metrics_port = await tg.start(
+                            serve_http,
+                            config.metrics_host,
+                            config.metrics_port,
+                            self.metrics,
+                            self.is_ready,
+                        )
+                        log.info(
+                            "event=metrics_listening host=%s port=%d",
+                            config.metrics_host,
+                            metrics_port,
+                        )
+                    await self._recover(clean)
+                    listener = await anyio.create_tcp_listener(
+                        local_host=config.host, local_port=config.port, reuse_port=False
+                    )
+                    self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                    committer = GroupCommitter(self.metrics)
+                    assert self.topics is not None
+                    self.topics.set_on_rolled(committer.request_flush)
+                    self.handlers = Handlers(
+                        config,
+                        self.topics,
+                        producer_ids,
+                        committer,
                         self.metrics,
-                        self.is_ready,
+                        (config.host, self.port),
                     )
+                    self.data_dir.begin_run()
+                    self.ready = True
+                    tg.start_soon(committer.run)
+                    tg.start_soon(self._housekeeping)
+                    serve_scope = anyio.CancelScope()
+                    tg.start_soon(self._serve, listener, serve_scope)
                     log.info(
-                        "event=metrics_listening host=%s port=%d", config.metrics_host, metrics_port
+                        "event=listening host=%s port=%d data_dir=%s",
+                        config.host,
+                        self.port,
+                        config.data_path.resolve(),
                     )
-                await self._recover(clean)
-                listener = await anyio.create_tcp_listener(
-                    local_host=config.host, local_port=config.port, reuse_port=False
-                )
-                self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-                committer = GroupCommitter(self.metrics)
-                assert self.topics is not None
-                self.handlers = Handlers(
-                    config,
-                    self.topics,
-                    producer_ids,
-                    committer,
-                    self.metrics,
-                    (config.host, self.port),
-                )
-                self.data_dir.begin_run()
-                self.ready = True
-                tg.start_soon(committer.run)
-                tg.start_soon(self._housekeeping)
-                serve_scope = anyio.CancelScope()
-                tg.start_soon(self._serve, listener, serve_scope)
-                log.info(
-                    "event=listening host=%s port=%d data_dir=%s",
-                    config.host,
-                    self.port,
-                    config.data_path.resolve(),
-                )
-                task_status.started(self.port)
-                await self._wait_for_stop_signal()
-                await self._drain(serve_scope)
-                tg.cancel_scope.cancel()
+                    task_status.started(self.port)
+                    await self._wait_for_stop_signal(signal_stream)
+                    await self._drain(serve_scope)
+                    tg.cancel_scope.cancel()
             self._close_storage()
         finally:
             self.data_dir.release()
@@ -175,14 +182,13 @@ class Broker:
     def is_ready(self) -> bool:
         return self.ready and not self._stopping
 
-    async def _wait_for_stop_signal(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            async for signum in signals:
-                if signum == signal.SIGHUP:
-                    self._reload()
-                    continue
-                log.info("event=stopping signal=%s", signal.Signals(signum).name)
-                return
+    async def _wait_for_stop_signal(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                self._reload()
+                continue
+            log.info("event=stopping signal=%s", signal.Signals(signum).name)
+            return
 
     def _reload(self) -> None:
         if self.reload_config is None:

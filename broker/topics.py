@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,13 @@ class TopicRegistry:
         self.root = root / "topics"
         self.config = config
         self.topics: dict[str, Topic] = {}
+        self.on_rolled: Callable[[Partition], None] | None = None
+
+    def set_on_rolled(self, hook: Callable[[Partition], None]) -> None:
+        """Run `hook` after any partition, now or later created, rolls a segment."""
+        self.on_rolled = hook
+        for p in self.all_partitions():
+            p.on_rolled = hook
 
     def log_config(self, overrides: dict[str, int]) -> LogConfig:
         c = self.config
@@ -143,6 +151,8 @@ class TopicRegistry:
                 for i in range(partitions)
             ],
         )
+        for p in topic.partitions:
+            p.on_rolled = self.on_rolled
         self.topics[name] = topic
         return topic
 
