@@ -30,15 +30,17 @@ class GroupCommitter:
     def __init__(self, metrics: BrokerMetrics) -> None:
         self._metrics = metrics
         self._dirty: dict[int, Partition] = {}
-        self._waiters = 0
+        self._batches_queued = 0
         self._wake = anyio.Event()
         self._round_done = anyio.Event()
         self._failed: set[int] = set()
 
-    def request_flush(self, partition: Partition) -> None:
-        """Sync `partition` in the next round without anyone waiting: a rolled
-        segment, so the recovery point and retention can move past it."""
+    def request_flush(self, partition: Partition, batches: int = 0) -> None:
+        """Sync `partition` in the next round: for `batches` acks=-1 appends, which
+        count towards the group size, or for a rolled segment (none), so the
+        recovery point and retention can move past it."""
         self._dirty[id(partition)] = partition
+        self._batches_queued += batches
         self._wake.set()
 
     async def wait_durable(self, partition: Partition, last_offset: int) -> None:
@@ -48,12 +50,7 @@ class GroupCommitter:
         while plog.flushed_offset <= last_offset:
             self._dirty[key] = partition
             self._wake.set()
-            done = self._round_done
-            self._waiters += 1
-            try:
-                await done.wait()
-            finally:
-                self._waiters -= 1
+            await self._round_done.wait()
             if key in self._failed and plog.flushed_offset <= last_offset:
                 raise FlushFailed(f"fdatasync failed for {partition.topic}-{partition.index}")
 
@@ -63,10 +60,11 @@ class GroupCommitter:
             self._wake = anyio.Event()
             batch = self._dirty
             self._dirty = {}
+            batches, self._batches_queued = self._batches_queued, 0
             targets = [(key, p, *p.log.sync_targets()) for key, p in batch.items()]
             started = time.perf_counter()
             failed = await anyio.to_thread.run_sync(_sync_all, [t[2] for t in targets])
-            self._metrics.observe_fsync(time.perf_counter() - started, self._waiters)
+            self._metrics.observe_fsync(time.perf_counter() - started, batches)
             self._failed = set()
             for i, (key, p, _fds, end_offset) in enumerate(targets):
                 if i in failed:

@@ -2,7 +2,7 @@
 
 Handlers run on the event loop and do their log work synchronously, so the
 requests of one connection take effect strictly in arrival order. A Produce
-with acks=-1 appends at once and returns a `Deferred` that completes when the
+with acks=-1 appends at once and returns a `DurableReply` that completes when the
 group commit has made its batches durable; the connection layer sends replies
 in order, so later requests keep flowing while it waits.
 """
@@ -35,8 +35,59 @@ SUPPORTED_APIS = frozenset(
     {"ApiVersions", "Metadata", "CreateTopics", "InitProducerId", "Produce", "Fetch", "ListOffsets"}
 )
 
-Deferred = Callable[[], Awaitable[dict[str, Any]]]
-"""A reply that is not ready yet: awaiting it yields the response map."""
+
+class DurableReply:
+    """An acks=-1 Produce reply that may only be sent once its batches are on disk."""
+
+    __slots__ = ("_committer", "_durable", "_results", "_timeout_ms", "_timeout_s")
+
+    def __init__(
+        self,
+        committer: GroupCommitter,
+        results: list[tuple[str, list[m.ProducePartitionResponse]]],
+        durable: list[tuple[Partition, int]],
+        timeout_ms: int,
+        timeout_s: float,
+    ) -> None:
+        self._committer = committer
+        self._results = results
+        self._durable = durable
+        self._timeout_ms = timeout_ms
+        self._timeout_s = timeout_s
+
+    def ready(self) -> bool:
+        """True when completing would not wait: lets the writer batch sends."""
+        return all(p.log.flushed_offset > last for p, last in self._durable)
+
+    async def complete(self) -> dict[str, Any]:
+        failed: set[int] = set()
+        with anyio.move_on_after(self._timeout_s) as scope:
+            for partition, last_offset in self._durable:
+                try:
+                    await self._committer.wait_durable(partition, last_offset)
+                except FlushFailed:
+                    failed.add(id(partition))
+        if failed or scope.cancelled_caught:
+            late = {
+                id(p): "fsync failed"
+                if id(p) in failed
+                else f"not durable within timeout_ms={self._timeout_ms}"
+                for p, last in self._durable
+                if id(p) in failed or p.log.flushed_offset <= last
+            }
+            by_key = {(p.topic, p.index): id(p) for p, _ in self._durable}
+            for topic, parts in self._results:
+                for r in parts:
+                    reason = late.get(by_key.get((topic, r.partition), 0))
+                    if r.error or reason is None:
+                        continue
+                    r.error = (
+                        ErrorCode.KAFKA_STORAGE_ERROR
+                        if reason == "fsync failed"
+                        else ErrorCode.REQUEST_TIMED_OUT
+                    )
+                    r.message = reason
+        return m.ProduceResponse(self._results).to_wire()
 
 
 def now_ms() -> int:
@@ -72,8 +123,8 @@ class Handlers:
             "ListOffsets": self.list_offsets,
         }
 
-    async def handle(self, request: Any) -> dict[str, Any] | Deferred | None:
-        """The response map, a Deferred, or None for a request that gets no reply (acks=0)."""
+    async def handle(self, request: Any) -> dict[str, Any] | DurableReply | None:
+        """The response map, a DurableReply, or None for a request that gets no reply (acks=0)."""
         result = self._table[request.api](request)
         if isinstance(result, Awaitable):
             return await result
@@ -176,7 +227,7 @@ class Handlers:
 
     # ----------------------------------------------------------------- produce
 
-    def produce(self, req: m.ProduceRequest) -> dict[str, Any] | Deferred | None:
+    def produce(self, req: m.ProduceRequest) -> dict[str, Any] | DurableReply | None:
         acks = req.acks
         stamp = now_ms()
         results: list[tuple[str, list[m.ProducePartitionResponse]]] = []
@@ -199,6 +250,10 @@ class Handlers:
         if acks == 0:
             return None
         if durable:
+            # Start the fsync round now rather than when the reply writer reaches
+            # this reply, so syncing overlaps the next appends.
+            for partition, _ in durable:
+                self.committer.request_flush(partition, batches=1)
             return self._await_durable(req.timeout_ms, results, durable)
         return m.ProduceResponse(results).to_wire()
 
@@ -289,31 +344,9 @@ class Handlers:
         timeout_ms: int,
         results: list[tuple[str, list[m.ProducePartitionResponse]]],
         durable: list[tuple[Partition, int]],
-    ) -> Deferred:
+    ) -> DurableReply:
         timeout_s = min(max(timeout_ms, 0), self.config.request_timeout_ms) / 1000
-
-        async def complete() -> dict[str, Any]:
-            failed: set[int] = set()
-            with anyio.move_on_after(timeout_s) as scope:
-                for partition, last_offset in durable:
-                    try:
-                        await self.committer.wait_durable(partition, last_offset)
-                    except FlushFailed:
-                        failed.add(id(partition))
-            for topic, parts in results:
-                for r in parts:
-                    if r.error:
-                        continue
-                    p = self.topics.partition(topic, r.partition)
-                    assert p is not None
-                    if id(p) in failed:
-                        r.error, r.message = ErrorCode.KAFKA_STORAGE_ERROR, "fsync failed"
-                    elif scope.cancelled_caught and p.log.flushed_offset <= r.base_offset:
-                        r.error = ErrorCode.REQUEST_TIMED_OUT
-                        r.message = f"not durable within timeout_ms={timeout_ms}"
-            return m.ProduceResponse(results).to_wire()
-
-        return complete
+        return DurableReply(self.committer, results, durable, timeout_ms, timeout_s)
 
     # ----------------------------------------------------------------- fetch
 

@@ -24,7 +24,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.data_dir import DataDir
 from broker.group_commit import GroupCommitter
-from broker.handlers import Handlers, now_ms
+from broker.handlers import DurableReply, Handlers, now_ms
 from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.producer_ids import ProducerIdManager
@@ -36,7 +36,7 @@ from protocol.messages import error_response, parse_request, request_cid
 log = logging.getLogger("minibroker.server")
 
 RECEIVE_BYTES = 256 * 1024
-Reply = bytes | tuple[int, float, str, Callable[[], Any]]
+Reply = bytes | tuple[int, float, str, DurableReply]
 
 
 @dataclass(eq=False)
@@ -362,7 +362,7 @@ class Broker:
         if result is None:
             self.metrics.observe_request(api, 0, time.perf_counter() - started)
             return None
-        if callable(result):
+        if isinstance(result, DurableReply):
             return (cid, started, api, result)
         result["cid"] = cid
         self.metrics.observe_request(api, result.get("error", 0), time.perf_counter() - started)
@@ -381,10 +381,10 @@ class Broker:
                     if isinstance(reply, bytes):
                         pending.append(reply)
                         continue
-                    if pending:
+                    cid, started, api, deferred = reply
+                    if pending and not deferred.ready():
                         await self._flush(stream, pending, conn)
-                    cid, started, api, complete = reply
-                    response = await complete()
+                    response = await deferred.complete()
                     response["cid"] = cid
                     self.metrics.observe_request(
                         api, response.get("error", 0), time.perf_counter() - started

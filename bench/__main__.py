@@ -1,0 +1,181 @@
+"""`make bench`: run the benchmark suites, print their tables, rewrite docs/benchmarks.md.
+
+Each suite's section in the document is replaced only when that suite ran, so
+`python -m bench --suites client` refreshes one section and keeps the rest.
+Every section names the command that produced it. Targets are checked as
+ratios or floors against figures measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+SUITES = ("broker", "client", "spark")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = []
+        for c in columns:
+            v = row.get(c, "")
+            cells.append(
+                f"{v:,.1f}"
+                if isinstance(v, float)
+                else f"{v:,}"
+                if isinstance(v, int) and not isinstance(v, bool)
+                else str(v)
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _value(rows: list[dict[str, Any]], name: str, key: str = "value") -> float:
+    for row in rows:
+        if row.get("benchmark") == name:
+            return float(row[key])
+    raise KeyError(name)
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def broker_targets(rows: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for backend in ("trio", "asyncio"):
+        acks1 = _value(rows, f"produce {backend} acks=1 idempotent")
+        plain = _value(rows, f"produce {backend} acks=1 plain")
+        acks_all = _value(rows, f"produce {backend} acks=-1 idempotent")
+        ceiling = _value(rows, "fdatasync ceiling, one per 64 writes")
+        no_metrics = _value(rows, f"produce {backend} acks=1 idempotent metrics off")
+        rss = _value(rows, f"broker RSS {backend}, 100 partitions x 10,000 producers")
+        idem_cost = 1 - acks1 / plain
+        metrics_cost = 1 - acks1 / no_metrics
+        out += [
+            f"- {backend}: acks=1 idempotent {acks1:.0f} MB/s against a 150 MB/s floor: "
+            f"{_verdict(acks1 >= 150)}.",
+            f"- {backend}: acks=-1 {acks_all:.0f} MB/s is {acks_all / ceiling:.0%} of the "
+            "fdatasync ceiling measured in this run (60% wanted): "
+            f"{_verdict(acks_all >= 0.6 * ceiling)}.",
+            f"- {backend}: idempotence costs {idem_cost:+.1%} of plain acks=1 throughput "
+            f"(at most 3% wanted): {_verdict(idem_cost <= 0.03)}.",
+            f"- {backend}: metrics cost {metrics_cost:+.1%} of throughput (under 3% wanted): "
+            f"{_verdict(metrics_cost < 0.03)}.",
+            f"- {backend}: RSS {rss:.0f} MB with 100 partitions and 10,000 producers "
+            f"(under 150 MB wanted): {_verdict(rss < 150)}.",
+        ]
+    return out
+
+
+def client_targets(rows: list[dict[str, Any]]) -> list[str]:
+    send = _value(rows, "producer send()", "records_per_sec")
+    batch = _value(rows, "producer send_batch()", "records_per_sec")
+    consume = _value(rows, "consumer poll()", "records_per_sec")
+    return [
+        f"- send(): {send:,.0f} records/s against 400,000: {_verdict(send >= 400_000)}.",
+        f"- send_batch(): {batch:,.0f} records/s against 2,000,000: "
+        f"{_verdict(batch >= 2_000_000)}.",
+        f"- consumer: {consume:,.0f} records/s against 1,000,000: "
+        f"{_verdict(consume >= 1_000_000)}.",
+    ]
+
+
+def spark_targets(rows: list[dict[str, Any]]) -> list[str]:
+    ours = _value(rows, "spark write minibroker", "rows_per_s")
+    ceiling = _value(rows, "spark write discard-only Python Arrow writer", "rows_per_s")
+    return [
+        f"- minibroker write {ours:,.0f} rows/s is {ours / ceiling:.0%} of the discard-only "
+        f"Arrow writer (40% wanted): {_verdict(ours >= 0.4 * ceiling)}; against the "
+        f"1,000,000 rows/s floor: {_verdict(ours >= 1_000_000)}.",
+    ]
+
+
+def run_suite(name: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], str, Callable]:
+    if name == "broker":
+        from bench import bench_broker
+
+        return (
+            bench_broker.run(args.broker_batches),
+            f"python -m bench --suites broker --broker-batches {args.broker_batches}",
+            broker_targets,
+        )
+    if name == "client":
+        from bench import bench_client
+
+        return (
+            bench_client.run(args.client_records),
+            f"python -m bench --suites client --client-records {args.client_records}",
+            client_targets,
+        )
+    from bench import bench_spark
+
+    return (
+        bench_spark.run(args.spark_rows),
+        f"python -m bench --suites spark --spark-rows {args.spark_rows}",
+        spark_targets,
+    )
+
+
+def machine() -> str:
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True)
+    java_line = (java.stderr.splitlines() or ["?"])[0]
+    return (
+        f"{platform.node()}: {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}, {java_line}; shared and noisy, so each "
+        f"figure is a median of rounds and targets compare figures of one run."
+    )
+
+
+def section(name: str, body: str) -> str:
+    return f"<!-- suite:{name} -->\n{body}\n<!-- /suite:{name} -->"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="run benchmarks and rewrite docs/benchmarks.md")
+    parser.add_argument("--suites", default=",".join(SUITES))
+    parser.add_argument("--broker-batches", type=int, default=6000)
+    parser.add_argument("--client-records", type=int, default=1_000_000)
+    parser.add_argument("--spark-rows", type=int, default=5_000_000)
+    args = parser.parse_args()
+    suites = [s for s in args.suites.split(",") if s]
+    old = DOC.read_text() if DOC.exists() else ""
+    sections = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"<!-- suite:(\w+) -->.*?<!-- /suite:\1 -->", old, re.S)
+    }
+    for name in suites:
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        rows, command, targets = run_suite(name, args)
+        try:
+            verdicts = "\n".join(targets(rows))
+        except KeyError as exc:
+            verdicts = f"- targets not evaluated: no row {exc}"
+        body = (
+            f"## {name}\n\nMeasured {started} with `{command}` on {machine()}\n\n"
+            f"{table(rows)}\n\nTargets:\n\n{verdicts}\n"
+        )
+        print(body)
+        sections[name] = section(name, body)
+    header = (
+        "# Benchmarks\n\n`make bench` runs every suite below and rewrites this file; "
+        "each section names the command that made its figures. Notes on the figures "
+        "are in [benchmark-notes.md](benchmark-notes.md).\n"
+    )
+    DOC.write_text(header + "\n" + "\n\n".join(sections[s] for s in SUITES if s in sections) + "\n")
+
+
+if __name__ == "__main__":
+    main()

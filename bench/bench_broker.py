@@ -1,0 +1,259 @@
+"""Broker throughput and memory, driven by a raw-protocol load generator.
+
+One connection pipelines pre-encoded Produce frames of 16 KiB batches of
+100-byte records (a window of requests in flight), so the figure is the
+broker's, not a client library's. Each configuration runs `ROUNDS` times and
+the median is reported; ratios (idempotent vs plain, acks=-1 vs the fdatasync
+ceiling, metrics on vs off) are taken between runs of the same invocation.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from protocol.batch import build_batch_from_columns, with_sequence
+from protocol.framing import FrameDecoder, encode_frame
+from tests.broker_process import BrokerProcess
+from tests.wire import WireClient
+
+BATCH_BYTES = 16 * 1024
+RECORD_BYTES = 100
+WINDOW = 64
+ROUNDS = 5
+
+
+def _batch_template(pid: int, epoch: int) -> tuple[bytes, int]:
+    # msgpack adds ~7 bytes per record; fill the batch up to 16 KiB.
+    count = (BATCH_BYTES - 56) // (RECORD_BYTES + 7)
+    values = [os.urandom(RECORD_BYTES) for _ in range(count)]
+    batch = build_batch_from_columns(
+        values,
+        None,
+        int(time.time() * 1000),
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=0 if pid >= 0 else -1,
+    )
+    return batch, count
+
+
+def _frames(
+    n_batches: int, acks: int, pid: int, epoch: int, topic: str, partitions: int
+) -> list[bytes]:
+    template, count = _batch_template(pid, epoch)
+    frames = []
+    seq = [0] * partitions
+    for i in range(n_batches):
+        p = i % partitions
+        batch = template
+        if pid >= 0:
+            batch = with_sequence(template, epoch, seq[p])
+            seq[p] += count
+        frames.append(
+            encode_frame(
+                {
+                    "api": "Produce",
+                    "v": 1,
+                    "cid": i,
+                    "acks": acks,
+                    "timeout_ms": 30_000,
+                    "topics": [
+                        {"topic": topic, "partitions": [{"partition": p, "records": batch}]}
+                    ],
+                }
+            )
+        )
+    return frames
+
+
+def _pipeline(bootstrap: str, frames: list[bytes]) -> float:
+    """Send every frame with at most WINDOW unanswered; return elapsed seconds."""
+    host, port = bootstrap.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    window = threading.Semaphore(WINDOW)
+    errors: list[Any] = []
+
+    def read_all() -> None:
+        decoder = FrameDecoder(1 << 30)
+        seen = 0
+        while seen < len(frames):
+            data = sock.recv(1 << 20)
+            if not data:
+                errors.append("connection closed")
+                return
+            for r in decoder.feed(data):
+                err = r["topics"][0]["partitions"][0]["error"]
+                if err:
+                    errors.append(r)
+                seen += 1
+                window.release()
+
+    reader = threading.Thread(target=read_all)
+    started = time.perf_counter()
+    reader.start()
+    for frame in frames:
+        window.acquire()
+        sock.sendall(frame)
+    reader.join()
+    elapsed = time.perf_counter() - started
+    sock.close()
+    if errors:
+        raise RuntimeError(f"produce errors: {errors[:3]}")
+    return elapsed
+
+
+def _produce_mb_s(broker: BrokerProcess, *, acks: int, idempotent: bool, n_batches: int) -> float:
+    with WireClient(broker.bootstrap) as c:
+        topic = f"bench-{acks}-{idempotent}-{time.monotonic_ns()}"
+        c.create_topic(topic, 1)
+        pid, epoch = c.init_producer() if idempotent else (-1, -1)
+    frames = _frames(n_batches, acks, pid, epoch, topic, 1)
+    payload = sum(len(f) for f in frames)
+    return payload / _pipeline(broker.bootstrap, frames) / 1e6
+
+
+def fdatasync_ceiling_mb_s(directory: Path, n_batches: int, group: int) -> float:
+    """MB/s of appending 16 KiB chunks with one fdatasync per `group` chunks."""
+    chunk = os.urandom(BATCH_BYTES)
+    path = directory / "fdatasync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        started = time.perf_counter()
+        for i in range(n_batches):
+            os.write(fd, chunk)
+            if (i + 1) % group == 0:
+                os.fdatasync(fd)
+        os.fdatasync(fd)
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return n_batches * BATCH_BYTES / elapsed / 1e6
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def rss_with_producers(backend: str, partitions: int = 100, producers: int = 10_000) -> int:
+    """Broker RSS after `producers` idempotent producers each wrote 5 batches
+    (filling their duplicate window) to one of `partitions` partitions."""
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", backend=backend).start()
+        try:
+            with WireClient(broker.bootstrap) as c:
+                c.create_topic("rss", partitions)
+                grants = [c.init_producer() for _ in range(producers)]
+                pending = 0
+                for i, (pid, epoch) in enumerate(grants):
+                    template = build_batch_from_columns(
+                        [b"x" * RECORD_BYTES], None, 0, producer_id=pid, producer_epoch=epoch
+                    )
+                    for seq in range(5):
+                        c.send(
+                            "Produce",
+                            acks=1,
+                            timeout_ms=30_000,
+                            topics=[
+                                {
+                                    "topic": "rss",
+                                    "partitions": [
+                                        {
+                                            "partition": i % partitions,
+                                            "records": with_sequence(template, epoch, seq),
+                                        }
+                                    ],
+                                }
+                            ],
+                        )
+                        pending += 1
+                    while pending > WINDOW:
+                        r = c.recv()
+                        assert r["topics"][0]["partitions"][0]["error"] == 0, r
+                        pending -= 1
+                while pending:
+                    c.recv()
+                    pending -= 1
+            assert broker.proc is not None
+            return _rss_bytes(broker.proc.pid)
+        finally:
+            broker.kill()
+
+
+def run(n_batches: int = 6000) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        tmp_path = Path(tmp)
+        ceiling_each = statistics.median(
+            fdatasync_ceiling_mb_s(tmp_path, n_batches // 4, 1) for _ in range(ROUNDS)
+        )
+        ceiling_group = statistics.median(
+            fdatasync_ceiling_mb_s(tmp_path, n_batches, WINDOW) for _ in range(ROUNDS)
+        )
+        rows.append(
+            {
+                "benchmark": "fdatasync ceiling, one per 16 KiB write",
+                "value": ceiling_each,
+                "unit": "MB/s",
+            }
+        )
+        rows.append(
+            {
+                "benchmark": f"fdatasync ceiling, one per {WINDOW} writes",
+                "value": ceiling_group,
+                "unit": "MB/s",
+            }
+        )
+        for backend in ("trio", "asyncio"):
+            brokers = {
+                metrics: BrokerProcess(
+                    tmp_path / f"data-{backend}-{metrics}",
+                    backend=backend,
+                    extra_args=[] if metrics else ["--metrics-port", "-1"],
+                ).start()
+                for metrics in (True, False)
+            }
+            cases = [(True, 1, False), (True, 1, True), (False, 1, True), (True, -1, True)]
+            figures: dict[tuple[bool, int, bool], list[float]] = {case: [] for case in cases}
+            try:
+                # Rounds interleave the cases so drift on a shared machine hits all alike.
+                for _ in range(ROUNDS):
+                    for metrics, acks, idem in cases:
+                        figures[(metrics, acks, idem)].append(
+                            _produce_mb_s(
+                                brokers[metrics], acks=acks, idempotent=idem, n_batches=n_batches
+                            )
+                        )
+            finally:
+                for b in brokers.values():
+                    b.kill()
+            for (metrics, acks, idem), values in figures.items():
+                rows.append(
+                    {
+                        "benchmark": f"produce {backend} acks={acks} "
+                        f"{'idempotent' if idem else 'plain'}"
+                        f"{'' if metrics else ' metrics off'}",
+                        "value": statistics.median(values),
+                        "unit": "MB/s",
+                        "rounds": len(values),
+                    }
+                )
+            rows.append(
+                {
+                    "benchmark": f"broker RSS {backend}, 100 partitions x 10,000 producers",
+                    "value": rss_with_producers(backend) / 1e6,
+                    "unit": "MB",
+                }
+            )
+    return rows
