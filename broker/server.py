@@ -274,11 +274,13 @@ class Broker:
         send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
         try:
             async with stream, anyio.create_task_group() as tg:
-                tg.start_soon(self._writer, stream, receive, conn)
+                tg.start_soon(self._writer, stream, receive, conn, tg.cancel_scope)
                 async with send:
                     await self._reader(stream, send, conn)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
+        except Exception:
+            # The peer's trouble is never the listener's: whatever one connection
+            # raises ends that connection only.
+            log.exception("event=connection_failed peer=%s", peer)
         finally:
             self.connections.discard(conn)
             self.metrics.connection_closed()
@@ -325,7 +327,10 @@ class Broker:
                             group.append(reply)
                     if group:
                         conn.inflight += len(group)
-                        await send.send(group)
+                        try:
+                            await send.send(group)
+                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            return  # the writer found the peer gone
                     if close:
                         return
 
@@ -369,6 +374,21 @@ class Broker:
         return encode_frame(result)
 
     async def _writer(
+        self,
+        stream: SocketStream,
+        receive: MemoryObjectReceiveStream[list[Reply]],
+        conn: Connection,
+        connection_scope: anyio.CancelScope,
+    ) -> None:
+        try:
+            await self._write_replies(stream, receive, conn)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            # A peer that reset or vanished with replies pending: drop the
+            # connection (the reader too) and keep serving everyone else.
+            log.info("event=connection_lost peer=%s reason=%r", conn.peer, type(exc).__name__)
+            connection_scope.cancel()
+
+    async def _write_replies(
         self,
         stream: SocketStream,
         receive: MemoryObjectReceiveStream[list[Reply]],

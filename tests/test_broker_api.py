@@ -351,3 +351,20 @@ def test_oversized_frame_is_refused_before_it_is_buffered(broker: BrokerProcess)
 
 def test_header_bytes_constant_matches_contract() -> None:
     assert HEADER_BYTES == 56
+
+
+def test_client_reset_with_replies_pending_leaves_the_broker_serving(broker: BrokerProcess) -> None:
+    """Tried: 200 pipelined requests, then a TCP reset (SO_LINGER 0) before reading
+    any reply. The broker drops that connection and keeps serving others."""
+    import socket
+
+    for _ in range(3):
+        c = WireClient(broker.bootstrap)
+        for cid in range(200):
+            c.send("Metadata", cid=cid, topics=None)
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        c.close()
+    time.sleep(0.3)
+    assert broker.proc is not None and broker.proc.poll() is None
+    with WireClient(broker.bootstrap) as c:
+        assert c.call("ApiVersions")["error"] == 0
