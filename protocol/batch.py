@@ -127,7 +127,7 @@ def _attributes(compression: int, transactional: bool, control: bool) -> int:
     )
 
 
-def _assemble(
+def assemble_batch(
     payload: bytes,
     *,
     record_count: int,
@@ -138,6 +138,10 @@ def _assemble(
     producer_epoch: int,
     base_sequence: int,
 ) -> bytes:
+    """A whole batch around an already encoded (and compressed) records payload.
+
+    For clients that encode records their own way (the column encoders): the
+    header, lengths and CRC are then always right."""
     body = HEADER.pack(
         0,
         HEADER_BYTES - LENGTH_PREFIX_BYTES + len(payload),
@@ -178,7 +182,7 @@ def build_batch(
         ],
         use_bin_type=True,
     )
-    return _assemble(
+    return assemble_batch(
         compress(compression, encoded),
         record_count=len(records),
         base_timestamp=base_timestamp,
@@ -212,10 +216,9 @@ def build_batch_from_columns(
     if headers is None:
         headers = (None,) * count
     zeros = (0,) * count
-    encoded = msgpack.packb(
-        list(map(list, zip(zeros, keys, values, headers, strict=True))), use_bin_type=True
-    )
-    return _assemble(
+    # msgpack packs tuples as arrays: the same bytes as lists, built twice as fast.
+    encoded = msgpack.packb(list(zip(zeros, keys, values, headers, strict=True)), use_bin_type=True)
+    return assemble_batch(
         compress(compression, encoded),
         record_count=count,
         base_timestamp=timestamp_ms,
