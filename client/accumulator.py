@@ -1,0 +1,902 @@
+"""The producer's sans-IO core: batching, sequence numbers, retries and epoch bumps.
+
+Modelled on Kafka's RecordAccumulator and TransactionManager. Nothing here
+touches a socket or an event loop: callers pass `now_ms` (a monotonic clock in
+milliseconds), get back batches to send and the next deadline to wake up at,
+and report each outcome. (`append`, on the caller's hot path, reads the
+injected `clock` instead, and only when it opens a batch.) So every retry and
+recovery path is testable with a fake clock and no sleeps.
+
+Idempotence, per partition:
+
+- A batch gets its base sequence when it is first drained, and keeps it on
+  every retry, so a retry of an appended batch is answered as a duplicate.
+- Batches of a partition go out in sequence order. Responses on one connection
+  come back in request order, so when one batch fails, every later in-flight
+  batch of that partition will fail too (the broker sees a sequence gap). The
+  partition is then "broken": nothing more is sent for it until its in-flight
+  count drops to zero, and the failed batches are re-queued in sequence order.
+- OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID on a partition that was
+  not broken means the broker lost or never had our state (KIP-360). So does a
+  batch failing for good after it got a sequence (a hole). Either way the whole
+  producer bumps its epoch: first every batch whose outcome is unknown (its
+  connection dropped, or it timed out or met a storage error) is retried with its
+  old epoch and sequence until the broker answers success/duplicate (appended) or
+  OUT_OF_ORDER/UNKNOWN_PRODUCER_ID (never appended: an appended retry would have
+  been recognised as a duplicate); then, with nothing in flight,
+  InitProducerId(pid, epoch) gives epoch + 1 and every unacknowledged batch is
+  re-sequenced from 0. Nothing is lost (rejected batches are resent) and nothing
+  is duplicated (a batch that may have been appended is resolved before its
+  sequence changes).
+- INVALID_PRODUCER_EPOCH and PRODUCER_FENCED are fatal for every batch.
+
+Thread safety: `append` runs on the caller's thread (the sync face's hot path)
+while the rest runs on the I/O thread, so every method takes `lock`. Batch
+completion (events, callbacks) happens outside the lock, in `ProducerBatch.notify`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from typing import Any
+
+import anyio
+import msgpack
+
+from client.errors import (
+    FENCING_CODES,
+    ConnectionLostError,
+    DeliveryTimeoutError,
+    MinibrokerError,
+    MinibrokerTimeoutError,
+    RecordTooLargeError,
+    error_for,
+)
+from client.types import BatchMetadata, RecordMetadata
+from protocol.batch import (
+    HEADER_BYTES,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    SEQUENCE_MODULUS,
+    assemble_batch,
+    with_sequence,
+)
+from protocol.compression import Compression, compress
+from protocol.errors import RETRIABLE, ErrorCode
+
+log = logging.getLogger("client.producer")
+
+# Upper bound of a record's msgpack framing: fixarray, int64 delta, two bin headers, nil headers.
+RECORD_OVERHEAD = 21
+HEADER_OVERHEAD = 8
+
+_tuple_new = tuple.__new__
+_first = itemgetter(0)
+
+# Answers after which the batch may be in the log although the broker reported a failure.
+MAYBE_APPENDED = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.KAFKA_STORAGE_ERROR})
+
+Headers = Sequence[tuple[str, bytes]] | None
+DeliveryCallback = Callable[[BaseException | None, RecordMetadata], object]
+
+
+class BufferFull(Exception):
+    """buffer_memory is used up; the caller blocks (up to max_block_ms) and retries."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"no buffer space for {size} bytes")
+        self.size = size
+
+
+def headers_size(headers: Headers) -> int:
+    """Upper bound of the encoded size of a record's headers (4 bytes per str char)."""
+    if not headers:
+        return 0
+    return sum(HEADER_OVERHEAD + len(name) * 4 + len(data) for name, data in headers)
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    """The bytes a record is accounted for in batch_size (an upper bound of its encoding)."""
+    size = RECORD_OVERHEAD + headers_size(headers)
+    if key is not None:
+        size += len(key)
+    if value is not None:
+        size += len(value)
+    return size
+
+
+class ProducerBatch:
+    """Records bound for one partition that travel, succeed or fail together."""
+
+    __slots__ = (
+        "_async_event",
+        "attempts",
+        "base_offset",
+        "base_ts",
+        "callbacks",
+        "created_ms",
+        "done_event",
+        "encoded",
+        "error",
+        "finished",
+        "in_flight",
+        "order",
+        "partition",
+        "payload",
+        "record_count",
+        "records",
+        "reserved",
+        "retry_at_ms",
+        "sealed",
+        "sequence",
+        "size",
+        "stamp",
+        "topic",
+        "unresolved",
+    )
+
+    def __init__(self, topic: str, partition: int, base_ts: int, created_ms: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        # Each record is (timestamp delta, key, value, headers): the wire shape, so a batch
+        # encodes with one msgpack call.
+        self.records: list[tuple[int, bytes | None, bytes | None, Headers]] = []
+        self.payload: bytes | None = None  # pre-encoded records (send_batch)
+        self.record_count = 0
+        self.size = HEADER_BYTES
+        self.reserved = 0  # bytes of buffer_memory held until the batch finishes
+        self.base_ts = base_ts
+        self.created_ms = created_ms
+        self.sealed = False
+        self.sequence: int | None = None
+        self.order: int | None = None
+        self.encoded: bytes | None = None
+        self.stamp: tuple[int, int, int] | None = None
+        self.attempts = 0
+        self.retry_at_ms = 0.0
+        self.in_flight = False
+        self.unresolved = False
+        self.callbacks: list[tuple[int, DeliveryCallback]] | None = None
+        self.finished = False
+        self.base_offset = -1
+        self.error: BaseException | None = None
+        self.done_event = threading.Event()
+        self._async_event: anyio.Event | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<ProducerBatch {self.topic}-{self.partition} n={self.record_count} "
+            f"seq={self.sequence} attempts={self.attempts}>"
+        )
+
+    def wire(self, producer_id: int, producer_epoch: int, compression: int) -> bytes:
+        """The batch bytes stamped with the current producer id, epoch and sequence."""
+        sequence = NO_SEQUENCE if self.sequence is None else self.sequence
+        stamp = (producer_id, producer_epoch, sequence)
+        if self.encoded is not None and self.stamp is not None and stamp != self.stamp:
+            if self.stamp[0] == producer_id:
+                self.encoded = with_sequence(self.encoded, producer_epoch, sequence)
+            else:
+                self.encoded = None
+        if self.encoded is None:
+            payload = self.payload
+            max_ts = self.base_ts
+            if payload is None:
+                payload = msgpack.packb(self.records, use_bin_type=True)
+                max_ts += max(map(_first, self.records))
+            self.encoded = assemble_batch(
+                compress(compression, payload) if compression != Compression.NONE else payload,
+                record_count=self.record_count,
+                base_timestamp=self.base_ts,
+                max_timestamp=max_ts,
+                attributes=compression,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                base_sequence=sequence,
+            )
+        self.stamp = stamp
+        return self.encoded
+
+    def record_metadata(self, index: int) -> RecordMetadata:
+        offset = self.base_offset + index if self.base_offset >= 0 else -1
+        timestamp = self.base_ts + self.records[index][0] if self.records else self.base_ts
+        return RecordMetadata(self.topic, self.partition, offset, timestamp)
+
+    def batch_metadata(self) -> BatchMetadata:
+        return BatchMetadata(self.topic, self.partition, self.base_offset, self.record_count)
+
+    def notify(self) -> None:
+        """Wake waiters and run delivery callbacks; once, after the batch finished."""
+        self.done_event.set()
+        if self._async_event is not None:
+            self._async_event.set()
+        if self.callbacks:
+            error = self.error
+            for index, callback in self.callbacks:
+                try:
+                    callback(error, self.record_metadata(index))
+                except Exception:
+                    log.exception("on_delivery callback raised")
+
+    def wait(self, timeout: float | None) -> None:
+        if not self.finished and not self.done_event.wait(timeout):
+            raise MinibrokerTimeoutError(f"delivery not confirmed within {timeout} s")
+
+    async def wait_async(self) -> None:
+        """Wait on the event loop thread, where `notify` runs."""
+        if not self.finished:
+            if self._async_event is None:
+                self._async_event = anyio.Event()
+            await self._async_event.wait()
+
+
+class RecordHandle(tuple):  # a 2-tuple: the cheapest object CPython can allocate
+    """The pending metadata of one `send()`: (batch, index), not a future per record.
+
+    `.get(timeout)` blocks for the RecordMetadata (sync face); `await handle`
+    waits for it on the event loop (async face). Both raise the delivery error."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return self[0].finished
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        batch: ProducerBatch = self[0]
+        batch.wait(timeout)
+        if batch.error is not None:
+            raise batch.error
+        return batch.record_metadata(self[1])
+
+    def exception(self) -> BaseException | None:
+        batch: ProducerBatch = self[0]
+        return batch.error if batch.finished else None
+
+    def __await__(self) -> Any:
+        return self._wait().__await__()
+
+    async def _wait(self) -> RecordMetadata:
+        batch: ProducerBatch = self[0]
+        await batch.wait_async()
+        if batch.error is not None:
+            raise batch.error
+        return batch.record_metadata(self[1])
+
+    def __repr__(self) -> str:
+        return f"<RecordHandle {self[0]!r} index={self[1]}>"
+
+
+class BatchFuture:
+    """The pending outcome of one `send_batch()`: every wire batch it became."""
+
+    __slots__ = ("batches",)
+
+    def __init__(self, batches: list[ProducerBatch]) -> None:
+        self.batches = batches
+
+    def done(self) -> bool:
+        return all(b.finished for b in self.batches)
+
+    def get(self, timeout: float | None = None) -> list[BatchMetadata]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for batch in self.batches:
+            batch.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._result()
+
+    def __await__(self) -> Any:
+        return self._wait().__await__()
+
+    async def _wait(self) -> list[BatchMetadata]:
+        for batch in self.batches:
+            await batch.wait_async()
+        return self._result()
+
+    def _result(self) -> list[BatchMetadata]:
+        for batch in self.batches:
+            if batch.error is not None:
+                raise batch.error
+        return [b.batch_metadata() for b in self.batches]
+
+
+class _PartitionState:
+    __slots__ = ("broken", "in_flight", "next_order", "next_sequence", "open", "queue", "topic")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.queue: deque[ProducerBatch] = deque()  # not in flight; the open batch is last
+        self.open: ProducerBatch | None = None
+        self.in_flight = 0
+        self.broken = False
+        self.next_sequence = 0
+        self.next_order = 0
+
+
+class RecordAccumulator:
+    """Batches records per partition and decides what to send when; see the module doc."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 16384,
+        buffer_memory: int = 32 * 1024 * 1024,
+        linger_ms: float = 0,
+        max_request_size: int = 1024 * 1024,
+        retries: int = 2**31 - 1,
+        delivery_timeout_ms: float = 120_000,
+        retry_backoff_ms: float = 100,
+        retry_backoff_max_ms: float = 1000,
+        idempotent: bool = True,
+        compression: int = Compression.NONE,
+        clock: Callable[[], float] = lambda: time.monotonic() * 1000.0,
+        wakeup: Callable[[], None] = lambda: None,
+        on_batch_full: Callable[[str, int], None] = lambda topic, partition: None,
+    ) -> None:
+        self.lock = threading.Lock()
+        self._space = threading.Condition(self.lock)
+        self.clock = clock
+        self.batch_size = batch_size
+        self.buffer_memory = buffer_memory
+        self.linger_ms = linger_ms
+        self.max_request_size = max_request_size
+        self.retries = retries
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
+        self.retry_backoff_max_ms = retry_backoff_max_ms
+        self.idempotent = idempotent
+        self.compression = compression
+        # Called under the lock when a batch became sendable before the sender's planned wakeup.
+        self.wakeup = wakeup
+        self.on_batch_full = on_batch_full
+
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self._needs_producer_id = idempotent
+        self._bump_needed = False
+        self.fatal_error: MinibrokerError | None = None
+        self.closed = False
+        self._refused: MinibrokerError | None = None  # why appends fail: fatal error or closed
+
+        self._topics: dict[str, dict[int, _PartitionState]] = {}
+        self._states: list[_PartitionState] = []
+        self._drain_index = 0
+        self._buffered = 0
+        self._space_waiters = 0
+        self._incomplete: set[ProducerBatch] = set()
+        self._in_flight = 0
+        self._flushing = 0
+        self._sender_wake_at = -math.inf
+
+        self.metrics: dict[str, float] = {
+            "records_sent": 0,
+            "record_bytes_sent": 0,
+            "batches_sent": 0,
+            "requests_sent": 0,
+            "batch_retries": 0,
+            "record_errors": 0,
+            "epoch_bumps": 0,
+        }
+
+    # ------------------------------------------------------------------ appending
+
+    def append(
+        self,
+        topic: str,
+        partition: int,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        on_delivery: DeliveryCallback | None,
+    ) -> RecordHandle:
+        """Add one record to its partition's open batch (the hot path of send()).
+
+        Raises BufferFull when a new batch would not fit in buffer_memory."""
+        size = RECORD_OVERHEAD
+        if value is not None:
+            size += len(value)
+        if key is not None:
+            size += len(key)
+        if headers:
+            size = record_size(key, value, headers)
+        with self.lock:
+            if self._refused is not None:
+                raise self._refused
+            try:
+                state = self._topics[topic][partition]
+            except KeyError:
+                state = self._new_state(topic, partition)
+            batch = state.open
+            if batch is None or batch.size + size > self.batch_size:
+                batch = self._open_batch(state, topic, partition, timestamp_ms, size)
+            records = batch.records
+            index = len(records)
+            records.append((timestamp_ms - batch.base_ts, key, value, headers))
+            batch.size += size
+            if on_delivery is not None:
+                if batch.callbacks is None:
+                    batch.callbacks = []
+                batch.callbacks.append((index, on_delivery))
+            if batch.size + size > self.batch_size:
+                self._seal(state, batch)
+            return _tuple_new(RecordHandle, (batch, index))
+
+    def _open_batch(
+        self, state: _PartitionState, topic: str, partition: int, timestamp_ms: int, size: int
+    ) -> ProducerBatch:
+        """A new open batch for the partition, with buffer memory reserved for it.
+
+        Memory is reserved per batch (batch_size, or the record's size if larger), as
+        Kafka's BufferPool does, so the per-record path does no accounting."""
+        if size + HEADER_BYTES > self.max_request_size:
+            raise RecordTooLargeError(
+                f"record of {size} bytes exceeds max_request_size {self.max_request_size}"
+            )
+        reserve = max(self.batch_size, size + HEADER_BYTES)
+        if self._buffered + reserve > self.buffer_memory:
+            raise BufferFull(reserve)
+        if state.open is not None:
+            self._seal(state, state.open)
+        now_ms = self.clock()
+        batch = ProducerBatch(topic, partition, timestamp_ms, now_ms)
+        batch.reserved = reserve
+        self._buffered += reserve
+        state.open = batch
+        state.queue.append(batch)
+        self._incomplete.add(batch)
+        if now_ms + self.linger_ms < self._sender_wake_at:
+            self._sender_wake_at = -math.inf
+            self.wakeup()
+        return batch
+
+    def append_encoded(
+        self,
+        topic: str,
+        partition: int,
+        payload: bytes,
+        record_count: int,
+        timestamp_ms: int,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> ProducerBatch:
+        """Queue an already encoded run of records (a send_batch chunk) as its own batch.
+
+        `on_delivery(error, metadata of its first record)` runs once it finishes."""
+        size = HEADER_BYTES + len(payload)
+        with self.lock:
+            if self._refused is not None:
+                raise self._refused
+            if size > self.max_request_size:
+                raise RecordTooLargeError(
+                    f"batch of {size} bytes exceeds max_request_size {self.max_request_size}"
+                )
+            if self._buffered + size > self.buffer_memory:
+                raise BufferFull(size)
+            try:
+                state = self._topics[topic][partition]
+            except KeyError:
+                state = self._new_state(topic, partition)
+            if state.open is not None:
+                self._seal(state, state.open)
+            batch = ProducerBatch(topic, partition, timestamp_ms, self.clock())
+            batch.payload = payload
+            batch.record_count = record_count
+            batch.size = batch.reserved = size
+            batch.sealed = True
+            if on_delivery is not None:
+                batch.callbacks = [(0, on_delivery)]
+            state.queue.append(batch)
+            self._incomplete.add(batch)
+            self._buffered += size
+            if self._sender_wake_at > batch.created_ms:
+                self._sender_wake_at = -math.inf
+                self.wakeup()
+            return batch
+
+    def wait_for_space(self, size: int, timeout_s: float) -> None:
+        """Block the calling (non-I/O) thread until `size` bytes of buffer are free."""
+        with self.lock:
+            self._space_waiters += 1
+            try:
+                if not self._space.wait_for(
+                    lambda: (
+                        self._buffered + size <= self.buffer_memory or self._refused is not None
+                    ),
+                    timeout_s,
+                ):
+                    raise MinibrokerTimeoutError(
+                        f"no buffer space for {size} bytes within max_block_ms "
+                        f"(buffer_memory {self.buffer_memory})"
+                    )
+            finally:
+                self._space_waiters -= 1
+
+    def _new_state(self, topic: str, partition: int) -> _PartitionState:
+        state = _PartitionState(topic)
+        self._topics.setdefault(topic, {})[partition] = state
+        self._states.append(state)
+        return state
+
+    def _seal(self, state: _PartitionState, batch: ProducerBatch) -> None:
+        """Close `batch` to appends: it is sendable now, linger or not."""
+        batch.sealed = True
+        batch.record_count = len(batch.records) or batch.record_count
+        if state.open is batch:
+            state.open = None
+            self.on_batch_full(batch.topic, batch.partition)
+        if self._sender_wake_at > batch.created_ms:
+            self._sender_wake_at = -math.inf
+            self.wakeup()
+
+    # ------------------------------------------------------------------ draining
+
+    def drain(self, now_ms: float, max_requests: int) -> list[list[ProducerBatch]]:
+        """Take the batches to send now, as up to `max_requests` produce requests.
+
+        Each request holds at most one batch per partition and at most
+        max_request_size bytes. Drained batches are in flight until `on_response`
+        or `on_connection_lost` reports them back."""
+        with self.lock:
+            self._sender_wake_at = -math.inf
+            if self._needs_producer_id or self.fatal_error is not None:
+                return []
+            requests: list[list[ProducerBatch]] = []
+            states = self._states
+            count = len(states)
+            while len(requests) < max_requests:
+                request: list[ProducerBatch] = []
+                request_bytes = 0
+                for i in range(count):
+                    state = states[(self._drain_index + i) % count]
+                    batch = self._sendable_head(state, now_ms)
+                    if batch is None or (
+                        request and request_bytes + batch.size > self.max_request_size
+                    ):
+                        continue
+                    state.queue.popleft()
+                    if state.open is batch:
+                        state.open = None
+                        batch.sealed = True
+                        batch.record_count = len(batch.records)
+                    if batch.order is None:
+                        batch.order = state.next_order
+                        state.next_order += 1
+                        if self.idempotent:
+                            batch.sequence = state.next_sequence
+                            state.next_sequence = (
+                                state.next_sequence + batch.record_count
+                            ) % SEQUENCE_MODULUS
+                    batch.in_flight = True
+                    batch.attempts += 1
+                    if batch.attempts > 1:
+                        self.metrics["batch_retries"] += 1
+                    state.in_flight += 1
+                    self._in_flight += 1
+                    request.append(batch)
+                    request_bytes += batch.size
+                if not request:
+                    break
+                self._drain_index = (self._drain_index + 1) % max(count, 1)
+                requests.append(request)
+            return requests
+
+    def _sendable_head(self, state: _PartitionState, now_ms: float) -> ProducerBatch | None:
+        if not state.queue or state.broken:
+            return None
+        batch = state.queue[0]
+        if self._bump_needed and not batch.unresolved:
+            return None
+        if batch.retry_at_ms > now_ms:
+            return None
+        if not self._is_lingering_over(batch, now_ms):
+            return None
+        return batch
+
+    def _is_lingering_over(self, batch: ProducerBatch, now_ms: float) -> bool:
+        return (
+            batch.sealed
+            or self._flushing > 0
+            or self.closed
+            or batch.created_ms + self.linger_ms <= now_ms
+        )
+
+    def next_deadline(self, now_ms: float, can_send: bool = True) -> float:
+        """The monotonic ms at which the sender should next call `drain`/`expire`.
+
+        With `can_send` False (no connection or in-flight limit reached) batches
+        becoming ready do not matter, only expiry; appends then skip waking the
+        sender, which a response or reconnect will wake instead."""
+        with self.lock:
+            deadline = math.inf
+            if self.fatal_error is None:
+                expiry = self.delivery_timeout_ms
+                for state in self._states:
+                    if not state.queue:
+                        continue
+                    head = state.queue[0]
+                    deadline = min(deadline, head.created_ms + expiry)
+                    if can_send and not state.broken and not self._needs_producer_id:
+                        if self._bump_needed and not head.unresolved:
+                            continue
+                        ready = head.retry_at_ms
+                        if not (head.sealed or self._flushing or self.closed):
+                            ready = max(ready, head.created_ms + self.linger_ms)
+                        deadline = min(deadline, ready)
+            self._sender_wake_at = deadline if can_send else -math.inf
+            return max(deadline, now_ms) if deadline != math.inf else math.inf
+
+    # ------------------------------------------------------------------ outcomes
+
+    def on_response(
+        self,
+        batch: ProducerBatch,
+        error: int,
+        base_offset: int,
+        now_ms: float,
+        message: str | None = None,
+    ) -> list[ProducerBatch]:
+        """Apply the broker's answer for one batch; returns the batches now finished."""
+        with self.lock:
+            state = self._landed(batch)
+            if batch.finished:
+                return []
+            done: list[ProducerBatch] = []
+            if error == ErrorCode.NONE or (
+                error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER and self.idempotent
+            ):
+                # DUPLICATE_SEQUENCE_NUMBER: appended long ago; the offset is no longer known.
+                offset = base_offset if error == ErrorCode.NONE else -1
+                self._finish(batch, None, offset, done)
+            elif error in FENCING_CODES:
+                self._fail_everything(error_for(error, "produce", message), done)
+            elif self.idempotent and error in (
+                ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                ErrorCode.UNKNOWN_PRODUCER_ID,
+            ):
+                if not state.broken:
+                    log.info(
+                        "%s for %s-%s seq %s: bumping the epoch (KIP-360)",
+                        ErrorCode.name_of(error),
+                        batch.topic,
+                        batch.partition,
+                        batch.sequence,
+                    )
+                    self._bump_needed = True
+                state.broken = True
+                batch.unresolved = False
+                self._retry(state, batch, now_ms, error, message, backoff=False, done=done)
+            elif error in RETRIABLE:
+                state.broken = True
+                # These may leave the batch appended; other retriable errors reject it before
+                # the log is touched, which says nothing about earlier attempts either way.
+                if error in MAYBE_APPENDED:
+                    batch.unresolved = True
+                self._retry(state, batch, now_ms, error, message, backoff=True, done=done)
+            else:
+                state.broken = True
+                self._fail(batch, error_for(error, f"produce to {batch.topic}", message), done)
+            if state.in_flight == 0:
+                state.broken = False
+            return done
+
+    def on_connection_lost(
+        self, batches: Sequence[ProducerBatch], now_ms: float, reason: str
+    ) -> list[ProducerBatch]:
+        """The request carrying `batches` got no answer: outcome unknown, retry them."""
+        with self.lock:
+            done: list[ProducerBatch] = []
+            for batch in batches:
+                state = self._landed(batch)
+                if batch.finished:
+                    continue
+                state.broken = True
+                batch.unresolved = True
+                self._retry(state, batch, now_ms, None, reason, backoff=True, done=done)
+            for batch in batches:
+                state = self._topics[batch.topic][batch.partition]
+                if state.in_flight == 0:
+                    state.broken = False
+            return done
+
+    def on_sent_without_ack(self, batches: Sequence[ProducerBatch]) -> list[ProducerBatch]:
+        """acks=0: a batch is done once written; its offset stays unknown (-1)."""
+        with self.lock:
+            done: list[ProducerBatch] = []
+            for batch in batches:
+                self._landed(batch)
+                if not batch.finished:
+                    self._finish(batch, None, -1, done)
+            return done
+
+    def expire(self, now_ms: float) -> list[ProducerBatch]:
+        """Fail queued batches older than delivery_timeout_ms (creation to now)."""
+        with self.lock:
+            done: list[ProducerBatch] = []
+            limit = now_ms - self.delivery_timeout_ms
+            for state in self._states:
+                queue = state.queue
+                while queue and queue[0].created_ms <= limit:
+                    batch = queue.popleft()
+                    if state.open is batch:
+                        state.open = None
+                        batch.record_count = len(batch.records)
+                    error = DeliveryTimeoutError(
+                        f"{batch.record_count} record(s) for {batch.topic}-{batch.partition} "
+                        f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms}"
+                        f" after {batch.attempts} attempt(s)"
+                    )
+                    self._fail(batch, error, done)
+            return done
+
+    def fail_all(self, error: MinibrokerError, *, fatal: bool = False) -> list[ProducerBatch]:
+        """Finish every unfinished batch with `error`; `fatal` also refuses all later records."""
+        with self.lock:
+            if fatal:
+                self.fatal_error = self._refused = error
+            done: list[ProducerBatch] = []
+            self._fail_everything(error, done)
+            return done
+
+    def _landed(self, batch: ProducerBatch) -> _PartitionState:
+        state = self._topics[batch.topic][batch.partition]
+        if batch.in_flight:
+            batch.in_flight = False
+            state.in_flight -= 1
+            self._in_flight -= 1
+        return state
+
+    def _retry(
+        self,
+        state: _PartitionState,
+        batch: ProducerBatch,
+        now_ms: float,
+        error: int | None,
+        message: str | None,
+        *,
+        backoff: bool,
+        done: list[ProducerBatch],
+    ) -> None:
+        if batch.attempts > self.retries:
+            reason = (
+                ConnectionLostError(f"produce to {batch.topic}-{batch.partition}: {message}")
+                if error is None
+                else error_for(error, f"produce to {batch.topic}", message)
+            )
+            self._fail(batch, reason, done)
+            return
+        if backoff:
+            delay = self.retry_backoff_ms * 2 ** (batch.attempts - 1)
+            batch.retry_at_ms = now_ms + min(delay, self.retry_backoff_max_ms)
+        else:
+            batch.retry_at_ms = now_ms
+        # Back into the queue in sequence order: ahead of later batches and of new ones.
+        queue = state.queue
+        position = len(queue)
+        for i, queued in enumerate(queue):
+            if queued.order is None or queued.order > batch.order:  # type: ignore[operator]
+                position = i
+                break
+        queue.insert(position, batch)
+
+    def _finish(
+        self,
+        batch: ProducerBatch,
+        error: BaseException | None,
+        base_offset: int,
+        done: list[ProducerBatch],
+    ) -> None:
+        batch.finished = True
+        batch.error = error
+        batch.base_offset = base_offset
+        batch.encoded = None
+        batch.payload = None
+        if batch.records:
+            batch.record_count = len(batch.records)
+        self._incomplete.discard(batch)
+        self._buffered -= batch.reserved
+        if self._space_waiters:
+            self._space.notify_all()
+        if error is None:
+            self.metrics["records_sent"] += batch.record_count
+            self.metrics["record_bytes_sent"] += batch.size
+            self.metrics["batches_sent"] += 1
+        else:
+            self.metrics["record_errors"] += batch.record_count
+        done.append(batch)
+
+    def _fail(self, batch: ProducerBatch, error: BaseException, done: list[ProducerBatch]) -> None:
+        if self.idempotent and batch.sequence is not None:
+            # Its sequence range is now a hole the broker will never see filled.
+            self._bump_needed = True
+        self._finish(batch, error, -1, done)
+
+    def _fail_everything(self, error: MinibrokerError, done: list[ProducerBatch]) -> None:
+        if error.code in FENCING_CODES:
+            self.fatal_error = self._refused = error
+        for state in self._states:
+            state.queue.clear()
+            state.open = None
+        for batch in list(self._incomplete):
+            self._finish(batch, error, -1, done)
+
+    # ------------------------------------------------------------------ producer id
+
+    def producer_id_request(self) -> tuple[int, int] | None:
+        """(producer_id, epoch) to send in InitProducerId now, or None when none is due.
+
+        (-1, -1) asks for a new id; the current pair asks for an epoch bump,
+        which is only due once nothing is in flight and no outcome is unknown."""
+        with self.lock:
+            if self.fatal_error is not None:
+                return None
+            if self._needs_producer_id:
+                return (NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+            if not self._bump_needed or self._in_flight:
+                return None
+            for state in self._states:
+                if state.queue and state.queue[0].unresolved:
+                    return None
+            return (self.producer_id, self.producer_epoch)
+
+    def set_producer_id(self, producer_id: int, producer_epoch: int) -> None:
+        """Adopt a new id or epoch: sequences restart at 0 on every partition."""
+        with self.lock:
+            if self.producer_id >= 0:
+                self.metrics["epoch_bumps"] += 1
+            self.producer_id = producer_id
+            self.producer_epoch = producer_epoch
+            self._needs_producer_id = False
+            self._bump_needed = False
+            for state in self._states:
+                sequence = 0
+                for batch in state.queue:
+                    if batch.sequence is not None:
+                        batch.sequence = sequence
+                        batch.unresolved = False
+                        batch.retry_at_ms = 0.0
+                        sequence = (sequence + batch.record_count) % SEQUENCE_MODULUS
+                state.next_sequence = sequence
+                state.broken = False
+
+    def reset_producer_id(self) -> None:
+        """Ask for a brand new producer id (the broker no longer knows ours)."""
+        with self.lock:
+            self._needs_producer_id = True
+
+    # ------------------------------------------------------------------ flush / close
+
+    def begin_flush(self) -> list[ProducerBatch]:
+        """Make every batch sendable now; returns the batches to wait for."""
+        with self.lock:
+            self._flushing += 1
+            self._sender_wake_at = -math.inf
+            self.wakeup()
+            return list(self._incomplete)
+
+    def end_flush(self) -> None:
+        with self.lock:
+            self._flushing -= 1
+
+    def close(self) -> None:
+        """Refuse new records; what is buffered goes out without lingering."""
+        with self.lock:
+            self.closed = True
+            if self._refused is None:
+                self._refused = MinibrokerError("producer is closed")
+            self._sender_wake_at = -math.inf
+            self._space.notify_all()
+            self.wakeup()
+
+    @property
+    def unfinished(self) -> int:
+        with self.lock:
+            return len(self._incomplete)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffered

@@ -1,0 +1,184 @@
+"""Producer and consumer settings: Kafka's names and defaults, validated once at construction.
+
+Settings arrive as keyword arguments (as in kafka-python and aiokafka); an
+unknown name is a TypeError and an inconsistent combination a ValueError, the
+equivalent of Kafka's ConfigException, so mistakes surface before any I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from protocol.compression import Compression
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_PORT = 9092
+IDEMPOTENT_IN_FLIGHT_MAX = 5
+RETRIES_UNBOUNDED = 2**31 - 1
+
+# kafka-python's custom partitioner signature: (key bytes, all partitions, available ones) -> int.
+PartitionerFn = Callable[[bytes | None, list[int], list[int]], int]
+
+
+def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """'host:port,host2' or a list of such strings, as (host, port) pairs."""
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    parsed = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep:
+            host, port = item, str(DEFAULT_PORT)
+        parsed.append((host.strip("[]") or "127.0.0.1", int(port)))
+    if not parsed:
+        raise ValueError("bootstrap_servers is empty")
+    return parsed
+
+
+def parse_acks(acks: str | int) -> int:
+    """Kafka's spellings of acks: "all" or -1, 1, 0."""
+    normalized = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(str(acks).strip().lower())
+    if normalized is None:
+        raise ValueError(f"acks must be 'all', -1, 1 or 0, got {acks!r}")
+    return normalized
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+@dataclass(slots=True)
+class ProducerConfig:
+    """Producer settings; see Kafka's producer configs for the meaning of each."""
+
+    bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
+    client_id: str = "minibroker-python"
+    # None: on when acks is "all", as Kafka does when the user did not ask explicitly.
+    enable_idempotence: bool | None = None
+    acks: str | int = "all"
+    retries: int = RETRIES_UNBOUNDED
+    max_in_flight_requests_per_connection: int = 5
+    linger_ms: float = 0
+    batch_size: int = 16384
+    buffer_memory: int = 32 * 1024 * 1024
+    compression_type: str | int | None = None
+    request_timeout_ms: int = 30_000
+    delivery_timeout_ms: int = 120_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+    reconnect_backoff_ms: int = 50
+    reconnect_backoff_max_ms: int = 1000
+    max_block_ms: int = 60_000
+    max_request_size: int = 1024 * 1024
+    partitioner: str | PartitionerFn = "murmur2"
+    transactional_id: str | None = None
+    transaction_timeout_ms: int = 60_000
+    servers: list[tuple[str, int]] = field(init=False)
+    acks_int: int = field(init=False)
+    compression: Compression = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.servers = parse_bootstrap(self.bootstrap_servers)
+        self.acks_int = parse_acks(self.acks)
+        self.compression = Compression.parse(self.compression_type)
+        if self.enable_idempotence is None:
+            self.enable_idempotence = self.acks_int == -1 or self.transactional_id is not None
+        if self.enable_idempotence:
+            if self.acks_int != -1:
+                raise ValueError("enable_idempotence requires acks='all' (Kafka's rule)")
+            if self.max_in_flight_requests_per_connection > IDEMPOTENT_IN_FLIGHT_MAX:
+                raise ValueError(
+                    "max_in_flight_requests_per_connection must be <= 5 with idempotence, got "
+                    f"{self.max_in_flight_requests_per_connection}"
+                )
+        elif self.transactional_id is not None:
+            raise ValueError("transactional_id requires enable_idempotence")
+        for name in (
+            "max_in_flight_requests_per_connection",
+            "batch_size",
+            "buffer_memory",
+            "request_timeout_ms",
+            "delivery_timeout_ms",
+            "max_request_size",
+            "transaction_timeout_ms",
+        ):
+            _positive(name, getattr(self, name))
+        for name in (
+            "retries",
+            "linger_ms",
+            "retry_backoff_ms",
+            "retry_backoff_max_ms",
+            "reconnect_backoff_ms",
+            "reconnect_backoff_max_ms",
+            "max_block_ms",
+        ):
+            _non_negative(name, getattr(self, name))
+        if self.batch_size > self.max_request_size:
+            raise ValueError("batch_size must be <= max_request_size")
+        if self.max_request_size > self.buffer_memory:
+            raise ValueError("max_request_size must be <= buffer_memory")
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ValueError("delivery_timeout_ms must be >= linger_ms + request_timeout_ms")
+        if not callable(self.partitioner) and self.partitioner not in ("murmur2", "crc32"):
+            raise ValueError("partitioner must be 'murmur2', 'crc32' or a callable")
+
+
+@dataclass(slots=True)
+class ConsumerConfig:
+    """Consumer settings (no consumer groups: offsets are the caller's to store)."""
+
+    bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
+    client_id: str = "minibroker-python"
+    auto_offset_reset: str = "latest"
+    isolation_level: str = "read_uncommitted"
+    fetch_min_bytes: int = 1
+    fetch_max_wait_ms: int = 500
+    fetch_max_bytes: int = 50 * 1024 * 1024
+    max_partition_fetch_bytes: int = 1024 * 1024
+    max_poll_records: int = 500
+    consumer_timeout_ms: float = math.inf
+    request_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 100
+    reconnect_backoff_ms: int = 50
+    reconnect_backoff_max_ms: int = 1000
+    check_crcs: bool = True
+    servers: list[tuple[str, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.servers = parse_bootstrap(self.bootstrap_servers)
+        if self.auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+        if self.isolation_level not in ("read_committed", "read_uncommitted"):
+            raise ValueError("isolation_level must be 'read_committed' or 'read_uncommitted'")
+        for name in (
+            "fetch_max_bytes",
+            "max_partition_fetch_bytes",
+            "max_poll_records",
+            "request_timeout_ms",
+        ):
+            _positive(name, getattr(self, name))
+        for name in (
+            "fetch_min_bytes",
+            "fetch_max_wait_ms",
+            "consumer_timeout_ms",
+            "retry_backoff_ms",
+            "reconnect_backoff_ms",
+            "reconnect_backoff_max_ms",
+        ):
+            _non_negative(name, getattr(self, name))
+        if self.request_timeout_ms <= self.fetch_max_wait_ms:
+            raise ValueError("request_timeout_ms must be > fetch_max_wait_ms")
+
+    @property
+    def read_committed(self) -> bool:
+        return self.isolation_level == "read_committed"

@@ -1,0 +1,317 @@
+"""One TCP connection to the broker on AnyIO: pipelined framed requests, answered in order.
+
+The broker answers a connection's requests strictly in the order it received
+them (PROTOCOL.md section 1), so responses are matched to a FIFO of pending
+requests and their cids are checked, not looked up. A response that takes
+longer than its request's timeout, a cid that does not match, or a broken
+socket closes the connection and fails every pending request with
+ConnectionLostError: the outcome of those requests is unknown, and retrying
+them is the caller's business (the producer's sequence numbers make that safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgpack
+
+from client.errors import ConnectionLostError, MinibrokerError, MinibrokerTimeoutError
+from protocol.errors import ErrorCode
+from protocol.framing import LENGTH, FrameDecoder, FrameError
+from protocol.messages import CID_MAX, ApiVersionsRequest, request_to_wire
+
+log = logging.getLogger("client.connection")
+
+RECV_BYTES = 256 * 1024
+COPY_BYTES_MAX = 64 * 1024
+CONNECT_TIMEOUT_S = 10.0
+REQUIRED_APIS = ("Metadata", "Produce", "Fetch", "ListOffsets", "InitProducerId")
+
+ResponseCallback = Callable[[dict[str, Any] | None, BaseException | None], None]
+
+
+class _Pending:
+    __slots__ = ("callback", "cid", "deadline")
+
+    def __init__(self, cid: int, callback: ResponseCallback, deadline: float) -> None:
+        self.cid = cid
+        self.callback = callback
+        self.deadline = deadline
+
+
+class Connection:
+    """A framed, pipelined connection; `run` must be running in a task group to get answers."""
+
+    def __init__(
+        self,
+        stream: anyio.abc.ByteStream,
+        address: str,
+        *,
+        client_id: str | None,
+        max_response_bytes: int,
+    ) -> None:
+        self.address = address
+        self.closed = False
+        self.max_frame_bytes = 0
+        self._stream = stream
+        self._client_id = client_id
+        self._decoder = FrameDecoder(max_response_bytes)
+        self._pending: deque[_Pending] = deque()
+        self._next_cid = 0
+        self._send_lock = anyio.Lock()
+        self._recv_scope: anyio.CancelScope | None = None
+        self._run_scope = anyio.CancelScope()
+        self._close_reason = "closed"
+
+    async def send(self, request: Any, callback: ResponseCallback | None, timeout_s: float) -> bool:
+        """Write `request`; `callback(response, error)` runs once its answer (or failure) comes.
+
+        Returns False when the connection is or became unusable before the frame
+        was fully written (the callback then has been called with the error).
+        Without a callback no answer is expected (Produce with acks=0)."""
+        if self.closed:
+            if callback is not None:
+                callback(None, ConnectionLostError(f"{self.address}: {self._close_reason}"))
+            return False
+        cid = self._next_cid
+        self._next_cid = 0 if cid >= CID_MAX else cid + 1
+        body = msgpack.packb(request_to_wire(request, cid, self._client_id), use_bin_type=True)
+        # A large body goes out after its length prefix rather than being copied behind it.
+        frame = (
+            [LENGTH.pack(len(body)) + body]
+            if len(body) < COPY_BYTES_MAX
+            else [
+                LENGTH.pack(len(body)),
+                body,
+            ]
+        )
+        async with self._send_lock:
+            if self.closed:
+                if callback is not None:
+                    callback(None, ConnectionLostError(f"{self.address}: {self._close_reason}"))
+                return False
+            if callback is not None:
+                deadline = anyio.current_time() + timeout_s
+                self._pending.append(_Pending(cid, callback, deadline))
+                if len(self._pending) == 1 and self._recv_scope is not None:
+                    self._recv_scope.deadline = deadline
+            try:
+                for part in frame:
+                    await self._stream.send(part)
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                self._shutdown(f"send failed: {exc!r}")
+                return False
+        return True
+
+    async def request(self, request: Any, timeout_s: float) -> dict[str, Any]:
+        """Send `request` and wait for its response map."""
+        done = anyio.Event()
+        outcome: list[Any] = []
+
+        def on_answer(response: dict[str, Any] | None, error: BaseException | None) -> None:
+            outcome.append(error if error is not None else response)
+            done.set()
+
+        await self.send(request, on_answer, timeout_s)
+        await done.wait()
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def run(self) -> None:
+        """Read responses until the connection fails or `aclose` is called."""
+        reason = "closed"
+        with self._run_scope:
+            try:
+                while True:
+                    head = self._pending[0].deadline if self._pending else math.inf
+                    with anyio.CancelScope(deadline=head) as scope:
+                        self._recv_scope = scope
+                        data = await self._stream.receive(RECV_BYTES)
+                    self._recv_scope = None
+                    if scope.cancelled_caught:
+                        reason = "request timed out"
+                        break
+                    for message in self._decoder.feed(data):
+                        self._dispatch(message)
+            except anyio.EndOfStream:
+                reason = "closed by the broker"
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                reason = f"receive failed: {exc!r}"
+            except FrameError as exc:
+                reason = f"bad frame: {exc}"
+            except _ProtocolViolation as exc:
+                reason = str(exc)
+        self._shutdown(reason)
+        with anyio.CancelScope(shield=True):
+            await self._stream.aclose()
+
+    def _dispatch(self, message: Any) -> None:
+        if not self._pending:
+            raise _ProtocolViolation("response without a pending request")
+        pending = self._pending[0]
+        cid = message.get("cid") if isinstance(message, dict) else None
+        if cid != pending.cid:
+            raise _ProtocolViolation(f"response cid {cid!r}, expected {pending.cid}")
+        self._pending.popleft()
+        pending.callback(message, None)
+
+    def _shutdown(self, reason: str) -> None:
+        """Mark closed and fail every pending request; idempotent."""
+        if not self.closed:
+            self.closed = True
+            self._close_reason = reason
+            log.info("connection to %s closed: %s", self.address, reason)
+        self._run_scope.cancel()
+        error = ConnectionLostError(f"{self.address}: {reason}")
+        while self._pending:
+            self._pending.popleft().callback(None, error)
+
+    async def aclose(self) -> None:
+        self._shutdown("closed by the client")
+        with anyio.CancelScope(shield=True):
+            await self._stream.aclose()
+
+
+class _ProtocolViolation(Exception):
+    pass
+
+
+async def open_connection(
+    task_group: anyio.abc.TaskGroup,
+    host: str,
+    port: int,
+    *,
+    client_id: str | None,
+    timeout_s: float,
+    max_response_bytes: int,
+) -> Connection:
+    """Connect, start the reader in `task_group`, and check the broker speaks our APIs."""
+    address = f"{host}:{port}"
+    try:
+        with anyio.fail_after(min(timeout_s, CONNECT_TIMEOUT_S)):
+            stream = await anyio.connect_tcp(host, port)
+    except TimeoutError as exc:
+        raise MinibrokerTimeoutError(f"connect to {address} timed out") from exc
+    except OSError as exc:
+        raise ConnectionLostError(f"cannot connect to {address}: {exc}") from exc
+    conn = Connection(stream, address, client_id=client_id, max_response_bytes=max_response_bytes)
+    task_group.start_soon(conn.run, name=f"minibroker-reader-{address}")
+    try:
+        response = await conn.request(ApiVersionsRequest(), timeout_s)
+        if response.get("error", 0) != ErrorCode.NONE:
+            raise MinibrokerError(
+                f"ApiVersions to {address} failed: {ErrorCode.name_of(response['error'])}",
+                response["error"],
+            )
+        apis = response.get("apis") or {}
+        missing = [api for api in REQUIRED_APIS if 1 not in _version_range(apis.get(api))]
+        if missing:
+            raise MinibrokerError(
+                f"broker at {address} does not support v1 of {', '.join(missing)}",
+                ErrorCode.UNSUPPORTED_VERSION,
+            )
+        conn.max_frame_bytes = int(response.get("max_frame_bytes") or 0)
+    except BaseException:
+        await conn.aclose()
+        raise
+    return conn
+
+
+def _version_range(versions: Any) -> range:
+    if isinstance(versions, (list, tuple)) and len(versions) == 2:
+        return range(int(versions[0]), int(versions[1]) + 1)
+    return range(0)
+
+
+class Reconnector:
+    """The one live connection of a client, reopened on demand with exponential backoff.
+
+    Bootstrap servers are tried in turn; after a failure the next attempt waits
+    reconnect_backoff_ms doubling up to reconnect_backoff_max_ms."""
+
+    def __init__(
+        self,
+        servers: list[tuple[str, int]],
+        *,
+        client_id: str | None,
+        timeout_s: float,
+        max_response_bytes: int,
+        backoff_ms: float,
+        backoff_max_ms: float,
+    ) -> None:
+        self.servers = servers
+        self.client_id = client_id
+        self.timeout_s = timeout_s
+        self.max_response_bytes = max_response_bytes
+        self.backoff_ms = backoff_ms
+        self.backoff_max_ms = backoff_max_ms
+        self.failures = 0  # consecutive, for the backoff
+        self.total_failures = 0
+        self.next_attempt_ms = 0.0
+        self.current: Connection | None = None
+        self._server_index = 0
+        self._lock = anyio.Lock()
+
+    async def get(
+        self, task_group: anyio.abc.TaskGroup, *, block: bool = True
+    ) -> Connection | None:
+        """The live connection, connecting if needed.
+
+        block=True waits out backoffs and failures until a connection is up (the
+        caller bounds it with a timeout); block=False returns None instead."""
+        conn = self.current
+        if conn is not None and not conn.closed:
+            return conn
+        if not block and self._lock.locked():
+            return None  # someone else is connecting (or waiting out a backoff)
+        async with self._lock:
+            while True:
+                conn = self.current
+                if conn is not None and not conn.closed:
+                    return conn
+                wait_ms = self.next_attempt_ms - time.monotonic() * 1000
+                if wait_ms > 0:
+                    if not block:
+                        return None
+                    await anyio.sleep(wait_ms / 1000)
+                host, port = self.servers[self._server_index % len(self.servers)]
+                try:
+                    self.current = await open_connection(
+                        task_group,
+                        host,
+                        port,
+                        client_id=self.client_id,
+                        timeout_s=self.timeout_s,
+                        max_response_bytes=self.max_response_bytes,
+                    )
+                    self.failures = 0
+                except (ConnectionLostError, MinibrokerTimeoutError) as exc:
+                    self.failures += 1
+                    self.total_failures += 1
+                    self._server_index += 1
+                    backoff = min(
+                        self.backoff_ms * 2 ** min(self.failures - 1, 20), self.backoff_max_ms
+                    )
+                    self.next_attempt_ms = time.monotonic() * 1000 + backoff
+                    log.info(
+                        "connect to %s:%s failed (%s); next try in %.0f ms",
+                        host,
+                        port,
+                        exc,
+                        backoff,
+                    )
+                    if not block:
+                        return None
+
+    async def aclose(self) -> None:
+        if self.current is not None:
+            await self.current.aclose()

@@ -1,0 +1,503 @@
+"""Sans-IO tests of the producer core: batching, sequences, retries and KIP-360 recovery.
+
+Everything runs on a fake clock (plain numbers passed as now_ms); nothing sleeps.
+The last tests drive the accumulator against a model of the broker's
+idempotence rules (PROTOCOL.md section 3) with random faults and check that
+every record lands exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import msgpack
+import pytest
+
+from client.accumulator import BufferFull, ProducerBatch, RecordAccumulator
+from client.errors import (
+    DeliveryTimeoutError,
+    MinibrokerError,
+    MinibrokerTimeoutError,
+    ProducerFencedError,
+    RecordTooLargeError,
+)
+from protocol.batch import SEQUENCE_MODULUS, decode_records, read_header, validate
+from protocol.errors import ErrorCode
+
+E = ErrorCode
+
+
+class Clock:
+    """A fake monotonic clock in ms: tests set `.now`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(**overrides: object) -> RecordAccumulator:
+    settings: dict[str, object] = {
+        "clock": Clock(),
+        "batch_size": 1000,
+        "buffer_memory": 100_000,
+        "linger_ms": 0,
+        "retry_backoff_ms": 100,
+        "retry_backoff_max_ms": 1000,
+        "delivery_timeout_ms": 120_000,
+    }
+    settings.update(overrides)
+    acc = RecordAccumulator(**settings)  # type: ignore[arg-type]
+    acc.set_producer_id(7, 0)
+    return acc
+
+
+def add(acc: RecordAccumulator, value: bytes, partition: int = 0, now: float = 0, topic: str = "t"):
+    acc.clock.now = now  # type: ignore[attr-defined]
+    return acc.append(topic, partition, 1_000, None, value, None, None)
+
+
+def fill_batches(acc: RecordAccumulator, count: int, partition: int = 0) -> None:
+    """Append records until `count` batches are sealed (each ~ one 500-byte record pair)."""
+    for i in range(count):
+        add(acc, b"a" * 400, partition)
+        add(acc, b"b%03d" % i + b"b" * 396, partition)
+
+
+def drain_one_each(acc: RecordAccumulator, now: float, n: int) -> list[ProducerBatch]:
+    requests = acc.drain(now, n)
+    assert all(len(r) == 1 for r in requests)
+    return [r[0] for r in requests]
+
+
+def sequences(batches: list[ProducerBatch]) -> list[int | None]:
+    return [b.sequence for b in batches]
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_linger_holds_a_batch_until_its_deadline() -> None:
+    acc = make(linger_ms=10)
+    add(acc, b"x", now=100)
+    assert acc.drain(105, 5) == []
+    assert acc.next_deadline(105) == 110
+    (request,) = acc.drain(110, 5)
+    assert [b.record_count for b in request] == [1]
+
+
+def test_a_full_batch_is_sendable_before_linger_expires() -> None:
+    acc = make(linger_ms=10_000)
+    fill_batches(acc, 1)
+    add(acc, b"next")  # opens a second, lingering batch
+    batches = drain_one_each(acc, 0, 5)
+    assert [b.record_count for b in batches] == [2]
+    assert acc.next_deadline(0) == 10_000
+
+
+def test_sequences_are_assigned_per_partition_at_first_drain() -> None:
+    acc = make()
+    fill_batches(acc, 3, partition=0)
+    fill_batches(acc, 1, partition=1)
+    requests = acc.drain(0, 5)
+    by_partition = defaultdict(list)
+    for request in requests:
+        assert len({b.partition for b in request}) == len(request)  # one batch per partition
+        for b in request:
+            by_partition[b.partition].append(b.sequence)
+    assert by_partition == {0: [0, 2, 4], 1: [0]}
+
+
+def test_drain_respects_max_requests() -> None:
+    acc = make()
+    fill_batches(acc, 4)
+    assert len(acc.drain(0, 2)) == 2
+    assert len(acc.drain(0, 5)) == 2
+
+
+def test_max_request_size_splits_partitions_over_requests() -> None:
+    acc = make(max_request_size=1200)
+    fill_batches(acc, 1, partition=0)
+    fill_batches(acc, 1, partition=1)
+    requests = acc.drain(0, 5)
+    assert [len(r) for r in requests] == [1, 1]
+
+
+def test_record_too_large_is_refused_at_append() -> None:
+    acc = make(max_request_size=500, batch_size=500)
+    with pytest.raises(RecordTooLargeError):
+        add(acc, b"x" * 600)
+
+
+def test_buffer_memory_blocks_then_frees_on_completion() -> None:
+    acc = make(buffer_memory=2_000, batch_size=1_000)
+    fill_batches(acc, 1)
+    add(acc, b"c" * 400)
+    with pytest.raises(BufferFull):
+        for _ in range(10):
+            add(acc, b"d" * 400)
+    with pytest.raises(MinibrokerTimeoutError):
+        acc.wait_for_space(500, 0.01)
+    (first,) = drain_one_each(acc, 0, 1)
+    assert acc.on_response(first, E.NONE, 0, 1) == [first]
+    acc.wait_for_space(500, 0.01)  # returns at once now
+    add(acc, b"e" * 400)
+
+
+def test_handles_give_record_metadata_and_callbacks_run_once() -> None:
+    acc = make()
+    calls = []
+    h0 = acc.append("t", 0, 1_000, b"k", b"v0", None, lambda e, m: calls.append((e, m)))
+    h1 = acc.append("t", 0, 1_005, None, b"v1", None, None)
+    (batch,) = drain_one_each(acc, 0, 1)
+    done = acc.on_response(batch, E.NONE, 40, 1)
+    assert h0.done() and calls == []  # callbacks run at notify, outside the lock
+    for b in done:
+        b.notify()
+    assert h0.get(0).offset == 40 and h1.get(0).offset == 41
+    assert h1.get(0).timestamp == 1_005
+    assert len(calls) == 1 and calls[0][0] is None and calls[0][1].offset == 40
+
+
+def test_wakeup_fires_once_when_a_batch_becomes_ready_before_the_planned_wake() -> None:
+    wakes = []
+    acc = make(linger_ms=5, wakeup=lambda: wakes.append(1))
+    assert acc.next_deadline(0) == float("inf")  # sender sleeps with nothing to do
+    add(acc, b"x", now=0)
+    add(acc, b"y", now=1)
+    assert len(wakes) == 1
+    acc.drain(0, 5)
+    assert acc.next_deadline(2) == 5
+    fill_batches(acc, 1, partition=1)  # ready now, earlier than 5: wake
+    assert len(wakes) == 2
+
+
+def test_flush_makes_lingering_batches_ready() -> None:
+    acc = make(linger_ms=60_000)
+    add(acc, b"x")
+    assert acc.drain(0, 5) == []
+    waiting = acc.begin_flush()
+    assert len(waiting) == 1
+    assert len(acc.drain(0, 5)) == 1
+    acc.end_flush()
+
+
+# --------------------------------------------------------------------------- retries
+
+
+def test_retry_keeps_sequence_epoch_and_bytes() -> None:
+    acc = make()
+    fill_batches(acc, 1)
+    (batch,) = drain_one_each(acc, 0, 1)
+    wire = batch.wire(acc.producer_id, acc.producer_epoch, acc.compression)
+    assert acc.on_connection_lost([batch], 10, "dropped") == []
+    assert batch.unresolved
+    assert acc.drain(50, 5) == []  # backoff: 100 ms
+    assert acc.next_deadline(50) == 110
+    (again,) = drain_one_each(acc, 110, 1)
+    assert again is batch
+    assert batch.wire(acc.producer_id, acc.producer_epoch, acc.compression) == wire
+
+
+def test_backoff_grows_exponentially_up_to_the_max() -> None:
+    acc = make(retry_backoff_ms=100, retry_backoff_max_ms=350)
+    fill_batches(acc, 1)
+    now = 0.0
+    delays = []
+    for _ in range(4):
+        (batch,) = drain_one_each(acc, now, 1)
+        acc.on_response(batch, E.KAFKA_STORAGE_ERROR, -1, now)
+        delays.append(acc.next_deadline(now) - now)
+        now = acc.next_deadline(now)
+    assert delays == [100, 200, 350, 350]
+
+
+def test_a_failure_in_the_middle_retries_everything_after_it_in_sequence_order() -> None:
+    acc = make()
+    fill_batches(acc, 5)
+    sent = drain_one_each(acc, 0, 5)
+    assert sequences(sent) == [0, 2, 4, 6, 8]
+    assert acc.on_response(sent[0], E.NONE, 0, 1) == [sent[0]]
+    acc.on_response(sent[1], E.KAFKA_STORAGE_ERROR, -1, 1)
+    # The partition is broken: nothing goes out while later batches are still in flight.
+    fill_batches(acc, 1)
+    assert acc.drain(500, 5) == []
+    for b in sent[2:]:
+        assert acc.on_response(b, E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1, 2) == []
+    assert acc.producer_id_request() is None  # cascade, not a lost state: no epoch bump
+    resent = drain_one_each(acc, 101, 5)
+    assert resent == [*sent[1:], resent[-1]]
+    assert sequences(resent) == [2, 4, 6, 8, 10]
+
+
+def test_duplicate_answers_count_as_success() -> None:
+    acc = make()
+    fill_batches(acc, 2)
+    first, second = drain_one_each(acc, 0, 2)
+    assert acc.on_response(first, E.DUPLICATE_SEQUENCE_NUMBER, -1, 1) == [first]
+    assert first.error is None and first.base_offset == -1
+    assert acc.on_response(second, E.NONE, 17, 1) == [second]
+    assert second.base_offset == 17
+
+
+def test_retries_exhausted_fail_the_batch() -> None:
+    acc = make(retries=1)
+    fill_batches(acc, 1)
+    (batch,) = drain_one_each(acc, 0, 1)
+    acc.on_response(batch, E.REQUEST_TIMED_OUT, -1, 0)
+    (batch,) = drain_one_each(acc, 200, 1)
+    (done,) = acc.on_response(batch, E.REQUEST_TIMED_OUT, -1, 200)
+    assert isinstance(done.error, MinibrokerError) and done.error.code == E.REQUEST_TIMED_OUT
+
+
+def test_non_retriable_error_fails_only_that_batch_and_resequences_the_rest() -> None:
+    acc = make()
+    fill_batches(acc, 3)
+    sent = drain_one_each(acc, 0, 3)
+    (failed,) = acc.on_response(sent[0], E.MESSAGE_TOO_LARGE, -1, 1)
+    assert failed.error is not None and failed.error.code == E.MESSAGE_TOO_LARGE
+    for b in sent[1:]:
+        assert acc.on_response(b, E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1, 1) == []
+    assert acc.producer_id_request() == (7, 0)
+    acc.set_producer_id(7, 1)
+    assert sequences(drain_one_each(acc, 1, 5)) == [0, 2]
+
+
+# --------------------------------------------------------------------------- KIP-360
+
+
+def test_out_of_order_on_the_first_in_flight_batch_bumps_the_epoch() -> None:
+    acc = make()
+    fill_batches(acc, 4)
+    sent = drain_one_each(acc, 0, 4)
+    acc.on_response(sent[0], E.NONE, 0, 1)
+    acc.on_response(sent[1], E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1, 1)
+    assert acc.producer_id_request() is None  # two batches still in flight
+    acc.on_response(sent[2], E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1, 1)
+    acc.on_response(sent[3], E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1, 1)
+    fill_batches(acc, 1)
+    assert acc.drain(1, 5) == []  # nothing goes out before the bump
+    assert acc.producer_id_request() == (7, 0)
+    acc.set_producer_id(7, 1)
+    resent = drain_one_each(acc, 1, 5)
+    assert resent[:3] == sent[1:]
+    assert sequences(resent) == [0, 2, 4, 6]
+    header = read_header(resent[0].wire(acc.producer_id, acc.producer_epoch, acc.compression))
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (7, 1, 0)
+    assert acc.metrics["epoch_bumps"] == 1
+
+
+def test_bump_waits_until_unknown_outcomes_are_resolved_with_the_old_epoch() -> None:
+    acc = make()
+    fill_batches(acc, 1, partition=0)
+    fill_batches(acc, 1, partition=1)
+    (request,) = acc.drain(0, 1)
+    p0, p1 = sorted(request, key=lambda b: b.partition)
+    acc.on_response(p0, E.UNKNOWN_PRODUCER_ID, -1, 1)
+    acc.on_connection_lost([p1], 1, "dropped")  # p1 may or may not be appended
+    fill_batches(acc, 1, partition=1)
+    assert acc.producer_id_request() is None
+    # Only the unresolved batch goes out, with its old epoch and sequence.
+    (retry,) = drain_one_each(acc, 200, 5)
+    header = read_header(retry.wire(acc.producer_id, acc.producer_epoch, acc.compression))
+    assert retry is p1 and (header.producer_epoch, header.base_sequence) == (0, 0)
+    acc.on_response(p1, E.NONE, 0, 201)  # it had been appended: resolved, no duplicate
+    assert acc.producer_id_request() == (7, 0)
+    acc.set_producer_id(7, 1)
+    resent = {b.partition: b for r in acc.drain(201, 5) for b in r}
+    assert resent[0] is p0 and p0.sequence == 0
+    assert resent[1].sequence == 0 and resent[1] is not p1
+
+
+def test_unknown_producer_id_while_pid_is_lost_asks_for_a_new_id() -> None:
+    acc = make()
+    acc.reset_producer_id()
+    assert acc.producer_id_request() == (-1, -1)
+    assert acc.drain(0, 5) == []
+
+
+def test_fencing_is_fatal_for_everything() -> None:
+    acc = make()
+    fill_batches(acc, 2)
+    (first,) = drain_one_each(acc, 0, 1)
+    add(acc, b"queued")
+    done = acc.on_response(first, E.PRODUCER_FENCED, -1, 1)
+    assert len(done) == 3 and all(isinstance(b.error, ProducerFencedError) for b in done)
+    with pytest.raises(ProducerFencedError):
+        add(acc, b"more")
+    assert acc.producer_id_request() is None
+
+
+def test_delivery_timeout_expires_queued_batches_and_bumps_if_sequenced() -> None:
+    acc = make(delivery_timeout_ms=1_000)
+    fill_batches(acc, 1)
+    (batch,) = drain_one_each(acc, 0, 1)
+    acc.on_connection_lost([batch], 10, "dropped")
+    assert acc.next_deadline(10) == 110
+    assert acc.expire(999) == []
+    (expired,) = acc.expire(1_000)
+    assert isinstance(expired.error, DeliveryTimeoutError)
+    assert acc.producer_id_request() == (7, 0)
+
+
+# --------------------------------------------------------------------------- model broker
+
+
+@dataclass
+class _ProducerEntry:
+    epoch: int
+    cached: deque = field(default_factory=lambda: deque(maxlen=5))  # (first, last, base_offset)
+
+
+class ModelBroker:
+    """The idempotence rules of PROTOCOL.md section 3, in memory."""
+
+    def __init__(self) -> None:
+        self.logs: dict[tuple[str, int], list[bytes]] = defaultdict(list)
+        self.epochs: dict[int, int] = {}
+        self.state: dict[tuple[str, int, int], _ProducerEntry] = {}
+        self.next_pid = 100
+
+    def init_producer_id(self, pid: int, epoch: int) -> tuple[int, int]:
+        if pid < 0:
+            pid, self.next_pid = self.next_pid, self.next_pid + 1
+            self.epochs[pid] = 0
+            return pid, 0
+        assert self.epochs[pid] == epoch
+        self.epochs[pid] = epoch + 1
+        return pid, epoch + 1
+
+    def produce(self, topic: str, partition: int, wire: bytes) -> tuple[int, int]:
+        header = validate(wire)
+        pid, epoch, first = header.producer_id, header.producer_epoch, header.base_sequence
+        last = header.last_sequence
+        if pid not in self.epochs:
+            return E.UNKNOWN_PRODUCER_ID, -1
+        entry = self.state.get((topic, partition, pid))
+        if entry is not None and epoch < entry.epoch:
+            return E.INVALID_PRODUCER_EPOCH, -1
+        if entry is not None and epoch == entry.epoch:
+            for c_first, c_last, c_offset in entry.cached:
+                if (c_first, c_last) == (first, last):
+                    return E.NONE, c_offset
+        if entry is None or epoch > entry.epoch:
+            if first != 0:
+                return (
+                    E.UNKNOWN_PRODUCER_ID if entry is None else E.OUT_OF_ORDER_SEQUENCE_NUMBER
+                ), -1
+            entry = self.state[(topic, partition, pid)] = _ProducerEntry(epoch)
+        elif first != (entry.cached[-1][1] + 1) % SEQUENCE_MODULUS:
+            oldest = entry.cached[0][0]
+            if 0 < (oldest - last) % SEQUENCE_MODULUS < SEQUENCE_MODULUS // 2:
+                return E.DUPLICATE_SEQUENCE_NUMBER, -1
+            return E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
+        log = self.logs[(topic, partition)]
+        base_offset = len(log)
+        log += [r[2] for r in decode_records(wire, 0, header)]
+        entry.cached.append((first, last, base_offset))
+        return E.NONE, base_offset
+
+
+def simulate(seed: int, *, records: int = 400, partitions: int = 3) -> None:
+    """Send `records` through the accumulator over a faulty pipelined link to ModelBroker.
+
+    Faults: requests lost before the broker sees them, responses lost after it
+    appended, retriable storage errors, and batches the broker rejects with
+    UNKNOWN_PRODUCER_ID or OUT_OF_ORDER_SEQUENCE_NUMBER (without appending). Those
+    rejections only hit a batch's first attempt under its epoch: a real broker
+    answers a retry of an appended batch as a duplicate, never as a rejection."""
+    rng = random.Random(seed)
+    broker = ModelBroker()
+    clock = Clock()
+    acc = RecordAccumulator(
+        clock=clock,
+        batch_size=rng.choice([60, 200, 1_000]),
+        linger_ms=rng.choice([0, 3]),
+        retry_backoff_ms=5,
+        retry_backoff_max_ms=40,
+        buffer_memory=1_000_000,
+    )
+    link: deque[tuple[list[ProducerBatch], list[tuple[int, int]] | None]] = deque()
+    sent: dict[int, list[bytes]] = defaultdict(list)
+    attempted: set[tuple[int, int, int | None]] = set()
+    now = 0.0
+    next_record = 0
+    steps = 0
+    while next_record < records or acc.unfinished:
+        steps += 1
+        assert steps < 200_000, "no progress"
+        now += rng.choice([0, 0, 1, 5])
+        roll = rng.random()
+        if next_record < records and roll < 0.45:
+            partition = rng.randrange(partitions)
+            value = b"%d:%d" % (partition, len(sent[partition]))
+            sent[partition].append(value)
+            clock.now = now
+            acc.append("t", partition, int(now), None, value, None, None)
+            next_record += 1
+        elif roll < 0.65:
+            request = acc.producer_id_request()
+            if request is not None and not link:
+                acc.set_producer_id(*broker.init_producer_id(*request))
+                continue
+            for batches in acc.drain(now, 5 - len(link)):
+                link.append((batches, None))
+        elif link and roll < 0.95:
+            batches, _ = link.popleft()
+            fault = rng.random()
+            if fault < 0.03:  # request lost: the broker never saw it
+                lost = [batches] + [b for b, _ in link]
+                link.clear()
+                for lost_batches in lost:
+                    acc.on_connection_lost(lost_batches, now, "request lost")
+                continue
+            results = []
+            for b in batches:
+                wire = b.wire(acc.producer_id, acc.producer_epoch, acc.compression)
+                first_attempt = (b.partition, acc.producer_epoch, b.sequence) not in attempted
+                attempted.add((b.partition, acc.producer_epoch, b.sequence))
+                kind = rng.random()
+                if kind < 0.03:
+                    results.append((E.KAFKA_STORAGE_ERROR, -1))
+                elif kind < 0.05 and first_attempt:
+                    results.append((E.UNKNOWN_PRODUCER_ID, -1))
+                elif kind < 0.07 and first_attempt:
+                    results.append((E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1))
+                else:
+                    results.append(broker.produce(b.topic, b.partition, wire))
+            if fault < 0.08:  # appended, but the response is lost with the connection
+                lost = [batches] + [b for b, _ in link]
+                link.clear()
+                for lost_batches in lost:
+                    acc.on_connection_lost(lost_batches, now, "response lost")
+                continue
+            for b, (error, offset) in zip(batches, results, strict=True):
+                acc.on_response(b, error, offset, now)
+        else:
+            acc.expire(now)
+    for partition, values in sent.items():
+        assert broker.logs[("t", partition)] == values, f"seed {seed} partition {partition}"
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_faults_deliver_every_record_exactly_once_in_order(seed: int) -> None:
+    simulate(seed)
+
+
+def test_model_broker_follows_the_contract() -> None:
+    broker = ModelBroker()
+    pid, epoch = broker.init_producer_id(-1, -1)
+    acc = make()
+    acc.set_producer_id(pid, epoch)
+    fill_batches(acc, 2)
+    first, second = drain_one_each(acc, 0, 2)
+    wire1 = first.wire(pid, epoch, 0)
+    wire2 = second.wire(pid, epoch, 0)
+    assert broker.produce("t", 0, wire2) == (E.UNKNOWN_PRODUCER_ID, -1)
+    assert broker.produce("t", 0, wire1) == (E.NONE, 0)
+    assert broker.produce("t", 0, wire1) == (E.NONE, 0)  # duplicate
+    assert broker.produce("t", 0, wire2) == (E.NONE, 2)
+    assert msgpack.unpackb(msgpack.packb(broker.logs[("t", 0)])) == broker.logs[("t", 0)]
