@@ -38,20 +38,26 @@ async def _with_connection(
     outcome: list[Any] = []
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
-            conn = await open_connection(
-                tg,
-                host,
-                port,
-                client_id="minibroker-admin",
-                timeout_s=TIMEOUT_S,
-                max_response_bytes=DEFAULT_FRAME_BYTES_MAX,
-            )
+            # Failures, connecting included, are re-raised below, outside the task
+            # group, so callers get the error itself and not an ExceptionGroup.
             try:
-                outcome.append(await work(conn))
-            except Exception as exc:  # re-raised below, outside the task group's wrapping
+                conn = await open_connection(
+                    tg,
+                    host,
+                    port,
+                    client_id="minibroker-admin",
+                    timeout_s=TIMEOUT_S,
+                    max_response_bytes=DEFAULT_FRAME_BYTES_MAX,
+                )
+            except Exception as exc:
                 outcome.append(exc)
-            finally:
-                await conn.aclose()
+            else:
+                try:
+                    outcome.append(await work(conn))
+                except Exception as exc:
+                    outcome.append(exc)
+                finally:
+                    await conn.aclose()
     if isinstance(outcome[0], Exception):
         raise outcome[0]
     return outcome[0]

@@ -258,6 +258,7 @@ class Reconnector:
         self.total_failures = 0
         self.next_attempt_ms = 0.0
         self.current: Connection | None = None
+        self.last_error: BaseException | None = None  # for a timeout's message
         self._server_index = 0
         self._lock = anyio.Lock()
 
@@ -295,6 +296,7 @@ class Reconnector:
                     )
                     self.failures = 0
                 except (ConnectionLostError, MinibrokerTimeoutError) as exc:
+                    self.last_error = exc
                     self.failures += 1
                     self.total_failures += 1
                     self._server_index += 1

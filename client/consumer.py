@@ -538,7 +538,12 @@ class AsyncConsumer:
                 response = await conn.request(request, timeout_s)
             except (ConnectionLostError, TimeoutError) as exc:
                 if time.monotonic() >= deadline:
-                    raise MinibrokerTimeoutError(f"{request.api} failed: {exc}") from exc
+                    # A bare timeout says nothing; the connection error behind it does.
+                    cause = self._control_connector.last_error or exc
+                    raise MinibrokerTimeoutError(
+                        f"{request.api} failed within request_timeout_ms="
+                        f"{self.config.request_timeout_ms}: {cause or 'timed out'}"
+                    ) from exc
                 await anyio.sleep(self.config.retry_backoff_ms / 1000)
                 continue
             error = response.get("error", 0)
