@@ -438,6 +438,4 @@ class Handlers:
                     deleted,
                     p.log.log_start_offset,
                 )
-            expired = p.producers.expire(stamp)
-            if expired:
-                self.metrics.producer_event("expired", expired)
+            p.producers.expire(stamp)

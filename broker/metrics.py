@@ -213,6 +213,7 @@ class BrokerMetrics:
         self.enabled = enabled
         self.registry = CollectorRegistry(auto_describe=True)
         self._partition_source: Callable[[], Iterable[PartitionStats]] | None = None
+        self._forgotten_source: Callable[[], tuple[int, int]] | None = None
         self._data_dir: str | None = None
         self._version = _version()
 
@@ -315,6 +316,11 @@ class BrokerMetrics:
         time (the DiskNearlyFull alert uses them)."""
         self._data_dir = os.fspath(path)
 
+    def set_forgotten_source(self, source: Callable[[], tuple[int, int]]) -> None:
+        """(expired, evicted) producer ids so far, summed over partitions, read at
+        scrape time: eviction happens inside every append, where counting costs."""
+        self._forgotten_source = source
+
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
         """`source()` is called at every scrape, on the thread that renders (the event
         loop's, with `serve_http`); it must be quick and must not block."""
@@ -377,6 +383,9 @@ class _DisabledMetrics(BrokerMetrics):
         pass
 
     def set_data_dir(self, path: str | os.PathLike[str]) -> None:
+        pass
+
+    def set_forgotten_source(self, source: Callable[[], tuple[int, int]]) -> None:
         pass
 
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
@@ -471,7 +480,12 @@ class _BrokerCollector(Collector):
             labels=["kind"],
         )
         if samples:
-            for kind, n in list(m._producer_events.items()):
+            counts = dict(m._producer_events)
+            if m._forgotten_source is not None:
+                expired, evicted = m._forgotten_source()
+                counts["expired"] += expired
+                counts["evicted"] += evicted
+            for kind, n in counts.items():
                 events.add_metric([kind], n)
         yield events
         if m._producer_ids_max is not None or not samples:

@@ -154,6 +154,7 @@ class Broker:
         seconds = time.perf_counter() - started
         self.metrics.set_recovery_seconds(seconds)
         self.metrics.set_partition_source(self._partition_stats)
+        self.metrics.set_forgotten_source(self._forgotten_producers)
         self.metrics.set_producer_ids_max(self.config.max_producers_per_partition)
         self.metrics.set_data_dir(self.config.data_path)
         log.info(
@@ -178,6 +179,11 @@ class Broker:
             )
             for p in self.topics.all_partitions()
         ]
+
+    def _forgotten_producers(self) -> tuple[int, int]:
+        assert self.topics is not None
+        states = [p.producers for p in self.topics.all_partitions()]
+        return sum(s.expired_total for s in states), sum(s.evicted_total for s in states)
 
     def is_ready(self) -> bool:
         return self.ready and not self._stopping

@@ -74,3 +74,30 @@ def test_pid_file_and_json_logs(tmp_path: Path) -> None:
         assert not pid_file.exists()
     finally:
         broker.kill()
+
+
+def test_evicted_producer_ids_are_forgotten_and_counted(tmp_path: Path) -> None:
+    """With max_producers_per_partition=2, a third producer evicts the least
+    recently used one: its next in-sequence batch is UNKNOWN_PRODUCER_ID, and
+    /metrics counts the eviction."""
+    import urllib.request
+
+    conf = tmp_path / "b.toml"
+    conf.write_text("max_producers_per_partition = 2\n")
+    broker = BrokerProcess(tmp_path / "data", extra_args=["--config", str(conf)]).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            c.create_topic("e", 1)
+            producers = [c.init_producer() for _ in range(3)]
+            for pid, epoch in producers:
+                batch = values_batch([b"v"], producer_id=pid, producer_epoch=epoch, base_sequence=0)
+                assert c.produce("e", 0, batch)["error"] == 0
+            pid, epoch = producers[0]
+            batch = values_batch([b"w"], producer_id=pid, producer_epoch=epoch, base_sequence=1)
+            assert c.produce("e", 0, batch)["error"] == 59  # UNKNOWN_PRODUCER_ID
+        url = f"http://127.0.0.1:{broker.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert 'minibroker_producer_events_total{kind="evicted"} 1.0' in text
+        assert 'minibroker_active_producer_ids{partition="0",topic="e"} 2.0' in text
+    finally:
+        broker.kill()
