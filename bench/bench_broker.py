@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from protocol.batch import build_batch_from_columns, with_sequence
+from protocol.batch import build_batch_from_columns, scan_batches, with_sequence
 from protocol.framing import FrameDecoder, encode_frame
 from tests.broker_process import BrokerProcess
 from tests.wire import WireClient
@@ -26,7 +26,7 @@ from tests.wire import WireClient
 BATCH_BYTES = 16 * 1024
 RECORD_BYTES = 100
 WINDOW = 64
-ROUNDS = 5
+ROUNDS = 6
 
 
 def _batch_template(pid: int, epoch: int) -> tuple[bytes, int]:
@@ -118,6 +118,75 @@ def _produce_mb_s(broker: BrokerProcess, *, acks: int, idempotent: bool, n_batch
     frames = _frames(n_batches, acks, pid, epoch, topic, 1)
     payload = sum(len(f) for f in frames)
     return payload / _pipeline(broker.bootstrap, frames) / 1e6
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _fetch_all(broker: BrokerProcess, topic: str) -> tuple[float, float]:
+    """Read `topic` partition 0 from the start with 1 MiB Fetches over one raw
+    connection; return (MB/s, broker CPU seconds per GB)."""
+    assert broker.proc is not None
+    with WireClient(broker.bootstrap) as c:
+        offset = total = 0
+        cpu = _cpu_s(broker.proc.pid)
+        started = time.perf_counter()
+        while True:
+            records = c.fetch(topic, 0, offset, partition_max_bytes=1 << 20)["records"]
+            if not records:
+                break
+            total += len(records)
+            *_, (_, last) = scan_batches(records, check_crc=False)
+            offset = last.next_offset
+        elapsed = time.perf_counter() - started
+        cpu = _cpu_s(broker.proc.pid) - cpu
+    return total / elapsed / 1e6, cpu / (total / 1e9)
+
+
+def fetch_zero_copy(tmp_path: Path, n_batches: int) -> list[dict[str, Any]]:
+    """The same stored topic fetched by a trio broker with and without os.sendfile."""
+    rows = []
+    figures: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    conf = tmp_path / "copy.toml"
+    conf.write_text("fetch_zero_copy = false\n")
+    data = tmp_path / "data-fetch"
+    broker = BrokerProcess(data, backend="trio").start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            c.create_topic("fetch", 1)
+        frames = _frames(n_batches, 1, -1, -1, "fetch", 1)
+        _pipeline(broker.bootstrap, frames)
+    finally:
+        broker.kill()
+    for round_ in range(ROUNDS):
+        for zero_copy in (True, False) if round_ % 2 == 0 else (False, True):
+            extra = [] if zero_copy else ["--config", str(conf)]
+            broker = BrokerProcess(data, backend="trio", extra_args=extra).start()
+            try:
+                figures[zero_copy].append(_fetch_all(broker, "fetch"))
+            finally:
+                broker.kill()
+    for zero_copy, values in figures.items():
+        label = "sendfile" if zero_copy else "copy"
+        rows.append(
+            {
+                "benchmark": f"fetch trio {label}",
+                "value": statistics.median(v[0] for v in values),
+                "unit": "MB/s",
+                "rounds": len(values),
+            }
+        )
+        rows.append(
+            {
+                "benchmark": f"fetch trio {label} broker CPU",
+                "value": statistics.median(v[1] for v in values),
+                "unit": "CPU s/GB",
+                "rounds": len(values),
+            }
+        )
+    return rows
 
 
 def fdatasync_ceiling_mb_s(directory: Path, n_batches: int, group: int) -> float:
@@ -215,6 +284,7 @@ def run(n_batches: int = 6000) -> list[dict[str, Any]]:
                 "unit": "MB/s",
             }
         )
+        rows += fetch_zero_copy(tmp_path, n_batches)
         for backend in ("trio", "asyncio"):
             brokers = {
                 metrics: BrokerProcess(
@@ -227,9 +297,10 @@ def run(n_batches: int = 6000) -> list[dict[str, Any]]:
             cases = [(True, 1, False), (True, 1, True), (False, 1, True), (True, -1, True)]
             figures: dict[tuple[bool, int, bool], list[float]] = {case: [] for case in cases}
             try:
-                # Rounds interleave the cases so drift on a shared machine hits all alike.
-                for _ in range(ROUNDS):
-                    for metrics, acks, idem in cases:
+                # Rounds interleave the cases, reversing their order every other round
+                # (ABBA), so drift on a shared machine hits every case alike.
+                for round_ in range(ROUNDS):
+                    for metrics, acks, idem in cases if round_ % 2 == 0 else cases[::-1]:
                         figures[(metrics, acks, idem)].append(
                             _produce_mb_s(
                                 brokers[metrics], acks=acks, idempotent=idem, n_batches=n_batches

@@ -45,6 +45,11 @@ class BrokerConfig:
     message_max_bytes: int = _setting(
         1024 * 1024, "Largest record batch accepted (MESSAGE_TOO_LARGE above it)."
     )
+    fetch_zero_copy: bool = _setting(
+        True,
+        "On the trio backend, send fetched batches from the log file with os.sendfile "
+        "(asyncio buffers writes in its transport, so it always copies).",
+    )
     fetch_max_bytes: int = _setting(
         50 * 1024 * 1024, "Cap on the bytes one Fetch response carries."
     )
@@ -56,7 +61,7 @@ class BrokerConfig:
         30_000, "Upper bound on a Produce's timeout_ms and a Fetch's max_wait_ms."
     )
     connections_max_idle_ms: int = _setting(
-        600_000, "A connection idle this long with nothing in flight is closed."
+        600_000, "A connection that sends no request for this long is closed."
     )
     segment_bytes: int = _setting(1024 * 1024 * 1024, "Roll a segment at this size.")
     segment_ms: int = _setting(7 * DAY_MS, "Roll a segment this long after its first append.")

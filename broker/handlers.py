@@ -10,6 +10,7 @@ in order, so later requests keep flowing while it waits.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +19,7 @@ import anyio
 
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
-from broker.log import OffsetOutOfRange
+from broker.log import FileSpan, OffsetOutOfRange
 from broker.metrics import BrokerMetrics
 from broker.partition import Partition
 from broker.producer_ids import ProducerIdManager
@@ -26,6 +27,7 @@ from broker.topics import TopicError, TopicRegistry
 from protocol import messages as m
 from protocol.batch import BatchError, scan_batches, validate
 from protocol.errors import ErrorCode
+from protocol.framing import encode_frame_spliced
 
 log = logging.getLogger("minibroker.handlers")
 
@@ -90,6 +92,38 @@ class DurableReply:
         return m.ProduceResponse(self._results).to_wire()
 
 
+class SplicedReply:
+    """A Fetch reply whose record bytes go from the log files with os.sendfile.
+
+    It owns its spans' file descriptors until `close`, which the connection
+    calls once the reply is sent or dropped."""
+
+    __slots__ = ("cid", "holes", "response", "spans")
+
+    def __init__(self, response: dict[str, Any], spans: list[FileSpan], holes: list[bytes]):
+        self.response = response
+        self.spans = spans
+        self.holes = holes
+        self.cid = -1
+
+    def pieces(self) -> list[bytes | int]:
+        self.response["cid"] = self.cid
+        holes = [(hole, span.length) for hole, span in zip(self.holes, self.spans, strict=True)]
+        return encode_frame_spliced(self.response, holes)
+
+    def close(self) -> None:
+        for span in self.spans:
+            os.close(span.fd)
+        self.spans = []
+
+
+FetchLook = tuple[
+    dict[str, Any], int, bool, list[tuple[FileSpan, bytes]], list[tuple[str, int, int]]
+]
+"""(response, bytes ready, errored, file spans with their placeholders, and the
+(topic, bytes, records) flows to count once this look is the reply sent)."""
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -111,6 +145,7 @@ class Handlers:
         self.metrics = metrics
         self.advertised = advertised
         self._appended = anyio.Event()
+        self._zero_copy = config.fetch_zero_copy and config.backend == "trio"
         self._fetch_waiters = 0
         self._stopping = False
         self._table: dict[str, Callable[[Any], Any]] = {
@@ -123,7 +158,7 @@ class Handlers:
             "ListOffsets": self.list_offsets,
         }
 
-    async def handle(self, request: Any) -> dict[str, Any] | DurableReply | None:
+    async def handle(self, request: Any) -> dict[str, Any] | DurableReply | SplicedReply | None:
         """The response map, a DurableReply, or None for a request that gets no reply (acks=0)."""
         result = self._table[request.api](request)
         if isinstance(result, Awaitable):
@@ -350,14 +385,20 @@ class Handlers:
 
     # ----------------------------------------------------------------- fetch
 
-    async def fetch(self, req: m.FetchRequest) -> dict[str, Any]:
+    async def fetch(self, req: m.FetchRequest) -> dict[str, Any] | SplicedReply:
         wait_s = min(max(req.max_wait_ms, 0), self.config.request_timeout_ms) / 1000
         deadline = anyio.current_time() + wait_s
         while True:
-            response, ready_bytes, errored = self._fetch_once(req)
+            response, ready_bytes, errored, spans, flows = self._fetch_once(req)
             remaining = deadline - anyio.current_time()
             if ready_bytes >= req.min_bytes or errored or remaining <= 0 or self._stopping:
-                return response
+                for topic, size, count in flows:
+                    self.metrics.record_fetch(topic, size, count)
+                if not spans:
+                    return response
+                return SplicedReply(response, [s for s, _ in spans], [h for _, h in spans])
+            for span, _ in spans:
+                os.close(span.fd)
             self._fetch_waiters += 1
             try:
                 with anyio.move_on_after(remaining):
@@ -365,10 +406,21 @@ class Handlers:
             finally:
                 self._fetch_waiters -= 1
 
-    def _fetch_once(self, req: m.FetchRequest) -> tuple[dict[str, Any], int, bool]:
+    def _fetch_once(self, req: m.FetchRequest) -> FetchLook:
+        """One look at the logs; on any failure the file spans taken so far are closed."""
+        spans: list[tuple[FileSpan, bytes]] = []
+        try:
+            return self._look(req, spans)
+        except BaseException:
+            for span, _ in spans:
+                os.close(span.fd)
+            raise
+
+    def _look(self, req: m.FetchRequest, spans: list[tuple[FileSpan, bytes]]) -> FetchLook:
         budget = min(req.max_bytes, self.config.fetch_max_bytes)
         used = 0
         errored = False
+        flows: list[tuple[str, int, int]] = []
         topics = []
         for topic, parts in req.topics:
             out = []
@@ -383,7 +435,9 @@ class Handlers:
                 plog = p.log
                 high_watermark = plog.log_end_offset
                 stable = self._stable_end(p)
+                upper = stable if req.isolation_level == m.ISOLATION_READ_COMMITTED else None
                 records = b""
+                size = count = 0
                 error = ErrorCode.NONE
                 # Kafka's rule: the first non-empty partition may exceed the budget by one
                 # batch so a consumer always progresses; the rest stay within it.
@@ -392,18 +446,25 @@ class Handlers:
                 )
                 if room > 0 or not used:
                     try:
-                        records = plog.read(
-                            fp.fetch_offset,
-                            max(room, 1),
-                            stable if req.isolation_level == m.ISOLATION_READ_COMMITTED else None,
-                        )
+                        if self._zero_copy:
+                            span = plog.span(fp.fetch_offset, max(room, 1), upper)
+                            if span is not None:
+                                # A placeholder stands in the map for the file bytes.
+                                records = os.urandom(12) + len(spans).to_bytes(4, "big")
+                                spans.append((span, records))
+                                size, count = span.length, span.record_count
+                        else:
+                            records = plog.read(fp.fetch_offset, max(room, 1), upper)
+                            size = len(records)
+                            count = sum(
+                                h.record_count for _, h in scan_batches(records, check_crc=False)
+                            )
                     except OffsetOutOfRange:
                         error = ErrorCode.OFFSET_OUT_OF_RANGE
                         errored = True
-                used += len(records)
-                if records:
-                    count = sum(h.record_count for _, h in scan_batches(records, check_crc=False))
-                    self.metrics.record_fetch(topic, len(records), count)
+                used += size
+                if size:
+                    flows.append((topic, size, count))
                 out.append(
                     m.FetchPartitionResponse(
                         fp.partition,
@@ -416,7 +477,7 @@ class Handlers:
                     )
                 )
             topics.append((topic, out))
-        return m.FetchResponse(topics).to_wire(), used, errored
+        return m.FetchResponse(topics).to_wire(), used, errored, spans, flows
 
     def stop_waiting(self) -> None:
         """Shutdown: answer every long-polling Fetch now with what it has."""

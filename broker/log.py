@@ -20,6 +20,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from broker.offset_index import UINT32_MAX
 from broker.recovery import RecoveryReport, decode_recovery_point, encode_recovery_point
@@ -72,6 +73,15 @@ class LogConfig:
             raise ValueError(f"index_interval_bytes {self.index_interval_bytes} < 0")
         if self.segment_index_bytes < 16:
             raise ValueError(f"segment_index_bytes {self.segment_index_bytes} < one entry (16)")
+
+
+class FileSpan(NamedTuple):
+    """Stored batches as a file range: `fd` is the span's own, to be closed after use."""
+
+    fd: int
+    position: int
+    length: int
+    record_count: int
 
 
 class OffsetOutOfRange(ValueError):
@@ -253,15 +263,35 @@ class PartitionLog:
     def read(self, fetch_offset: int, max_bytes: int, upper_offset: int | None = None) -> bytes:
         """Stored batches from the one holding fetch_offset, whole, up to max_bytes but at
         least one, none starting at or above upper_offset; from one segment per call."""
+        segment, limit = self._segment_for_read(fetch_offset, upper_offset)
+        return b"" if segment is None else segment.read(fetch_offset, max_bytes, limit)
+
+    def span(
+        self, fetch_offset: int, max_bytes: int, upper_offset: int | None = None
+    ) -> FileSpan | None:
+        """Where the bytes `read` would return lie: for sending them with os.sendfile.
+
+        The span holds its own duplicate of the segment's fd, so retention may delete
+        the segment meanwhile; the caller closes it."""
+        segment, limit = self._segment_for_read(fetch_offset, upper_offset)
+        if segment is None:
+            return None
+        position, length, records = segment.span(fetch_offset, max_bytes, limit)
+        if not length:
+            return None
+        return FileSpan(os.dup(segment.fd), position, length, records)
+
+    def _segment_for_read(
+        self, fetch_offset: int, upper_offset: int | None
+    ) -> tuple[Segment | None, int]:
         if not self.log_start_offset <= fetch_offset <= self.log_end_offset:
             raise OffsetOutOfRange(
                 f"offset {fetch_offset} not in [{self.log_start_offset}, {self.log_end_offset}]"
             )
-        if fetch_offset == self.log_end_offset:
-            return b""
         limit = self.log_end_offset if upper_offset is None else upper_offset
-        segment = self._segments[self._segment_index(fetch_offset)]
-        return segment.read(fetch_offset, max_bytes, limit)
+        if fetch_offset == self.log_end_offset:
+            return None, limit
+        return self._segments[self._segment_index(fetch_offset)], limit
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The first offset whose record timestamp is >= timestamp_ms; None if there is none."""

@@ -354,6 +354,22 @@ class Segment:
             end += header.size_bytes
         return data if end == size else data[:end]
 
+    def span(self, offset: int, max_bytes: int, upper_offset: int) -> tuple[int, int, int]:
+        """(position, length, record count) of the batches `read` would return, found
+        from their headers alone: what a zero-copy send needs, without the bytes."""
+        position, first = self.locate(offset)
+        length = records = 0
+        if first.base_offset >= upper_offset:
+            return position, 0, 0
+        for _, header in self._headers(position):
+            if header.base_offset >= upper_offset or (
+                length and length + header.size_bytes > max_bytes
+            ):
+                break
+            length += header.size_bytes
+            records += header.record_count
+        return position, length, records
+
     def batches(self, position: int) -> Iterator[tuple[BatchHeader, bytes]]:
         """Each batch from `position` to the end, read a chunk of many batches at a time."""
         end = self.size_bytes

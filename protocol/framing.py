@@ -83,3 +83,35 @@ class FrameDecoder:
         if pos:
             del buf[:pos]
         return messages
+
+
+def _bin_header(length: int) -> bytes:
+    if length < 1 << 8:
+        return b"\xc4" + length.to_bytes(1, "big")
+    if length < 1 << 16:
+        return b"\xc5" + length.to_bytes(2, "big")
+    return b"\xc6" + length.to_bytes(4, "big")
+
+
+def encode_frame_spliced(message: Any, holes: list[tuple[bytes, int]]) -> list[bytes | int]:
+    """Encode a frame whose `bin` values are sent separately (zero-copy from a file).
+
+    `message` carries, in place of each such value, a unique placeholder; `holes`
+    lists (placeholder, real length). The result alternates bytes to send with
+    the index of the hole whose bytes go there, and the length prefix already
+    counts the real lengths. Pure: the caller does the file IO."""
+    body = msgpack.packb(message, use_bin_type=True)
+    pieces: list[bytes | int] = []
+    total = len(body)
+    cursor = 0
+    for index, (placeholder, length) in enumerate(holes):
+        encoded = _bin_header(len(placeholder)) + placeholder
+        at = body.find(encoded, cursor)
+        assert at >= 0 and body.find(encoded, at + 1) < 0, "placeholder must occur once"
+        header = _bin_header(length)
+        pieces += [body[cursor:at] + header, index]
+        total += len(header) + length - len(encoded)
+        cursor = at + len(encoded)
+    pieces.append(body[cursor:])
+    pieces[0] = LENGTH.pack(total) + pieces[0]  # type: ignore[operator]
+    return pieces

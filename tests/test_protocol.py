@@ -212,3 +212,18 @@ def test_requests_round_trip_through_msgpack(request_: object) -> None:
     wire = msgpack.unpackb(msgpack.packb(m.request_to_wire(request_, 7, "me"), use_bin_type=True))
     assert wire["cid"] == 7 and wire["v"] == 1 and wire["client_id"] == "me"
     assert m.parse_request(wire) == request_
+
+
+@pytest.mark.parametrize("lengths", [[0], [10], [300], [70_000], [5, 300, 70_000]])
+def test_spliced_frame_equals_the_plain_frame(lengths: list[int]) -> None:
+    """Splicing file bytes into the holes gives exactly the frame encode_frame makes."""
+    from protocol.framing import encode_frame_spliced
+
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(lengths)]
+    placeholders = [b"\x00hole%011d" % i for i in range(len(lengths))]
+    message = {"cid": 3, "parts": [{"records": p, "n": i} for i, p in enumerate(placeholders)]}
+    pieces = encode_frame_spliced(message, list(zip(placeholders, lengths, strict=True)))
+    spliced = b"".join(payloads[p] if isinstance(p, int) else p for p in pieces)
+    real = {"cid": 3, "parts": [{"records": p, "n": i} for i, p in enumerate(payloads)]}
+    assert spliced == encode_frame(real)
+    assert FrameDecoder().feed(spliced) == [real]
