@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 from collections.abc import Sequence
@@ -86,6 +87,10 @@ def run_serve(args: argparse.Namespace) -> int:
     # A write past RLIMIT_FSIZE must fail with EFBIG (answered as a storage
     # error) instead of killing the process.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    # Every partition holds its segment files open: take all the descriptors allowed.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     from broker.server import Broker
 

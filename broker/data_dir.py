@@ -12,7 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from broker.fileio import write_atomic
+from broker.fileio import fsync_dir, write_atomic
 
 FORMAT_VERSION = 1
 LOCK_FILE = ".lock"
@@ -89,6 +89,8 @@ class DataDir:
         marker = self.path / CLEAN_SHUTDOWN_FILE
         if marker.exists():
             marker.unlink()
+            # A lost unlink would make the next start after a crash trust torn tails.
+            fsync_dir(self.path)
 
     def mark_clean_shutdown(self) -> None:
         write_atomic(self.path / CLEAN_SHUTDOWN_FILE, b"")

@@ -267,16 +267,24 @@ class Handlers:
         stamp = now_ms()
         results: list[tuple[str, list[m.ProducePartitionResponse]]] = []
         durable: list[tuple[Partition, int]] = []
+        if acks not in (-1, 0, 1):
+            return m.ProduceResponse(
+                [
+                    (
+                        topic,
+                        [
+                            m.ProducePartitionResponse(
+                                index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}"
+                            )
+                            for index, _ in parts
+                        ],
+                    )
+                    for topic, parts in req.topics
+                ]
+            ).to_wire()
         for topic, parts in req.topics:
             out = []
             for index, records in parts:
-                if acks not in (-1, 0, 1):
-                    out.append(
-                        m.ProducePartitionResponse(
-                            index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}"
-                        )
-                    )
-                    continue
                 response, partition, last_offset = self._produce_one(topic, index, records, stamp)
                 out.append(response)
                 if partition is not None and acks == -1 and last_offset >= 0:

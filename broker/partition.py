@@ -68,12 +68,12 @@ class Partition:
     ) -> Partition:
         plog = PartitionLog.open(directory, config, clean_shutdown=clean_shutdown, now_ms=now_ms)
         producers, replay_from = cls._load_snapshot(plog, limits)
+        producers.restarted(now_ms)
         replayed = 0
         for header, _ in plog.batches_from(replay_from):
             if header.base_offset < replay_from or not header.is_idempotent or header.is_control:
                 continue
-            # Recovered producers count as seen at restart: expiring them early
-            # would turn a client's next retry into a duplicate.
+            # Replayed producers count as seen at restart, like those of the snapshot.
             producers.apply(
                 header.producer_id,
                 header.producer_epoch,
@@ -84,7 +84,6 @@ class Partition:
                 now_ms,
             )
             replayed += 1
-        producers.expire(now_ms)
         if replayed:
             log.info(
                 "event=producer_state_replayed topic=%s partition=%d from_offset=%d batches=%d",

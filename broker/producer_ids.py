@@ -73,8 +73,10 @@ class ProducerIdManager:
 
     def _allocate(self) -> int:
         if self._next_id >= self._block_end:
-            self._block_end = self._next_id + ID_BLOCK_SIZE
-            write_atomic(self._block_path, seal(msgpack.packb(self._block_end)))
+            block_end = self._next_id + ID_BLOCK_SIZE
+            # Durable before any id of the block is used: a failed write hands out none.
+            write_atomic(self._block_path, seal(msgpack.packb(block_end)))
+            self._block_end = block_end
         pid = self._next_id
         self._next_id += 1
         assert pid < self._block_end
@@ -124,7 +126,8 @@ class ProducerIdManager:
             pid, epoch = self._allocate(), 0
         else:
             pid, epoch = entry[0], entry[1] + 1
-        self._transactional[transactional_id] = (pid, epoch)
-        write_atomic(self._txn_path, seal(msgpack.packb(self._transactional, use_bin_type=True)))
+        mapping = {**self._transactional, transactional_id: (pid, epoch)}
+        write_atomic(self._txn_path, seal(msgpack.packb(mapping, use_bin_type=True)))
+        self._transactional = mapping
         self._remember(pid, epoch)
         return Grant(ErrorCode.NONE, pid, epoch)

@@ -247,10 +247,7 @@ class PartitionProducerState:
         if entry is None:
             producers[producer_id] = _Producer(producer_epoch, now_ms, batch)
         else:
-            _, newest_delta, newest_offset, _ = _CACHED.unpack_from(
-                entry.batches, len(entry.batches) - _CACHED_BYTES
-            )
-            assert base_offset > newest_offset + newest_delta, "log offsets only grow"
+            assert base_offset > _newest_last_offset(entry), "log offsets only grow"
             if producer_epoch == entry.epoch and base_sequence == entry.next_seq:
                 entry.extend(
                     batch, record_count, (base_sequence + record_count) % SEQUENCE_MODULUS, now_ms
@@ -262,6 +259,12 @@ class PartitionProducerState:
             producers.popitem(last=False)
             self.evicted_total += 1
         assert producer_id in producers
+
+    def restarted(self, now_ms: int) -> None:
+        """After a restart every producer counts as seen now, however the broker
+        stopped: downtime must not expire a producer whose retry may be on its way."""
+        for entry in self._producers.values():
+            entry.last_seen_ms = max(entry.last_seen_ms, now_ms)
 
     def expire(self, now_ms: int) -> int:
         """Forget every producer idle for more than `expiration_ms`; return how many.
@@ -398,6 +401,12 @@ def _decode_producer(item: Any, offset: int) -> tuple[int, _Producer]:
         next_seq = (last + 1) % SEQUENCE_MODULUS
         next_offset = base_offset + delta + 1
     return pid, _Producer(epoch, last_seen_ms, bytes(packed))
+
+
+def _newest_last_offset(entry: _Producer) -> int:
+    """For asserts only (skipped under -O): the last offset of the newest cached batch."""
+    _, delta, offset, _ = _CACHED.unpack_from(entry.batches, len(entry.batches) - _CACHED_BYTES)
+    return offset + delta
 
 
 def _is_int(value: Any) -> bool:

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,33 +308,37 @@ class Broker:
         assert handlers is not None
         idle_s = self.config.connections_max_idle_ms / 1000
         inflight_max = self.config.max_inflight_requests_per_connection
-        # Shutdown cancels only the wait for more bytes; a request already read
-        # runs to completion and its reply is queued (shielded), so in-flight
-        # work finishes as SIGTERM promises.
+        backlog: deque[Any] = deque()  # decoded requests waiting for in-flight room
+        # Shutdown cancels only the waits (for bytes, for room); a request already
+        # taken from the backlog runs to completion and its reply is queued
+        # (shielded), so in-flight work finishes as SIGTERM promises.
         with conn.read_scope:
             while True:
                 while conn.inflight >= inflight_max:
                     conn.room = anyio.Event()
                     await conn.room.wait()
-                with anyio.move_on_after(idle_s) as idle:
-                    data = await _receive(stream)
-                if idle.cancelled_caught:
-                    log.info("event=connection_idle_closed peer=%s", conn.peer)
-                    return
-                if data is None:
-                    return
-                try:
-                    messages = decoder.feed(data)
-                except FrameError as exc:
-                    log.warning("event=connection_closed peer=%s reason=%r", conn.peer, str(exc))
-                    return
+                if not backlog:
+                    with anyio.move_on_after(idle_s) as idle:
+                        data = await _receive(stream)
+                    if idle.cancelled_caught:
+                        log.info("event=connection_idle_closed peer=%s", conn.peer)
+                        return
+                    if data is None:
+                        return
+                    try:
+                        backlog.extend(decoder.feed(data))
+                    except FrameError as exc:
+                        log.warning(
+                            "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)
+                        )
+                        return
                 with anyio.CancelScope(shield=True):
                     # Replies of one read go to the writer together: one send()
                     # for the lot instead of one per request.
                     group: list[Reply] = []
                     close = False
-                    for message in messages:
-                        reply = await self._dispatch(message, handlers, conn)
+                    while backlog and conn.inflight + len(group) < inflight_max:
+                        reply = await self._dispatch(backlog.popleft(), handlers, conn)
                         if reply is False:
                             close = True
                             break

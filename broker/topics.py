@@ -2,14 +2,17 @@
 
 Layout: `<data_dir>/topics/<name>/topic.meta` (sealed msgpack: partitions and
 config overrides) and one directory per partition, `<data_dir>/topics/<name>/<n>/`.
-The meta file is written before any partition directory, so a crash during
-creation leaves a topic that reopens whole.
+The meta file is written after every partition has opened, so a crash or an
+error during creation leaves a directory without one, which is no topic and is
+cleared when the name is created again.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import resource
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +31,7 @@ log = logging.getLogger("minibroker.topics")
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 META_FILE = "topic.meta"
 PARTITIONS_MAX = 10_000
+FDS_RESERVED = 64  # snapshots, indexes, the lock, the metrics listener
 # Per-topic overrides a CreateTopics config may carry; Kafka's dotted names map
 # onto ours (retention.ms -> retention_ms).
 TOPIC_SETTINGS = (
@@ -127,7 +131,7 @@ class TopicRegistry:
                 )
                 continue
             meta = msgpack.unpackb(body, raw=False)
-            self._open_topic(
+            self.topics[directory.name] = self._open_topic(
                 directory.name, meta["partitions"], meta["config"], clean_shutdown, now_ms
             )
 
@@ -135,25 +139,27 @@ class TopicRegistry:
         self, name: str, partitions: int, config: dict[str, int], clean_shutdown: bool, now_ms: int
     ) -> Topic:
         log_config = self.log_config(config)
-        topic = Topic(
-            name,
-            config,
-            [
-                Partition.open(
-                    name,
-                    i,
-                    self.root / name / str(i),
-                    log_config,
-                    self.limits,
-                    clean_shutdown=clean_shutdown,
-                    now_ms=now_ms,
+        opened: list[Partition] = []
+        try:
+            for i in range(partitions):
+                opened.append(
+                    Partition.open(
+                        name,
+                        i,
+                        self.root / name / str(i),
+                        log_config,
+                        self.limits,
+                        clean_shutdown=clean_shutdown,
+                        now_ms=now_ms,
+                    )
                 )
-                for i in range(partitions)
-            ],
-        )
+        except BaseException:
+            for p in opened:
+                p.log.close()
+            raise
+        topic = Topic(name, config, opened)
         for p in topic.partitions:
             p.on_rolled = self.on_rolled
-        self.topics[name] = topic
         return topic
 
     def create(
@@ -172,17 +178,45 @@ class TopicRegistry:
             self.log_config(overrides)
         except (TypeError, ValueError) as exc:
             raise TopicError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+        self._check_fd_budget(partitions)
         directory = self.root / name
-        directory.mkdir(parents=True, exist_ok=True)
+        if directory.exists():
+            # No meta file, so no topic: the leftovers of a creation that failed.
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        try:
+            topic = self._open_topic(name, partitions, overrides, True, now_ms)
+        except OSError as exc:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise TopicError(
+                ErrorCode.KAFKA_STORAGE_ERROR, f"cannot create topic {name!r}: {exc}"
+            ) from exc
+        # The meta file goes last: a topic directory without one is never a topic.
         write_atomic(
             directory / META_FILE,
             seal(msgpack.packb({"partitions": partitions, "config": overrides}, use_bin_type=True)),
         )
-        topic = self._open_topic(name, partitions, overrides, True, now_ms)
+        self.topics[name] = topic
         log.info(
             "event=topic_created topic=%s partitions=%d config=%s", name, partitions, overrides
         )
         return topic
+
+    def _check_fd_budget(self, partitions: int) -> None:
+        """Every partition keeps its segment files open; refuse a topic that would
+        leave too few descriptors for connections and the files the broker writes."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return
+        budget = soft - FDS_RESERVED - min(self.config.max_connections, soft // 4)
+        in_use = len(self.all_partitions())
+        if in_use + partitions > budget:
+            raise TopicError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"{partitions} more partitions would pass the open-file budget ({in_use} open, "
+                f"room for {max(budget, 0)} with RLIMIT_NOFILE={soft} and max_connections="
+                f"{self.config.max_connections}); raise the limit (LimitNOFILE=)",
+            )
 
     def partition(self, topic: str, index: int) -> Partition | None:
         t = self.topics.get(topic)

@@ -217,3 +217,39 @@ def test_refuses_incompatible_format_version(tmp_path: Path) -> None:
         timeout=30,
     )
     assert r.returncode == 3 and "format version" in r.stderr
+
+
+def _limit_open_files() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (400, 400))
+
+
+def test_create_topics_within_the_open_file_limit(tmp_path: Path) -> None:
+    """Tried: with RLIMIT_NOFILE=400, a topic of 1000 partitions (each keeps a file
+    open). It is refused with a message naming the limit, leaves nothing behind, and
+    the broker still creates a small topic and restarts."""
+    broker = BrokerProcess(tmp_path / "data", preexec_fn=_limit_open_files).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            r = c.call("CreateTopics", topics=[{"name": "huge", "partitions": 1000}])
+            assert r["topics"][0]["error"] == ErrorCode.INVALID_PARTITIONS
+            assert "RLIMIT_NOFILE=400" in r["topics"][0]["message"]
+            assert c.create_topic("small", 50) == 0
+        assert not (tmp_path / "data" / "topics" / "huge").exists()
+        broker.restart(kill=True)
+        with WireClient(broker.bootstrap) as c:
+            names = {t["name"] for t in c.call("Metadata", topics=None)["topics"]}
+        assert names == {"small"}
+    finally:
+        broker.kill()
+
+
+def test_inflight_limit_of_one_still_answers_a_pipeline_in_order(tmp_path: Path) -> None:
+    conf = tmp_path / "b.toml"
+    conf.write_text("max_inflight_requests_per_connection = 1\n")
+    broker = BrokerProcess(tmp_path / "data", extra_args=["--config", str(conf)]).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            cids = [c.send("ApiVersions") for _ in range(200)]
+            assert [c.recv()["cid"] for _ in cids] == cids
+    finally:
+        broker.kill()

@@ -28,9 +28,9 @@ def _wait_for(predicate, timeout_s: float = 10.0) -> bool:  # type: ignore[no-un
 
 
 def test_sighup_applies_a_new_retention(tmp_path: Path, backend: str) -> None:
-    """Old records (timestamps of 2001) survive under the default 7-day retention
-    only because the broker has not re-read its config; SIGHUP with retention_ms
-    lowered deletes every closed segment at once and says what it applied."""
+    """Old records (timestamps of 2001) survive under retention_ms = -1; SIGHUP with
+    retention_ms lowered to a minute deletes every closed segment at once and says
+    what it applied and what would need a restart."""
     conf = tmp_path / "b.toml"
     conf.write_text("segment_bytes = 2048\nretention_ms = -1\n")
     broker = BrokerProcess(
