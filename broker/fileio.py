@@ -8,11 +8,12 @@ import zlib
 from pathlib import Path
 
 _CRC = struct.Struct(">I")
+TMP_SUFFIX = ".tmp"  # recovery deletes leftovers of a write that crashed
 
 
 def fsync_dir(directory: Path) -> None:
     """Make a rename or unlink in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
     finally:
@@ -21,8 +22,8 @@ def fsync_dir(directory: Path) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         view = memoryview(data)
         while view:

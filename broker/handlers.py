@@ -33,9 +33,6 @@ log = logging.getLogger("minibroker.handlers")
 
 BROKER_VERSION = "0.1.0"
 BROKER_ID = 0
-SUPPORTED_APIS = frozenset(
-    {"ApiVersions", "Metadata", "CreateTopics", "InitProducerId", "Produce", "Fetch", "ListOffsets"}
-)
 
 
 class DurableReply:
@@ -157,6 +154,7 @@ class Handlers:
             "Fetch": self.fetch,
             "ListOffsets": self.list_offsets,
         }
+        self.apis = frozenset(self._table)
 
     async def handle(self, request: Any) -> dict[str, Any] | DurableReply | SplicedReply | None:
         """The response map, a DurableReply, or None for a request that gets no reply (acks=0)."""
@@ -169,7 +167,7 @@ class Handlers:
 
     def api_versions(self, _: m.ApiVersionsRequest) -> dict[str, Any]:
         return m.ApiVersionsResponse(
-            {api: [m.VERSION, m.VERSION] for api in sorted(SUPPORTED_APIS)},
+            {api: [m.VERSION, m.VERSION] for api in sorted(self.apis)},
             BROKER_VERSION,
             self.config.max_frame_bytes,
         ).to_wire()

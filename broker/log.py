@@ -22,17 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from broker.fileio import TMP_SUFFIX, write_atomic
 from broker.offset_index import UINT32_MAX
 from broker.recovery import RecoveryReport, decode_recovery_point, encode_recovery_point
 from broker.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
-    TMP_SUFFIX,
     Segment,
     StorageError,
     file_name,
-    write_atomically,
 )
 from protocol.batch import HEADER_BYTES, BatchHeader
 
@@ -344,7 +343,7 @@ class PartitionLog:
 
     def _write_recovery_point(self, offset: int) -> None:
         try:
-            write_atomically(self.directory / RECOVERY_POINT_FILE, encode_recovery_point(offset))
+            write_atomic(self.directory / RECOVERY_POINT_FILE, encode_recovery_point(offset))
         except OSError as exc:
             raise StorageError(f"recovery point of {self.directory}: {exc}") from exc
 
@@ -378,7 +377,7 @@ class PartitionLog:
     def write_snapshot(self, offset: int, data: bytes) -> None:
         """Store a snapshot taken at `offset` durably, keeping the newest SNAPSHOTS_KEPT."""
         try:
-            write_atomically(self.directory / file_name(offset, SNAPSHOT_SUFFIX), data)
+            write_atomic(self.directory / file_name(offset, SNAPSHOT_SUFFIX), data)
             for _, path in self.snapshots()[SNAPSHOTS_KEPT:]:
                 path.unlink(missing_ok=True)
         except OSError as exc:

@@ -14,10 +14,10 @@ from pathlib import Path
 import msgpack
 
 from broker.fileio import seal, unseal, write_atomic
+from broker.producer_state import PRODUCER_EPOCH_MAX
 from protocol.errors import ErrorCode
 
 ID_BLOCK_SIZE = 1000
-EPOCH_MAX = 32767
 EPOCHS_REMEMBERED_MAX = 1_000_000
 BLOCK_FILE = "producer_id_block"
 TXN_FILE = "transactional_ids"
@@ -114,7 +114,7 @@ class ProducerIdManager:
             current = producer_epoch if known_epoch is None else max(known_epoch, producer_epoch)
         if producer_epoch != current:
             return Grant(ErrorCode.INVALID_PRODUCER_EPOCH)
-        if current >= EPOCH_MAX:
+        if current >= PRODUCER_EPOCH_MAX:
             return self.new_producer()
         self._remember(producer_id, current + 1)
         return Grant(ErrorCode.NONE, producer_id, current + 1)
@@ -122,7 +122,7 @@ class ProducerIdManager:
     def init_transactional(self, transactional_id: str) -> Grant:
         """Same id for a name, epoch + 1 each call: the older instance is fenced."""
         entry = self._transactional.get(transactional_id)
-        if entry is None or entry[1] >= EPOCH_MAX:
+        if entry is None or entry[1] >= PRODUCER_EPOCH_MAX:
             pid, epoch = self._allocate(), 0
         else:
             pid, epoch = entry[0], entry[1] + 1

@@ -12,14 +12,14 @@ detected and answered with a full scan instead of trusted.
 from __future__ import annotations
 
 import struct
-import zlib
 from contextlib import closing
 from dataclasses import dataclass
 
+from broker.fileio import seal, unseal
 from broker.offset_index import UINT32_MAX, SegmentIndex
 from protocol.batch import scan_batches
 
-_RECOVERY_POINT = struct.Struct(">qI")
+_OFFSET = struct.Struct(">q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +73,13 @@ def scan_segment(data: bytes | memoryview, index: SegmentIndex) -> SegmentScan:
 
 def encode_recovery_point(offset: int) -> bytes:
     assert offset >= 0, offset
-    head = struct.pack(">q", offset)
-    return _RECOVERY_POINT.pack(offset, zlib.crc32(head))
+    return seal(_OFFSET.pack(offset))
 
 
 def decode_recovery_point(data: bytes) -> int | None:
     """The offset stored in a `recovery-point` file; None when it is torn or corrupt."""
-    if len(data) != _RECOVERY_POINT.size:
+    body = unseal(data)
+    if body is None or len(body) != _OFFSET.size:
         return None
-    offset, crc = _RECOVERY_POINT.unpack(data)
-    if crc != zlib.crc32(data[:8]) or offset < 0:
-        return None
-    return offset
+    (offset,) = _OFFSET.unpack(body)
+    return offset if offset >= 0 else None

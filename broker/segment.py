@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 
+from broker.fileio import fsync_dir, write_atomic
 from broker.offset_index import (
     OFFSET_ENTRY_BYTES,
     TIME_ENTRY_BYTES,
@@ -37,7 +38,6 @@ from protocol.batch import (
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
-TMP_SUFFIX = ".tmp"
 
 # Header walks read this much per pread: several small batches' headers in one call.
 _HEADER_WINDOW_BYTES = 4096
@@ -51,30 +51,6 @@ class StorageError(Exception):
 
 def file_name(offset: int, suffix: str) -> str:
     return f"{offset:020d}{suffix}"
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make created, renamed and deleted names in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` by `data` durably: a crash leaves the old file or the new one, whole."""
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_directory(path.parent)
 
 
 class Segment:
@@ -133,7 +109,7 @@ class Segment:
         path = directory / file_name(base_offset, LOG_SUFFIX)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            fsync_directory(directory)
+            fsync_dir(directory)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -218,8 +194,8 @@ class Segment:
         """Write both index files durably, after recording the max timestamp in the time
         index so a reopened segment knows it without scanning."""
         self.index.finalize()
-        write_atomically(self._path(INDEX_SUFFIX), self.index.offsets.to_bytes())
-        write_atomically(self._path(TIME_INDEX_SUFFIX), self.index.times.to_bytes())
+        write_atomic(self._path(INDEX_SUFFIX), self.index.offsets.to_bytes())
+        write_atomic(self._path(TIME_INDEX_SUFFIX), self.index.times.to_bytes())
         self.index_dirty = False
 
     # -- loading --------------------------------------------------------------------------

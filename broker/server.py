@@ -367,11 +367,7 @@ class Broker:
         started = time.perf_counter()
         api = message.get("api") if isinstance(message.get("api"), str) else "unknown"
         try:
-            request = parse_request(message)
-            if request.api not in handlers._table:
-                raise ProtocolError(
-                    ErrorCode.UNSUPPORTED_VERSION, f"{request.api} is not supported yet"
-                )
+            request = parse_request(message, handlers.apis)
             result = await handlers.handle(request)
         except ProtocolError as exc:
             self.metrics.observe_request(api, exc.code, time.perf_counter() - started)
