@@ -20,7 +20,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -241,21 +241,14 @@ class AsyncProducer:
 
         `on_delivery(error, [BatchMetadata, ...] or None)` runs once all of them finished."""
         deadline = _monotonic_ms() + self.config.max_block_ms
-        while True:
-            try:
-                chunks = self._plan_batch(topic, values, keys, partition, headers)
-                break
-            except _MetadataMissing:
-                await self._load_metadata(topic, partition, deadline)
-        callbacks = _batch_callbacks(chunks, on_delivery)
         batches: list[ProducerBatch] = []
-        for chunk, callback in zip(chunks, callbacks, strict=True):
-            while True:
-                try:
-                    batches.append(self._append_chunk(topic, *chunk, callback))
-                    break
-                except BufferFull:
-                    await self._wait_for_space(deadline)
+        for reason in self._batch_steps(
+            topic, values, keys, partition, headers, on_delivery, batches
+        ):
+            if isinstance(reason, BufferFull):
+                await self._wait_for_space(deadline)
+            else:
+                await self._load_metadata(topic, partition, deadline)
         return BatchFuture(batches)
 
     async def flush(self, timeout: float | None = None) -> None:
@@ -351,6 +344,34 @@ class AsyncProducer:
                 )
 
         return send
+
+    def _batch_steps(
+        self,
+        topic: str,
+        values: Any,
+        keys: Any,
+        partition: int | None,
+        headers: Sequence[Headers] | None,
+        on_delivery: BatchCallback | None,
+        batches: list[ProducerBatch],
+    ) -> Iterator[_MetadataMissing | BufferFull]:
+        """send_batch() as steps, for both faces: plan the wire batches, append them to
+        the accumulator and to `batches`. Yields the reason whenever it has to wait
+        (`_MetadataMissing` or `BufferFull`); the caller waits its way and resumes it."""
+        while True:
+            try:
+                chunks = self._plan_batch(topic, values, keys, partition, headers)
+                break
+            except _MetadataMissing as missing:
+                yield missing
+        callbacks = _batch_callbacks(chunks, on_delivery)
+        for chunk, callback in zip(chunks, callbacks, strict=True):
+            while True:
+                try:
+                    batches.append(self._append_chunk(topic, *chunk, callback))
+                    break
+                except BufferFull as full:
+                    yield full
 
     def _plan_batch(
         self,
@@ -471,14 +492,19 @@ class AsyncProducer:
             return len(entry.get("partitions") or []) or None
         return None
 
-    async def _wait_for_space(self, deadline_ms: float) -> None:
-        if self._acc.fatal_error is not None or self._acc.closed:
-            return  # the next append raises the reason
+    def _space_wait_ms(self, deadline_ms: float) -> float:
+        """How long both faces may still wait for buffer space; raises once max_block_ms is up."""
         remaining = deadline_ms - _monotonic_ms()
         if remaining <= 0:
             raise MinibrokerTimeoutError(
                 f"no buffer space within max_block_ms (buffer_memory {self.config.buffer_memory})"
             )
+        return remaining
+
+    async def _wait_for_space(self, deadline_ms: float) -> None:
+        if self._acc.fatal_error is not None or self._acc.closed:
+            return  # the next append raises the reason
+        remaining = self._space_wait_ms(deadline_ms)
         if self._space_event is None:
             self._space_event = anyio.Event()
         with anyio.move_on_after(remaining / 1000):
@@ -724,11 +750,7 @@ class Producer:
         deadline = _monotonic_ms() + self.config.max_block_ms
         topic, partition = args[0], args[3]
         while True:
-            if isinstance(reason, _MetadataMissing):
-                self._portal.call(self._core._load_metadata, topic, partition, deadline)
-            else:
-                assert isinstance(reason, BufferFull)
-                self._block_for_space(deadline, reason.size)
+            self._block_for(reason, topic, partition, deadline)
             try:
                 return self._core._append(*args)
             except (_MetadataMissing, BufferFull) as again:
@@ -749,32 +771,25 @@ class Producer:
         batch of up to max_request_size bytes; `get()` returns one
         BatchMetadata per wire batch, and `on_delivery(error, metadata list or
         None)` runs once, on the I/O thread, when all of them finished."""
-        core = self._core
         deadline = _monotonic_ms() + self.config.max_block_ms
-        while True:
-            try:
-                chunks = core._plan_batch(topic, values, keys, partition, headers)
-                break
-            except _MetadataMissing:
-                self._portal.call(core._load_metadata, topic, partition, deadline)
-        callbacks = _batch_callbacks(chunks, on_delivery)
         batches: list[ProducerBatch] = []
-        for chunk, callback in zip(chunks, callbacks, strict=True):
-            while True:
-                try:
-                    batches.append(core._append_chunk(topic, *chunk, callback))
-                    break
-                except BufferFull as full:
-                    self._block_for_space(deadline, full.size)
+        steps = self._core._batch_steps(
+            topic, values, keys, partition, headers, on_delivery, batches
+        )
+        for reason in steps:
+            self._block_for(reason, topic, partition, deadline)
         return BatchFuture(batches)
 
-    def _block_for_space(self, deadline_ms: float, size: int) -> None:
-        remaining = deadline_ms - _monotonic_ms()
-        if remaining <= 0:
-            raise MinibrokerTimeoutError(
-                f"no buffer space within max_block_ms (buffer_memory {self.config.buffer_memory})"
-            )
-        self._acc.wait_for_space(size, remaining / 1000)
+    def _block_for(
+        self, reason: Exception, topic: str, partition: int | None, deadline: float
+    ) -> None:
+        """Block until what `reason` says is missing may be there: metadata or buffer space."""
+        if isinstance(reason, _MetadataMissing):
+            self._portal.call(self._core._load_metadata, topic, partition, deadline)
+        else:
+            assert isinstance(reason, BufferFull)
+            remaining = self._core._space_wait_ms(deadline)
+            self._acc.wait_for_space(reason.size, remaining / 1000)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now and block until all of it is acknowledged or failed."""

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from client import Consumer, ConsumerRecord
 
 HEADER_TYPE = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+# The `headers` column: read by the source, accepted by the sink.
+HEADERS_TYPE = ArrayType(HEADER_TYPE)
 
 # Spark's Kafka source schema, without timestampType (minibroker has one kind of timestamp).
 SCHEMA = StructType(
@@ -41,7 +43,7 @@ SCHEMA = StructType(
         StructField("partition", IntegerType()),
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
-        StructField("headers", ArrayType(HEADER_TYPE)),
+        StructField("headers", HEADERS_TYPE),
     ]
 )
 

@@ -18,26 +18,15 @@ import pytest
 from pyspark import TaskContext
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from client import Consumer, TopicPartition
 from client.admin import create_topic
 from spark_connector import MinibrokerCommitMessage, MinibrokerDataSource, MinibrokerWriter
+from spark_connector.reader import HEADERS_TYPE
 from tests.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.spark
-
-HEADERS = ArrayType(
-    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-)
 
 
 def new_topic(broker: BrokerProcess, partitions: int) -> str:
@@ -95,7 +84,7 @@ def test_write_then_read_back_every_column(
             StructField("key", StringType()),
             StructField("value", BinaryType()),
             StructField("partition", IntegerType()),
-            StructField("headers", HEADERS),
+            StructField("headers", HEADERS_TYPE),
         ]
     )
     df = spark.createDataFrame(rows, schema).repartition(2)

@@ -28,13 +28,10 @@ from spark_connector import (
     PartitionRange,
 )
 from spark_connector.options import read_options, write_options
-from spark_connector.reader import ARROW_SCHEMA, split, to_arrow
+from spark_connector.reader import ARROW_SCHEMA, HEADERS_TYPE, split, to_arrow
 from spark_connector.writer import MinibrokerWriter
 
 BOOT = {"minibroker.bootstrap.servers": "127.0.0.1:1"}
-HEADERS = ArrayType(
-    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-)
 
 
 def schema(**columns: object) -> StructType:
@@ -213,7 +210,9 @@ def test_groups_without_topic_or_partition_column_send_whole_batch() -> None:
 
 def test_groups_split_by_topic_and_partition_columns_in_row_order() -> None:
     writer = writer_for(
-        schema(value=BinaryType(), topic=StringType(), partition=IntegerType(), headers=HEADERS)
+        schema(
+            value=BinaryType(), topic=StringType(), partition=IntegerType(), headers=HEADERS_TYPE
+        )
     )
     batch = pa.table(
         {
@@ -235,7 +234,7 @@ def test_groups_split_by_topic_and_partition_columns_in_row_order() -> None:
 
 
 def test_null_header_value_fails_the_task() -> None:
-    writer = writer_for(schema(value=BinaryType(), headers=HEADERS), topic="t")
+    writer = writer_for(schema(value=BinaryType(), headers=HEADERS_TYPE), topic="t")
     headers = pa.array(
         [[{"key": "a", "value": None}]],
         pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
