@@ -57,22 +57,30 @@ def broker_targets(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for backend in ("trio", "asyncio"):
         acks1 = _value(rows, f"produce {backend} acks=1 idempotent")
-        plain = _value(rows, f"produce {backend} acks=1 plain")
         acks_all = _value(rows, f"produce {backend} acks=-1 idempotent")
         ceiling = _value(rows, "fdatasync ceiling, one per 64 writes")
-        no_metrics = _value(rows, f"produce {backend} acks=1 idempotent metrics off")
+        ceiling_each = _value(rows, "fdatasync ceiling, one per 16 KiB write")
         rss = _value(rows, f"broker RSS {backend}, 100 partitions x 10,000 producers")
-        idem_cost = 1 - acks1 / plain
-        metrics_cost = 1 - acks1 / no_metrics
+        # Costs compare broker CPU per batch: wall-clock MB/s on a shared machine
+        # measures the neighbours as much as the broker.
+        cpu = "broker_cpu_us_per_batch"
+        idem_cpu = _value(rows, f"produce {backend} acks=1 idempotent", cpu)
+        plain_cpu = _value(rows, f"produce {backend} acks=1 plain", cpu)
+        off_cpu = _value(rows, f"produce {backend} acks=1 idempotent metrics off", cpu)
+        idem_cost = idem_cpu / plain_cpu - 1
+        metrics_cost = idem_cpu / off_cpu - 1
         out += [
             f"- {backend}: acks=1 idempotent {acks1:.0f} MB/s against a 150 MB/s floor: "
             f"{_verdict(acks1 >= 150)}.",
             f"- {backend}: acks=-1 {acks_all:.0f} MB/s is {acks_all / ceiling:.0%} of the "
-            "fdatasync ceiling measured in this run (60% wanted): "
-            f"{_verdict(acks_all >= 0.6 * ceiling)}.",
-            f"- {backend}: idempotence costs {idem_cost:+.1%} of plain acks=1 throughput "
-            f"(at most 3% wanted): {_verdict(idem_cost <= 0.03)}.",
-            f"- {backend}: metrics cost {metrics_cost:+.1%} of throughput (under 3% wanted): "
+            "fdatasync ceiling with one fsync per 64 writes (60% wanted): "
+            f"{_verdict(acks_all >= 0.6 * ceiling)}; it is {acks_all / ceiling_each:.1f}x "
+            "the ceiling of one fsync per 16 KiB batch.",
+            f"- {backend}: idempotence costs {idem_cost:+.1%} broker CPU per batch "
+            f"({idem_cpu:.1f} vs {plain_cpu:.1f} µs; at most 3% wanted): "
+            f"{_verdict(idem_cost <= 0.03)}.",
+            f"- {backend}: metrics cost {metrics_cost:+.1%} broker CPU per batch "
+            f"({idem_cpu:.1f} vs {off_cpu:.1f} µs; under 3% wanted): "
             f"{_verdict(metrics_cost < 0.03)}.",
             f"- {backend}: RSS {rss:.0f} MB with 100 partitions and 10,000 producers "
             f"(under 150 MB wanted): {_verdict(rss < 150)}.",
