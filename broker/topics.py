@@ -14,7 +14,7 @@ import re
 import resource
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,16 +101,9 @@ class TopicRegistry:
             p.on_rolled = hook
 
     def log_config(self, overrides: dict[str, int]) -> LogConfig:
-        c = self.config
-        base = LogConfig(
-            segment_bytes=c.segment_bytes,
-            segment_ms=c.segment_ms,
-            retention_bytes=c.retention_bytes,
-            retention_ms=c.retention_ms,
-            index_interval_bytes=c.index_interval_bytes,
-            segment_index_bytes=c.segment_index_bytes,
-        )
-        return replace(base, **overrides)
+        # Broker-wide defaults and topic overrides share the names of TOPIC_SETTINGS.
+        defaults = {name: getattr(self.config, name) for name in TOPIC_SETTINGS}
+        return LogConfig(**{**defaults, **overrides})
 
     @property
     def limits(self) -> ProducerLimits:
