@@ -27,7 +27,7 @@ from broker.topics import TopicError, TopicRegistry
 from protocol import messages as m
 from protocol.batch import BatchError, scan_batches, validate
 from protocol.errors import ErrorCode
-from protocol.framing import encode_frame_spliced
+from protocol.framing import splice_frame
 
 log = logging.getLogger("minibroker.handlers")
 
@@ -43,7 +43,7 @@ class DurableReply:
     def __init__(
         self,
         committer: GroupCommitter,
-        results: list[tuple[str, list[m.ProducePartitionResponse]]],
+        results: list[m.ProduceTopicResponse],
         durable: list[tuple[Partition, int]],
         timeout_ms: int,
         timeout_s: float,
@@ -58,7 +58,7 @@ class DurableReply:
         """True when completing would not wait: lets the writer batch sends."""
         return all(p.log.flushed_offset > last for p, last in self._durable)
 
-    async def complete(self) -> dict[str, Any]:
+    async def complete(self) -> m.ProduceResponse:
         failed: set[int] = set()
         with anyio.move_on_after(self._timeout_s) as scope:
             for partition, last_offset in self._durable:
@@ -75,9 +75,9 @@ class DurableReply:
                 if id(p) in failed or p.log.flushed_offset <= last
             }
             by_key = {(p.topic, p.index): id(p) for p, _ in self._durable}
-            for topic, parts in self._results:
-                for r in parts:
-                    reason = late.get(by_key.get((topic, r.partition), 0))
+            for t in self._results:
+                for r in t.partitions:
+                    reason = late.get(by_key.get((t.topic, r.partition), 0))
                     if r.error or reason is None:
                         continue
                     r.error = (
@@ -86,7 +86,7 @@ class DurableReply:
                         else ErrorCode.REQUEST_TIMED_OUT
                     )
                     r.message = reason
-        return m.ProduceResponse(self._results).to_wire()
+        return m.ProduceResponse(topics=self._results)
 
 
 class SplicedReply:
@@ -97,16 +97,15 @@ class SplicedReply:
 
     __slots__ = ("cid", "holes", "response", "spans")
 
-    def __init__(self, response: dict[str, Any], spans: list[FileSpan], holes: list[bytes]):
+    def __init__(self, response: m.FetchResponse, spans: list[FileSpan], holes: list[bytes]):
         self.response = response
         self.spans = spans
         self.holes = holes
         self.cid = -1
 
     def pieces(self) -> list[bytes | int]:
-        self.response["cid"] = self.cid
         holes = [(hole, span.length) for hole, span in zip(self.holes, self.spans, strict=True)]
-        return encode_frame_spliced(self.response, holes)
+        return splice_frame(m.encode_response(self.response, self.cid), holes)
 
     def close(self) -> None:
         for span in self.spans:
@@ -115,7 +114,7 @@ class SplicedReply:
 
 
 FetchLook = tuple[
-    dict[str, Any], int, bool, list[tuple[FileSpan, bytes]], list[tuple[str, int, int]]
+    m.FetchResponse, int, bool, list[tuple[FileSpan, bytes]], list[tuple[str, int, int]]
 ]
 """(response, bytes ready, errored, file spans with their placeholders, and the
 (topic, bytes, records) flows to count once this look is the reply sent)."""
@@ -156,7 +155,7 @@ class Handlers:
         }
         self.apis = frozenset(self._table)
 
-    async def handle(self, request: Any) -> dict[str, Any] | DurableReply | SplicedReply | None:
+    async def handle(self, request: Any) -> m.Response | DurableReply | SplicedReply | None:
         """The response map, a DurableReply, or None for a request that gets no reply (acks=0)."""
         result = self._table[request.api](request)
         if isinstance(result, Awaitable):
@@ -165,14 +164,14 @@ class Handlers:
 
     # ----------------------------------------------------------------- simple APIs
 
-    def api_versions(self, _: m.ApiVersionsRequest) -> dict[str, Any]:
+    def api_versions(self, _: m.ApiVersionsRequest) -> m.ApiVersionsResponse:
         return m.ApiVersionsResponse(
-            {api: [m.VERSION, m.VERSION] for api in sorted(self.apis)},
-            BROKER_VERSION,
-            self.config.max_frame_bytes,
-        ).to_wire()
+            apis={api: [m.VERSION, m.VERSION] for api in sorted(self.apis)},
+            broker_version=BROKER_VERSION,
+            max_frame_bytes=self.config.max_frame_bytes,
+        )
 
-    def metadata(self, req: m.MetadataRequest) -> dict[str, Any]:
+    def metadata(self, req: m.MetadataRequest) -> m.MetadataResponse:
         registry = self.topics
         names = sorted(registry.topics) if req.topics is None else req.topics
         out: list[m.TopicMetadata] = []
@@ -198,9 +197,9 @@ class Handlers:
                 )
             )
         host, port = self.advertised
-        return m.MetadataResponse([m.BrokerMetadata(BROKER_ID, host, port)], out).to_wire()
+        return m.MetadataResponse(brokers=[m.BrokerMetadata(BROKER_ID, host, port)], topics=out)
 
-    def create_topics(self, req: m.CreateTopicsRequest) -> dict[str, Any]:
+    def create_topics(self, req: m.CreateTopicsRequest) -> m.CreateTopicsResponse:
         results = []
         for t in req.topics:
             try:
@@ -208,9 +207,9 @@ class Handlers:
                 results.append(m.CreateTopicResult(t.name))
             except TopicError as exc:
                 results.append(m.CreateTopicResult(t.name, exc.code, exc.message))
-        return m.CreateTopicsResponse(results).to_wire()
+        return m.CreateTopicsResponse(topics=results)
 
-    def init_producer_id(self, req: m.InitProducerIdRequest) -> dict[str, Any]:
+    def init_producer_id(self, req: m.InitProducerIdRequest) -> m.InitProducerIdResponse:
         ids = self.producer_ids
         if req.transactional_id is not None:
             grant = ids.init_transactional(req.transactional_id)
@@ -226,15 +225,16 @@ class Handlers:
         if grant.error == ErrorCode.INVALID_PRODUCER_EPOCH:
             self.metrics.producer_event("fenced")
         return m.InitProducerIdResponse(
-            grant.producer_id, grant.producer_epoch, grant.error
-        ).to_wire()
+            producer_id=grant.producer_id, producer_epoch=grant.producer_epoch, error=grant.error
+        )
 
-    def list_offsets(self, req: m.ListOffsetsRequest) -> dict[str, Any]:
+    def list_offsets(self, req: m.ListOffsetsRequest) -> m.ListOffsetsResponse:
         topics = []
-        for topic, parts in req.topics:
+        for t in req.topics:
             out = []
-            for index, timestamp in parts:
-                p = self.topics.partition(topic, index)
+            for lp in t.partitions:
+                index, timestamp = lp.partition, lp.timestamp
+                p = self.topics.partition(t.topic, index)
                 if p is None:
                     out.append(
                         m.ListOffsetsPartitionResponse(index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -250,8 +250,8 @@ class Handlers:
                             index, offset=-1 if found is None else found, timestamp=timestamp
                         )
                     )
-            topics.append((topic, out))
-        return m.ListOffsetsResponse(topics).to_wire()
+            topics.append(m.ListOffsetsTopicResponse(t.topic, out))
+        return m.ListOffsetsResponse(topics=topics)
 
     @staticmethod
     def _stable_end(p: Partition) -> int:
@@ -260,34 +260,36 @@ class Handlers:
 
     # ----------------------------------------------------------------- produce
 
-    def produce(self, req: m.ProduceRequest) -> dict[str, Any] | DurableReply | None:
+    def produce(self, req: m.ProduceRequest) -> m.ProduceResponse | DurableReply | None:
         acks = req.acks
         stamp = now_ms()
-        results: list[tuple[str, list[m.ProducePartitionResponse]]] = []
+        results: list[m.ProduceTopicResponse] = []
         durable: list[tuple[Partition, int]] = []
         if acks not in (-1, 0, 1):
             return m.ProduceResponse(
-                [
-                    (
-                        topic,
+                topics=[
+                    m.ProduceTopicResponse(
+                        t.topic,
                         [
                             m.ProducePartitionResponse(
-                                index, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}"
+                                p.partition, ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}"
                             )
-                            for index, _ in parts
+                            for p in t.partitions
                         ],
                     )
-                    for topic, parts in req.topics
+                    for t in req.topics
                 ]
-            ).to_wire()
-        for topic, parts in req.topics:
+            )
+        for t in req.topics:
             out = []
-            for index, records in parts:
-                response, partition, last_offset = self._produce_one(topic, index, records, stamp)
+            for p in t.partitions:
+                response, partition, last_offset = self._produce_one(
+                    t.topic, p.partition, p.records, stamp
+                )
                 out.append(response)
                 if partition is not None and acks == -1 and last_offset >= 0:
                     durable.append((partition, last_offset))
-            results.append((topic, out))
+            results.append(m.ProduceTopicResponse(t.topic, out))
         if acks == 0:
             return None
         if durable:
@@ -296,7 +298,7 @@ class Handlers:
             for partition, _ in durable:
                 self.committer.request_flush(partition, batches=1)
             return self._await_durable(req.timeout_ms, results, durable)
-        return m.ProduceResponse(results).to_wire()
+        return m.ProduceResponse(topics=results)
 
     def _produce_one(
         self, topic: str, index: int, records: bytes, stamp: int
@@ -383,7 +385,7 @@ class Handlers:
     def _await_durable(
         self,
         timeout_ms: int,
-        results: list[tuple[str, list[m.ProducePartitionResponse]]],
+        results: list[m.ProduceTopicResponse],
         durable: list[tuple[Partition, int]],
     ) -> DurableReply:
         timeout_s = min(max(timeout_ms, 0), self.config.request_timeout_ms) / 1000
@@ -391,7 +393,7 @@ class Handlers:
 
     # ----------------------------------------------------------------- fetch
 
-    async def fetch(self, req: m.FetchRequest) -> dict[str, Any] | SplicedReply:
+    async def fetch(self, req: m.FetchRequest) -> m.FetchResponse | SplicedReply:
         wait_s = min(max(req.max_wait_ms, 0), self.config.request_timeout_ms) / 1000
         deadline = anyio.current_time() + wait_s
         while True:
@@ -428,9 +430,10 @@ class Handlers:
         errored = False
         flows: list[tuple[str, int, int]] = []
         topics = []
-        for topic, parts in req.topics:
+        for t in req.topics:
+            topic = t.topic
             out = []
-            for fp in parts:
+            for fp in t.partitions:
                 p = self.topics.partition(topic, fp.partition)
                 if p is None:
                     errored = True
@@ -482,8 +485,8 @@ class Handlers:
                         records,
                     )
                 )
-            topics.append((topic, out))
-        return m.FetchResponse(topics).to_wire(), used, errored, spans, flows
+            topics.append(m.FetchTopicResponse(topic, out))
+        return m.FetchResponse(topics=topics), used, errored, spans, flows
 
     def stop_waiting(self) -> None:
         """Shutdown: answer every long-polling Fetch now with what it has."""

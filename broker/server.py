@@ -31,8 +31,13 @@ from broker.metrics import BrokerMetrics, PartitionStats
 from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicRegistry
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.framing import FrameDecoder, FrameError, encode_frame
-from protocol.messages import error_response, parse_request, request_cid
+from protocol.framing import FrameDecoder, FrameError, frame
+from protocol.messages import (
+    RequestRefused,
+    decode_request,
+    encode_response,
+    error_response,
+)
 
 log = logging.getLogger("minibroker.server")
 
@@ -326,7 +331,7 @@ class Broker:
                     if data is None:
                         return
                     try:
-                        backlog.extend(decoder.feed(data))
+                        backlog.extend(decoder.feed_bodies(data))
                     except FrameError as exc:
                         log.warning(
                             "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)
@@ -355,30 +360,34 @@ class Broker:
                         return
 
     async def _dispatch(
-        self, message: Any, handlers: Handlers, conn: Connection
+        self, body: bytes, handlers: Handlers, conn: Connection
     ) -> Reply | bool | None:
         """Run one request; False means close the connection (PROTOCOL.md section 1)."""
-        cid = request_cid(message)
-        if cid is None:
-            log.warning(
-                "event=connection_closed peer=%s reason='frame is not a map with a cid'", conn.peer
-            )
-            return False
         started = time.perf_counter()
-        api = message.get("api") if isinstance(message.get("api"), str) else "unknown"
         try:
-            request = parse_request(message, handlers.apis)
+            request = decode_request(body)
+        except FrameError as exc:
+            log.warning("event=connection_closed peer=%s reason=%r", conn.peer, str(exc))
+            return False
+        except RequestRefused as exc:
+            self.metrics.observe_request(exc.api, exc.code, time.perf_counter() - started)
+            return frame(encode_response(error_response(exc.code, exc.message), exc.cid))
+        cid = request.cid
+        api = request.api
+        try:
             result = await handlers.handle(request)
         except ProtocolError as exc:
             self.metrics.observe_request(api, exc.code, time.perf_counter() - started)
-            return encode_frame(error_response(cid, exc.code, exc.message))
+            return frame(encode_response(error_response(exc.code, exc.message), cid))
         except Exception:
             log.exception("event=request_failed api=%s peer=%s", api, conn.peer)
             self.metrics.observe_request(
                 api, ErrorCode.UNKNOWN_SERVER_ERROR, time.perf_counter() - started
             )
-            return encode_frame(
-                error_response(cid, ErrorCode.UNKNOWN_SERVER_ERROR, "internal error")
+            return frame(
+                encode_response(
+                    error_response(ErrorCode.UNKNOWN_SERVER_ERROR, "internal error"), cid
+                )
             )
         if result is None:
             self.metrics.observe_request(api, 0, time.perf_counter() - started)
@@ -389,9 +398,8 @@ class Broker:
             result.cid = cid
             self.metrics.observe_request(api, 0, time.perf_counter() - started)
             return result
-        result["cid"] = cid
-        self.metrics.observe_request(api, result.get("error", 0), time.perf_counter() - started)
-        return encode_frame(result)
+        self.metrics.observe_request(api, result.error, time.perf_counter() - started)
+        return frame(encode_response(result, cid))
 
     async def _writer(
         self,
@@ -437,11 +445,8 @@ class Broker:
                 if pending and not deferred.ready():
                     await self._flush(stream, pending, conn)
                 response = await deferred.complete()
-                response["cid"] = cid
-                self.metrics.observe_request(
-                    api, response.get("error", 0), time.perf_counter() - started
-                )
-                pending.append(encode_frame(response))
+                self.metrics.observe_request(api, response.error, time.perf_counter() - started)
+                pending.append(frame(encode_response(response, cid)))
             if pending and not receive.statistics().current_buffer_used:
                 await self._flush(stream, pending, conn)
         if pending:

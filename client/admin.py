@@ -16,15 +16,17 @@ from anyio.from_thread import start_blocking_portal
 from client.config import DEFAULT_BOOTSTRAP, parse_bootstrap
 from client.connection import Connection, open_connection
 from client.errors import TopicAlreadyExistsError, UnknownTopicError, error_for
+from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
 from protocol.errors import ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
 from protocol.messages import (
+    ISOLATION_READ_UNCOMMITTED,
     TIMESTAMP_EARLIEST,
     TIMESTAMP_LATEST,
     CreatableTopic,
     CreateTopicsRequest,
-    ListOffsetsRequest,
     MetadataRequest,
+    Request,
 )
 
 T = TypeVar("T")
@@ -63,10 +65,9 @@ async def _with_connection(
     return outcome[0]
 
 
-async def _request(conn: Connection, request: Any) -> dict[str, Any]:
+async def _request(conn: Connection, request: Request) -> Any:
     response = await conn.request(request, TIMEOUT_S)
-    if response.get("error"):
-        raise error_for(response["error"], request.api, response.get("message"))
+    check(response, request.api)
     return response
 
 
@@ -82,15 +83,14 @@ async def create_topic_async(
 
     async def work(conn: Connection) -> None:
         response = await _request(
-            conn, CreateTopicsRequest([CreatableTopic(name, partitions, config)])
+            conn, CreateTopicsRequest(topics=[CreatableTopic(name, partitions, config)])
         )
-        for result in response.get("topics") or []:
-            error = result.get("error", 0)
-            if error == ErrorCode.TOPIC_ALREADY_EXISTS:
+        for result in response.topics:
+            if result.error == ErrorCode.TOPIC_ALREADY_EXISTS:
                 if not exist_ok:
-                    raise TopicAlreadyExistsError(name, result.get("message"))
-            elif error:
-                raise error_for(error, f"create topic {name!r}", result.get("message"))
+                    raise TopicAlreadyExistsError(name, result.message)
+            elif result.error:
+                raise error_for(result.error, f"create topic {name!r}", result.message)
 
     await _with_connection(bootstrap, work)
 
@@ -99,8 +99,8 @@ async def list_topics_async(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) 
     """Names of every topic, sorted."""
 
     async def work(conn: Connection) -> list[str]:
-        response = await _request(conn, MetadataRequest(None))
-        return sorted(t["name"] for t in response.get("topics") or [] if not t.get("error"))
+        response = await _request(conn, MetadataRequest(topics=None))
+        return sorted(t.name for t in response.topics if not t.error)
 
     return await _with_connection(bootstrap, work)
 
@@ -111,30 +111,28 @@ async def describe_topic_async(
     """{"topic", "partitions": [{"partition", "leader", "beginning_offset", "end_offset"}]}."""
 
     async def work(conn: Connection) -> dict[str, Any]:
-        metadata = await _request(conn, MetadataRequest([name]))
-        entry = next((t for t in metadata.get("topics") or [] if t.get("name") == name), None)
-        if entry is None or entry.get("error") == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        metadata = await _request(conn, metadata_request(name, allow_auto_create=False))
+        count = partition_count(metadata, name)
+        entry = metadata.topic(name)
+        if count is None or entry is None:
             raise UnknownTopicError(name)
-        if entry.get("error"):
-            raise error_for(entry["error"], f"describe {name!r}")
-        partitions = sorted(p["partition"] for p in entry.get("partitions") or [])
-        leaders = {p["partition"]: p.get("leader", 0) for p in entry.get("partitions") or []}
-        offsets = {}
+        partitions = list(range(count))
+        leaders = {p.partition: p.leader for p in entry.partitions}
+        found: dict[tuple[int, int], int] = {}
         for timestamp in (TIMESTAMP_EARLIEST, TIMESTAMP_LATEST):
-            response = await _request(
-                conn, ListOffsetsRequest([(name, [(p, timestamp) for p in partitions])])
+            request = list_offsets_request(
+                [(name, p) for p in partitions], timestamp, ISOLATION_READ_UNCOMMITTED
             )
-            for topic in response.get("topics") or []:
-                for part in topic.get("partitions") or []:
-                    offsets[(part["partition"], timestamp)] = part.get("offset", -1)
+            for tp, offset in offsets(await _request(conn, request)).items():
+                found[(tp.partition, timestamp)] = offset
         return {
             "topic": name,
             "partitions": [
                 {
                     "partition": p,
                     "leader": leaders[p],
-                    "beginning_offset": offsets.get((p, TIMESTAMP_EARLIEST), -1),
-                    "end_offset": offsets.get((p, TIMESTAMP_LATEST), -1),
+                    "beginning_offset": found.get((p, TIMESTAMP_EARLIEST), -1),
+                    "end_offset": found.get((p, TIMESTAMP_LATEST), -1),
                 }
                 for p in partitions
             ],

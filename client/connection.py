@@ -20,12 +20,18 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import msgpack
 
 from client.errors import ConnectionLostError, MinibrokerError, MinibrokerTimeoutError
 from protocol.errors import ErrorCode
 from protocol.framing import LENGTH, FrameDecoder, FrameError
-from protocol.messages import CID_MAX, ApiVersionsRequest, request_to_wire
+from protocol.messages import (
+    CID_MAX,
+    ApiVersionsRequest,
+    Request,
+    Response,
+    decode_response,
+    encode_request,
+)
 
 log = logging.getLogger("client.connection")
 
@@ -34,14 +40,18 @@ COPY_BYTES_MAX = 64 * 1024
 CONNECT_TIMEOUT_S = 10.0
 REQUIRED_APIS = ("Metadata", "Produce", "Fetch", "ListOffsets", "InitProducerId")
 
-ResponseCallback = Callable[[dict[str, Any] | None, BaseException | None], None]
+ResponseCallback = Callable[[Any, BaseException | None], None]
+"""Called with the typed response of the request, or None and the error."""
 
 
 class _Pending:
-    __slots__ = ("callback", "cid", "deadline")
+    __slots__ = ("callback", "cid", "deadline", "kind")
 
-    def __init__(self, cid: int, callback: ResponseCallback, deadline: float) -> None:
+    def __init__(
+        self, cid: int, kind: type[Response], callback: ResponseCallback, deadline: float
+    ) -> None:
         self.cid = cid
+        self.kind = kind
         self.callback = callback
         self.deadline = deadline
 
@@ -70,7 +80,9 @@ class Connection:
         self._run_scope = anyio.CancelScope()
         self._close_reason = "closed"
 
-    async def send(self, request: Any, callback: ResponseCallback | None, timeout_s: float) -> bool:
+    async def send(
+        self, request: Request, callback: ResponseCallback | None, timeout_s: float
+    ) -> bool:
         """Write `request`; `callback(response, error)` runs once its answer (or failure) comes.
 
         Returns False when the connection is or became unusable before the frame
@@ -82,7 +94,7 @@ class Connection:
             return False
         cid = self._next_cid
         self._next_cid = 0 if cid >= CID_MAX else cid + 1
-        body = msgpack.packb(request_to_wire(request, cid, self._client_id), use_bin_type=True)
+        body = encode_request(request, cid, self._client_id)
         # A large body goes out after its length prefix rather than being copied behind it.
         frame = (
             [LENGTH.pack(len(body)) + body]
@@ -99,7 +111,7 @@ class Connection:
                 return False
             if callback is not None:
                 deadline = anyio.current_time() + timeout_s
-                self._pending.append(_Pending(cid, callback, deadline))
+                self._pending.append(_Pending(cid, request.response, callback, deadline))
                 if len(self._pending) == 1 and self._recv_scope is not None:
                     self._recv_scope.deadline = deadline
             try:
@@ -110,12 +122,12 @@ class Connection:
                 return False
         return True
 
-    async def request(self, request: Any, timeout_s: float) -> dict[str, Any]:
-        """Send `request` and wait for its response map."""
+    async def request(self, request: Request, timeout_s: float) -> Any:
+        """Send `request` and wait for its typed response (of `request.response`)."""
         done = anyio.Event()
         outcome: list[Any] = []
 
-        def on_answer(response: dict[str, Any] | None, error: BaseException | None) -> None:
+        def on_answer(response: Response | None, error: BaseException | None) -> None:
             outcome.append(error if error is not None else response)
             done.set()
 
@@ -140,8 +152,8 @@ class Connection:
                     if scope.cancelled_caught:
                         reason = "request timed out"
                         break
-                    for message in self._decoder.feed(data):
-                        self._dispatch(message)
+                    for body in self._decoder.feed_bodies(data):
+                        self._dispatch(body)
             except anyio.EndOfStream:
                 reason = "closed by the broker"
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
@@ -154,15 +166,15 @@ class Connection:
         with anyio.CancelScope(shield=True):
             await self._stream.aclose()
 
-    def _dispatch(self, message: Any) -> None:
+    def _dispatch(self, body: bytes) -> None:
         if not self._pending:
             raise _ProtocolViolation("response without a pending request")
         pending = self._pending[0]
-        cid = message.get("cid") if isinstance(message, dict) else None
-        if cid != pending.cid:
-            raise _ProtocolViolation(f"response cid {cid!r}, expected {pending.cid}")
+        response = decode_response(body, pending.kind)
+        if response.cid != pending.cid:
+            raise _ProtocolViolation(f"response cid {response.cid!r}, expected {pending.cid}")
         self._pending.popleft()
-        pending.callback(message, None)
+        pending.callback(response, None)
 
     def _shutdown(self, reason: str) -> None:
         """Mark closed and fail every pending request; idempotent."""
@@ -207,19 +219,18 @@ async def open_connection(
     task_group.start_soon(conn.run, name=f"minibroker-reader-{address}")
     try:
         response = await conn.request(ApiVersionsRequest(), timeout_s)
-        if response.get("error", 0) != ErrorCode.NONE:
+        if response.error != ErrorCode.NONE:
             raise MinibrokerError(
-                f"ApiVersions to {address} failed: {ErrorCode.name_of(response['error'])}",
-                response["error"],
+                f"ApiVersions to {address} failed: {ErrorCode.name_of(response.error)}",
+                response.error,
             )
-        apis = response.get("apis") or {}
-        missing = [api for api in REQUIRED_APIS if 1 not in _version_range(apis.get(api))]
+        missing = [api for api in REQUIRED_APIS if 1 not in _version_range(response.apis.get(api))]
         if missing:
             raise MinibrokerError(
                 f"broker at {address} does not support v1 of {', '.join(missing)}",
                 ErrorCode.UNSUPPORTED_VERSION,
             )
-        conn.max_frame_bytes = int(response.get("max_frame_bytes") or 0)
+        conn.max_frame_bytes = response.max_frame_bytes
     except BaseException:
         await conn.aclose()
         raise

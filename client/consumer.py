@@ -39,6 +39,7 @@ from client.errors import (
     error_for,
 )
 from client.fetcher import FetchedRecords, gc_paused
+from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
 from client.types import ConsumerRecord, TopicPartition
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
@@ -50,8 +51,9 @@ from protocol.messages import (
     FetchPartition,
     FetchRequest,
     FetchResponse,
-    ListOffsetsRequest,
+    FetchTopic,
     MetadataRequest,
+    Request,
 )
 
 log = logging.getLogger("client.consumer")
@@ -224,8 +226,8 @@ class AsyncConsumer:
         return set(range(count))
 
     async def topics(self) -> set[str]:
-        response = await self._control(MetadataRequest(None))
-        return {t["name"] for t in response.get("topics") or [] if not t.get("error")}
+        response = await self._control(MetadataRequest(topics=None))
+        return {t.name for t in response.topics if not t.error}
 
     # ------------------------------------------------------------------ consuming
 
@@ -426,19 +428,20 @@ class AsyncConsumer:
                 FetchPartition(tp.partition, offset, cfg.max_partition_fetch_bytes)
             )
         request = FetchRequest(
-            list(by_topic.items()),
-            cfg.fetch_max_wait_ms,
-            cfg.fetch_min_bytes,
-            cfg.fetch_max_bytes,
-            self._isolation,
+            topics=[FetchTopic(topic, parts) for topic, parts in by_topic.items()],
+            max_wait_ms=cfg.fetch_max_wait_ms,
+            min_bytes=cfg.fetch_min_bytes,
+            max_bytes=cfg.fetch_max_bytes,
+            isolation_level=self._isolation,
         )
-        wire = await conn.request(request, (cfg.request_timeout_ms + cfg.fetch_max_wait_ms) / 1000)
-        response = FetchResponse.from_wire(wire)
-        if response.error:
-            raise error_for(response.error, "fetch")
+        response: FetchResponse = await conn.request(
+            request, (cfg.request_timeout_ms + cfg.fetch_max_wait_ms) / 1000
+        )
+        check(response, "fetch")
         backoff = False
-        for topic, parts in response.topics:
-            for part in parts:
+        for entry in response.topics:
+            topic = entry.topic
+            for part in entry.partitions:
                 tp = TopicPartition(topic, part.partition)
                 if tp not in sent or self._epochs.get(tp) != sent[tp][1]:
                     continue  # unassigned or sought meanwhile: this answer is stale
@@ -482,17 +485,8 @@ class AsyncConsumer:
                 self._wake_fetcher()
 
     async def _partition_count(self, topic: str) -> int | None:
-        response = await self._control(MetadataRequest([topic], allow_auto_create=False))
-        for entry in response.get("topics") or []:
-            if entry.get("name") != topic:
-                continue
-            error = entry.get("error", 0)
-            if error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                return None
-            if error:
-                raise error_for(error, f"metadata for {topic!r}")
-            return len(entry.get("partitions") or [])
-        return None
+        request = metadata_request(topic, allow_auto_create=False)
+        return partition_count(await self._control(request), topic)
 
     async def _reset_positions(self, tps: list[TopicPartition]) -> None:
         policy = self.config.auto_offset_reset
@@ -510,22 +504,10 @@ class AsyncConsumer:
     async def _list_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]], timestamp: int
     ) -> dict[TopicPartition, int]:
-        by_topic: dict[str, list[tuple[int, int]]] = {}
-        for tp in partitions:
-            topic, partition = tp
-            by_topic.setdefault(topic, []).append((partition, timestamp))
-        response = await self._control(ListOffsetsRequest(list(by_topic.items()), self._isolation))
-        result: dict[TopicPartition, int] = {}
-        for entry in response.get("topics") or []:
-            for part in entry.get("partitions") or []:
-                tp = TopicPartition(entry["topic"], part["partition"])
-                error = part.get("error", 0)
-                if error:
-                    raise error_for(error, f"list offsets of {tp.topic}-{tp.partition}")
-                result[tp] = part["offset"]
-        return result
+        request = list_offsets_request(partitions, timestamp, self._isolation)
+        return offsets(await self._control(request))
 
-    async def _control(self, request: Any) -> dict[str, Any]:
+    async def _control(self, request: Request) -> Any:
         """One request on the control connection, retried across reconnects until timeout."""
         assert self._tg is not None, "consumer is not started"
         timeout_s = self.config.request_timeout_ms / 1000
@@ -546,9 +528,7 @@ class AsyncConsumer:
                     ) from exc
                 await anyio.sleep(self.config.retry_backoff_ms / 1000)
                 continue
-            error = response.get("error", 0)
-            if error:
-                raise error_for(error, request.api, response.get("message"))
+            check(response, request.api)
             return response
 
 

@@ -50,14 +50,17 @@ from client.errors import (
     error_for,
 )
 from client.partitioner import Partitioner
+from client.replies import metadata_request, partition_count
 from client.types import BatchMetadata, RecordMetadata
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
 from protocol.messages import (
     InitProducerIdRequest,
-    MetadataRequest,
+    ProducePartition,
     ProducePartitionResponse,
     ProduceRequest,
+    ProduceResponse,
+    ProduceTopic,
 )
 
 log = logging.getLogger("client.producer")
@@ -473,24 +476,12 @@ class AsyncProducer:
             conn = await self._connection(block=True)
             assert conn is not None
             response = await conn.request(
-                MetadataRequest([topic], allow_auto_create=True),
+                metadata_request(topic, allow_auto_create=True),
                 self.config.request_timeout_ms / 1000,
             )
         except ConnectionLostError:
             return None
-        error = response.get("error", 0)
-        if error:
-            raise error_for(error, f"metadata for {topic!r}")
-        for entry in response.get("topics") or []:
-            if entry.get("name") != topic:
-                continue
-            error = entry.get("error", 0)
-            if error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION or error in RETRIABLE:
-                return None
-            if error:
-                raise error_for(error, f"metadata for {topic!r}")
-            return len(entry.get("partitions") or []) or None
-        return None
+        return partition_count(response, topic)
 
     def _space_wait_ms(self, deadline_ms: float) -> float:
         """How long both faces may still wait for buffer space; raises once max_block_ms is up."""
@@ -567,19 +558,19 @@ class AsyncProducer:
     async def _init_producer_id(self, conn: Connection, producer_id: int, epoch: int) -> None:
         cfg = self.config
         request = InitProducerIdRequest(
-            cfg.transactional_id,
-            cfg.transaction_timeout_ms if cfg.transactional_id else None,
-            producer_id,
-            epoch,
+            transactional_id=cfg.transactional_id,
+            transaction_timeout_ms=cfg.transaction_timeout_ms if cfg.transactional_id else None,
+            producer_id=producer_id,
+            producer_epoch=epoch,
         )
         try:
             response = await conn.request(request, cfg.request_timeout_ms / 1000)
         except ConnectionLostError:
             return
-        error = response.get("error", 0)
+        error = response.error
         if error == ErrorCode.NONE:
-            self._acc.set_producer_id(response["producer_id"], response["producer_epoch"])
-            log.info("producer id %s epoch %s", response["producer_id"], response["producer_epoch"])
+            self._acc.set_producer_id(response.producer_id, response.producer_epoch)
+            log.info("producer id %s epoch %s", response.producer_id, response.producer_epoch)
         elif error in FENCING_CODES:
             self._finish(self._acc.fail_all(error_for(error, "InitProducerId"), fatal=True))
         elif error == ErrorCode.UNKNOWN_PRODUCER_ID and producer_id >= 0:
@@ -592,16 +583,16 @@ class AsyncProducer:
     async def _send_produce(self, conn: Connection, batches: list[ProducerBatch]) -> None:
         acc = self._acc
         pid, epoch, compression = acc.producer_id, acc.producer_epoch, acc.compression
-        by_topic: dict[str, list[tuple[int, bytes]]] = {}
+        by_topic: dict[str, list[ProducePartition]] = {}
         for batch in batches:
             by_topic.setdefault(batch.topic, []).append(
-                (batch.partition, batch.wire(pid, epoch, compression))
+                ProducePartition(batch.partition, batch.wire(pid, epoch, compression))
             )
         request = ProduceRequest(
-            self.config.acks_int,
-            self.config.request_timeout_ms,
-            list(by_topic.items()),
-            self.config.transactional_id,
+            acks=self.config.acks_int,
+            timeout_ms=self.config.request_timeout_ms,
+            topics=[ProduceTopic(topic, parts) for topic, parts in by_topic.items()],
+            transactional_id=self.config.transactional_id,
         )
         timeout_s = self.config.request_timeout_ms / 1000
         acc.metrics["requests_sent"] += 1
@@ -619,7 +610,7 @@ class AsyncProducer:
         self,
         batches: list[ProducerBatch],
         sent_ms: float,
-        response: dict[str, Any] | None,
+        response: ProduceResponse | None,
         error: BaseException | None,
     ) -> None:
         self._produce_in_flight -= 1
@@ -632,17 +623,17 @@ class AsyncProducer:
             self._latency_sum_ms += latency
             self._latency_count += 1
             self._latency_max_ms = max(self._latency_max_ms, latency)
-            top_error = response.get("error", 0)
-            results: dict[tuple[str, int], ProducePartitionResponse] = {}
-            for entry in response.get("topics") or []:
-                for part in entry.get("partitions") or []:
-                    parsed = ProducePartitionResponse.from_wire(part)
-                    results[(entry.get("topic"), parsed.partition)] = parsed
+            top_error = response.error
+            results: dict[tuple[str, int], ProducePartitionResponse] = {
+                (entry.topic, part.partition): part
+                for entry in response.topics
+                for part in entry.partitions
+            }
             done = []
             for batch in batches:
                 result = results.get((batch.topic, batch.partition))
                 if top_error:
-                    done += acc.on_response(batch, top_error, -1, now, response.get("message"))
+                    done += acc.on_response(batch, top_error, -1, now, response.message)
                 elif result is None:
                     done += acc.on_connection_lost([batch], now, "partition missing in response")
                 else:

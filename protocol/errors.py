@@ -1,4 +1,4 @@
-"""Error codes of the wire contract (PROTOCOL.md section 6), with Kafka's numbers.
+"""Error codes of the wire contract (docs/protocol.md section 8), with Kafka's numbers.
 
 Kafka users already know these numbers; keeping them lets logs, metrics and
 client exceptions read the same as in a Kafka deployment.
@@ -23,6 +23,7 @@ class ErrorCode(IntEnum):
     UNSUPPORTED_VERSION = 35
     TOPIC_ALREADY_EXISTS = 36
     INVALID_PARTITIONS = 37
+    INVALID_CONFIG = 40
     INVALID_REQUEST = 42
     OUT_OF_ORDER_SEQUENCE_NUMBER = 45
     DUPLICATE_SEQUENCE_NUMBER = 46

@@ -35,8 +35,7 @@ class FrameTooLarge(FrameError):
 
 def encode_frame(message: Any) -> bytes:
     """One frame holding `message` as msgpack (str for text, bin for bytes)."""
-    body = msgpack.packb(message, use_bin_type=True)
-    return LENGTH.pack(len(body)) + body
+    return frame(msgpack.packb(message, use_bin_type=True))
 
 
 def decode_body(body: bytes | memoryview) -> Any:
@@ -61,28 +60,29 @@ class FrameDecoder:
         return len(self._buffer)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
-        """Append `data` and return every message now complete, in order."""
+        """Append `data` and return every message now complete, decoded as plain msgpack."""
+        return [decode_body(body) for body in self.feed_bodies(data)]
+
+    def feed_bodies(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+        """Append `data` and return the body of every frame now complete, in order:
+        for callers that decode with a typed decoder of their own."""
         buf = self._buffer
         buf += data
-        messages: list[Any] = []
+        bodies: list[bytes] = []
         pos = 0
         end = len(buf)
-        view = memoryview(buf)
-        try:
-            while end - pos >= LENGTH_BYTES:
-                (length,) = LENGTH.unpack_from(buf, pos)
-                if length > self.frame_bytes_max:
-                    raise FrameTooLarge(length, self.frame_bytes_max)
-                if end - pos - LENGTH_BYTES < length:
-                    break
-                start = pos + LENGTH_BYTES
-                messages.append(decode_body(view[start : start + length]))
-                pos = start + length
-        finally:
-            view.release()
+        while end - pos >= LENGTH_BYTES:
+            (length,) = LENGTH.unpack_from(buf, pos)
+            if length > self.frame_bytes_max:
+                raise FrameTooLarge(length, self.frame_bytes_max)
+            if end - pos - LENGTH_BYTES < length:
+                break
+            start = pos + LENGTH_BYTES
+            bodies.append(bytes(buf[start : start + length]))
+            pos = start + length
         if pos:
             del buf[:pos]
-        return messages
+        return bodies
 
 
 def _bin_header(length: int) -> bytes:
@@ -93,14 +93,18 @@ def _bin_header(length: int) -> bytes:
     return b"\xc6" + length.to_bytes(4, "big")
 
 
-def encode_frame_spliced(message: Any, holes: list[tuple[bytes, int]]) -> list[bytes | int]:
-    """Encode a frame whose `bin` values are sent separately (zero-copy from a file).
+def frame(body: bytes) -> bytes:
+    """One frame around an already encoded msgpack body."""
+    return LENGTH.pack(len(body)) + body
 
-    `message` carries, in place of each such value, a unique placeholder; `holes`
+
+def splice_frame(body: bytes, holes: list[tuple[bytes, int]]) -> list[bytes | int]:
+    """A frame whose `bin` values are sent separately (zero-copy from a file).
+
+    `body` carries, in place of each such value, a unique placeholder; `holes`
     lists (placeholder, real length). The result alternates bytes to send with
     the index of the hole whose bytes go there, and the length prefix already
     counts the real lengths. Pure: the caller does the file IO."""
-    body = msgpack.packb(message, use_bin_type=True)
     pieces: list[bytes | int] = []
     total = len(body)
     cursor = 0

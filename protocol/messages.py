@@ -1,27 +1,61 @@
-"""Typed requests and responses of wire contract version 1 (PROTOCOL.md section 4).
+"""Typed requests and responses of wire contract version 1 (docs/protocol.md section 4).
 
-Each message converts to and from the plain msgpack map that travels in a
-frame. `parse_request` turns a decoded map into a request object, raising
-`InvalidRequest` (INVALID_REQUEST, 42) for missing or mistyped fields and
-`UnsupportedApi` (UNSUPPORTED_VERSION, 35) for an unknown api or version.
-Responses are parsed leniently (`from_wire`) because the client must survive a
-newer broker adding fields.
+Each message is declared once, below, as a `msgspec.Struct`: its fields, types,
+defaults and bounds. Encoding, decoding and validation all derive from these
+declarations through one encoder and one decoder per direction, so the broker
+and the client share a single codec and never touch raw maps.
+
+| api            | request                                   | response                      |
+|----------------|-------------------------------------------|-------------------------------|
+| ApiVersions    | -                                         | apis, broker_version,         |
+|                |                                           | max_frame_bytes               |
+| Metadata       | topics (nil: all), allow_auto_create      | brokers, topics               |
+| CreateTopics   | topics [{name, partitions, config}]       | topics [{name, error, msg}]   |
+| InitProducerId | transactional_id, transaction_timeout_ms, | producer_id, producer_epoch   |
+|                | producer_id, producer_epoch               |                               |
+| Produce        | acks, timeout_ms, transactional_id,       | topics [{topic, partitions    |
+|                | topics [{topic, partitions [{partition,   | [{partition, error,           |
+|                | records}]}]                               | base_offset, ...}]}]          |
+| Fetch          | max_wait_ms, min_bytes, max_bytes,        | topics [{topic, partitions    |
+|                | isolation_level, topics [{topic,          | [{partition, error,           |
+|                | partitions [{partition, fetch_offset,     | high_watermark, ...,          |
+|                | partition_max_bytes}]}]                   | records}]}]                   |
+| ListOffsets    | isolation_level, topics [{topic,          | topics [{topic, partitions    |
+|                | partitions [{partition, timestamp}]}]     | [{partition, error, offset,   |
+|                |                                           | timestamp}]}]                 |
+
+The classes below are the whole truth; this table is their summary.
+Every request also carries `api` (the struct's tag), `v` and `cid`, and may carry
+`client_id`; every response carries `cid`, `error` and, on failure, `message`.
+`decode_request` maps a body to its request or raises: `FrameError` where the
+contract says to close the connection, `UnsupportedApi` (35) for an unknown api
+or version, `InvalidRequest` (42) for missing, mistyped or duplicated fields.
+Responses decode leniently: unknown fields are ignored and missing ones take
+their defaults, so a client survives a newer broker adding fields.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from collections.abc import Iterable
+from typing import Annotated, Any, ClassVar, TypeVar, Union
+
+import msgspec
 
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.framing import FrameError
 
 VERSION = 1
 CID_MAX = 2**31 - 1
+NO_CID = -1
+ABSENT_VERSION = 0  # what a request without `v` decodes to
 
 ISOLATION_READ_UNCOMMITTED = 0
 ISOLATION_READ_COMMITTED = 1
 TIMESTAMP_LATEST = -1
 TIMESTAMP_EARLIEST = -2
+
+Cid = Annotated[int, msgspec.Meta(ge=0, le=CID_MAX)]
+Isolation = Annotated[int, msgspec.Meta(ge=ISOLATION_READ_UNCOMMITTED, le=ISOLATION_READ_COMMITTED)]
 
 
 class InvalidRequest(ProtocolError):
@@ -34,353 +68,332 @@ class UnsupportedApi(ProtocolError):
         super().__init__(ErrorCode.UNSUPPORTED_VERSION, message)
 
 
-_MISSING = object()
+class RequestRefused(ProtocolError):
+    """A request that is answered with an error alone; `cid` says which request and
+    `api` names it when the frame did (else "unknown")."""
+
+    def __init__(self, cid: int, error: ProtocolError, api: str = "unknown") -> None:
+        super().__init__(error.code, error.message)
+        self.cid = cid
+        self.api = api
 
 
-def _get(
-    d: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING
-) -> Any:
-    """Field `name` of `d`, checked against `kind`; bool never passes for int."""
-    value = d.get(name, _MISSING)
-    if value is _MISSING or (value is None and default is not _MISSING):
-        if default is _MISSING:
-            raise InvalidRequest(f"missing field {name!r}")
-        return default
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise InvalidRequest(
-            f"field {name!r} must be {_kind_name(kind)}, got {type(value).__name__}"
-        )
-    return value
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    if isinstance(kind, tuple):
-        return " or ".join(k.__name__ for k in kind)
-    return kind.__name__
-
-
-def _maps(items: Any, name: str) -> list[dict[str, Any]]:
-    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-        raise InvalidRequest(f"field {name!r} must be an array of maps")
-    return items
-
-
-def _ints(items: Any, name: str) -> list[int]:
-    if not isinstance(items, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in items
-    ):
-        raise InvalidRequest(f"field {name!r} must be an array of ints")
-    return items
+def _unique(names: Iterable[object], what: str) -> None:
+    """PROTOCOL.md section 1: a list naming the same topic or partition twice is refused."""
+    seen: set[object] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(f"{what} {name!r} listed twice")
+        seen.add(name)
 
 
 # --------------------------------------------------------------------------- requests
 
 
-@dataclass(slots=True)
-class ApiVersionsRequest:
-    api: ClassVar[str] = "ApiVersions"
+class Request(msgspec.Struct, tag_field="api", kw_only=True):
+    """The envelope every request shares; subclasses are tagged with their api name."""
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ApiVersionsRequest:
-        return cls()
+    response: ClassVar[type[Response]]
+    cid: Cid = NO_CID
+    v: int = ABSENT_VERSION
+    client_id: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {}
+    @property
+    def api(self) -> str:
+        return type(self).__struct_config__.tag  # type: ignore[return-value]
 
 
-@dataclass(slots=True)
-class MetadataRequest:
-    api: ClassVar[str] = "Metadata"
+class Response(msgspec.Struct, kw_only=True):
+    """The envelope every response shares."""
+
+    cid: int = NO_CID
+    error: int = ErrorCode.NONE
+    message: str | None = None
+
+
+class ApiVersionsResponse(Response):
+    apis: dict[str, list[int]] = {}
+    broker_version: str = ""
+    max_frame_bytes: int = 0
+
+
+class ApiVersionsRequest(Request, tag="ApiVersions"):
+    response = ApiVersionsResponse
+
+
+class PartitionMetadata(msgspec.Struct):
+    partition: int
+    error: int = ErrorCode.NONE
+    leader: int = 0
+
+
+class TopicMetadata(msgspec.Struct):
+    name: str
+    error: int = ErrorCode.NONE
+    partitions: list[PartitionMetadata] = []
+
+
+class BrokerMetadata(msgspec.Struct):
+    id: int
+    host: str
+    port: int
+
+
+class MetadataResponse(Response):
+    brokers: list[BrokerMetadata] = []
+    topics: list[TopicMetadata] = []
+
+    def topic(self, name: str) -> TopicMetadata | None:
+        return next((t for t in self.topics if t.name == name), None)
+
+
+class MetadataRequest(Request, tag="Metadata"):
+    response = MetadataResponse
     topics: list[str] | None = None
     allow_auto_create: bool = False
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> MetadataRequest:
-        topics = d.get("topics")
-        if topics is not None and (
-            not isinstance(topics, list) or not all(isinstance(t, str) for t in topics)
-        ):
-            raise InvalidRequest("field 'topics' must be nil or an array of str")
-        return cls(topics, _get(d, "allow_auto_create", bool, False))
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"topics": self.topics, "allow_auto_create": self.allow_auto_create}
+    def __post_init__(self) -> None:
+        if self.topics is not None:
+            _unique(self.topics, "topic")
 
 
-@dataclass(slots=True)
-class CreatableTopic:
+class CreatableTopic(msgspec.Struct):
     name: str
     partitions: int
     config: dict[str, Any] | None = None
 
 
-@dataclass(slots=True)
-class CreateTopicsRequest:
-    api: ClassVar[str] = "CreateTopics"
+class CreateTopicResult(msgspec.Struct):
+    name: str
+    error: int = ErrorCode.NONE
+    message: str | None = None
+
+
+class CreateTopicsResponse(Response):
+    topics: list[CreateTopicResult] = []
+
+
+class CreateTopicsRequest(Request, tag="CreateTopics"):
+    response = CreateTopicsResponse
     topics: list[CreatableTopic]
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> CreateTopicsRequest:
-        topics = []
-        for t in _maps(_get(d, "topics", list), "topics"):
-            config = _get(t, "config", dict, None)
-            topics.append(CreatableTopic(_get(t, "name", str), _get(t, "partitions", int), config))
-        return cls(topics)
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "topics": [
-                {"name": t.name, "partitions": t.partitions, "config": t.config}
-                for t in self.topics
-            ]
-        }
+    def __post_init__(self) -> None:
+        _unique((t.name for t in self.topics), "topic")
 
 
-@dataclass(slots=True)
-class InitProducerIdRequest:
-    api: ClassVar[str] = "InitProducerId"
+class InitProducerIdResponse(Response):
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+class InitProducerIdRequest(Request, tag="InitProducerId"):
+    response = InitProducerIdResponse
     transactional_id: str | None = None
     transaction_timeout_ms: int | None = None
     producer_id: int = -1
     producer_epoch: int = -1
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> InitProducerIdRequest:
-        return cls(
-            _get(d, "transactional_id", str, None),
-            _get(d, "transaction_timeout_ms", int, None),
-            _get(d, "producer_id", int, -1),
-            _get(d, "producer_epoch", int, -1),
-        )
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "transactional_id": self.transactional_id,
-            "transaction_timeout_ms": self.transaction_timeout_ms,
-            "producer_id": self.producer_id,
-            "producer_epoch": self.producer_epoch,
-        }
+class ProducePartition(msgspec.Struct):
+    partition: int
+    records: bytes
 
 
-@dataclass(slots=True)
-class ProduceRequest:
-    """`topics` is [(topic, [(partition, batch bytes)])]: tuples, since this is the hot path."""
+class ProduceTopic(msgspec.Struct):
+    topic: str
+    partitions: list[ProducePartition]
 
-    api: ClassVar[str] = "Produce"
+    def __post_init__(self) -> None:
+        _unique((p.partition for p in self.partitions), f"partition of topic {self.topic!r}:")
+
+
+class ProducePartitionResponse(msgspec.Struct):
+    partition: int
+    error: int = ErrorCode.NONE
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    duplicate: bool = False
+    message: str | None = None
+
+
+class ProduceTopicResponse(msgspec.Struct):
+    topic: str
+    partitions: list[ProducePartitionResponse] = []
+
+
+class ProduceResponse(Response):
+    topics: list[ProduceTopicResponse] = []
+
+
+class ProduceRequest(Request, tag="Produce"):
+    response = ProduceResponse
     acks: int
-    timeout_ms: int
-    topics: list[tuple[str, list[tuple[int, bytes]]]]
+    topics: list[ProduceTopic]
+    timeout_ms: int = 30_000
     transactional_id: str | None = None
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ProduceRequest:
-        topics = []
-        for t in _maps(_get(d, "topics", list), "topics"):
-            parts = [
-                (_get(p, "partition", int), _get(p, "records", bytes))
-                for p in _maps(_get(t, "partitions", list), "partitions")
-            ]
-            topics.append((_get(t, "topic", str), parts))
-        return cls(
-            _get(d, "acks", int),
-            _get(d, "timeout_ms", int, 30_000),
-            topics,
-            _get(d, "transactional_id", str, None),
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "acks": self.acks,
-            "timeout_ms": self.timeout_ms,
-            "transactional_id": self.transactional_id,
-            "topics": [
-                {"topic": topic, "partitions": [{"partition": p, "records": r} for p, r in parts]}
-                for topic, parts in self.topics
-            ],
-        }
+    def __post_init__(self) -> None:
+        _unique((t.topic for t in self.topics), "topic")
 
 
-@dataclass(slots=True)
-class FetchPartition:
+class FetchPartition(msgspec.Struct):
     partition: int
     fetch_offset: int
-    partition_max_bytes: int
+    partition_max_bytes: int = 1_048_576
 
 
-@dataclass(slots=True)
-class FetchRequest:
-    api: ClassVar[str] = "Fetch"
-    topics: list[tuple[str, list[FetchPartition]]]
+class FetchTopic(msgspec.Struct):
+    topic: str
+    partitions: list[FetchPartition]
+
+    def __post_init__(self) -> None:
+        _unique((p.partition for p in self.partitions), f"partition of topic {self.topic!r}:")
+
+
+class AbortedTransaction(msgspec.Struct):
+    producer_id: int
+    first_offset: int
+
+
+class FetchPartitionResponse(msgspec.Struct):
+    partition: int
+    error: int = ErrorCode.NONE
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    aborted_transactions: list[AbortedTransaction] | None = None
+    records: bytes = b""
+
+
+class FetchTopicResponse(msgspec.Struct):
+    topic: str
+    partitions: list[FetchPartitionResponse] = []
+
+
+class FetchResponse(Response):
+    topics: list[FetchTopicResponse] = []
+
+
+class FetchRequest(Request, tag="Fetch"):
+    response = FetchResponse
+    topics: list[FetchTopic]
     max_wait_ms: int = 500
     min_bytes: int = 1
     max_bytes: int = 52_428_800
-    isolation_level: int = ISOLATION_READ_UNCOMMITTED
+    isolation_level: Isolation = ISOLATION_READ_UNCOMMITTED
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> FetchRequest:
-        topics = []
-        for t in _maps(_get(d, "topics", list), "topics"):
-            parts = [
-                FetchPartition(
-                    _get(p, "partition", int),
-                    _get(p, "fetch_offset", int),
-                    _get(p, "partition_max_bytes", int, 1_048_576),
-                )
-                for p in _maps(_get(t, "partitions", list), "partitions")
-            ]
-            topics.append((_get(t, "topic", str), parts))
-        isolation = _get(d, "isolation_level", int, ISOLATION_READ_UNCOMMITTED)
-        if isolation not in (ISOLATION_READ_UNCOMMITTED, ISOLATION_READ_COMMITTED):
-            raise InvalidRequest(f"isolation_level must be 0 or 1, got {isolation}")
-        return cls(
-            topics,
-            _get(d, "max_wait_ms", int, 500),
-            _get(d, "min_bytes", int, 1),
-            _get(d, "max_bytes", int, 52_428_800),
-            isolation,
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "max_wait_ms": self.max_wait_ms,
-            "min_bytes": self.min_bytes,
-            "max_bytes": self.max_bytes,
-            "isolation_level": self.isolation_level,
-            "topics": [
-                {
-                    "topic": topic,
-                    "partitions": [
-                        {
-                            "partition": p.partition,
-                            "fetch_offset": p.fetch_offset,
-                            "partition_max_bytes": p.partition_max_bytes,
-                        }
-                        for p in parts
-                    ],
-                }
-                for topic, parts in self.topics
-            ],
-        }
+    def __post_init__(self) -> None:
+        _unique((t.topic for t in self.topics), "topic")
 
 
-@dataclass(slots=True)
-class ListOffsetsRequest:
-    """`topics` is [(topic, [(partition, timestamp)])]; -1 latest, -2 earliest."""
-
-    api: ClassVar[str] = "ListOffsets"
-    topics: list[tuple[str, list[tuple[int, int]]]]
-    isolation_level: int = ISOLATION_READ_UNCOMMITTED
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ListOffsetsRequest:
-        topics = []
-        for t in _maps(_get(d, "topics", list), "topics"):
-            parts = [
-                (_get(p, "partition", int), _get(p, "timestamp", int))
-                for p in _maps(_get(t, "partitions", list), "partitions")
-            ]
-            topics.append((_get(t, "topic", str), parts))
-        return cls(topics, _get(d, "isolation_level", int, ISOLATION_READ_UNCOMMITTED))
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "isolation_level": self.isolation_level,
-            "topics": [
-                {
-                    "topic": topic,
-                    "partitions": [{"partition": p, "timestamp": ts} for p, ts in parts],
-                }
-                for topic, parts in self.topics
-            ],
-        }
+class ListOffsetsPartition(msgspec.Struct):
+    partition: int
+    timestamp: int
 
 
-@dataclass(slots=True)
-class AddPartitionsToTxnRequest:
-    api: ClassVar[str] = "AddPartitionsToTxn"
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    topics: list[tuple[str, list[int]]]
+class ListOffsetsTopic(msgspec.Struct):
+    topic: str
+    partitions: list[ListOffsetsPartition]
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> AddPartitionsToTxnRequest:
-        topics = [
-            (_get(t, "topic", str), _ints(_get(t, "partitions", list), "partitions"))
-            for t in _maps(_get(d, "topics", list), "topics")
-        ]
-        return cls(
-            _get(d, "transactional_id", str),
-            _get(d, "producer_id", int),
-            _get(d, "producer_epoch", int),
-            topics,
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "transactional_id": self.transactional_id,
-            "producer_id": self.producer_id,
-            "producer_epoch": self.producer_epoch,
-            "topics": [{"topic": t, "partitions": ps} for t, ps in self.topics],
-        }
+    def __post_init__(self) -> None:
+        _unique((p.partition for p in self.partitions), f"partition of topic {self.topic!r}:")
 
 
-@dataclass(slots=True)
-class EndTxnRequest:
-    api: ClassVar[str] = "EndTxn"
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    committed: bool
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> EndTxnRequest:
-        return cls(
-            _get(d, "transactional_id", str),
-            _get(d, "producer_id", int),
-            _get(d, "producer_epoch", int),
-            _get(d, "committed", bool),
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "transactional_id": self.transactional_id,
-            "producer_id": self.producer_id,
-            "producer_epoch": self.producer_epoch,
-            "committed": self.committed,
-        }
+class ListOffsetsPartitionResponse(msgspec.Struct):
+    partition: int
+    error: int = ErrorCode.NONE
+    offset: int = -1
+    timestamp: int = -1
 
 
-Request = (
-    ApiVersionsRequest
-    | MetadataRequest
-    | CreateTopicsRequest
-    | InitProducerIdRequest
-    | ProduceRequest
-    | FetchRequest
-    | ListOffsetsRequest
-    | AddPartitionsToTxnRequest
-    | EndTxnRequest
+class ListOffsetsTopicResponse(msgspec.Struct):
+    topic: str
+    partitions: list[ListOffsetsPartitionResponse] = []
+
+
+class ListOffsetsResponse(Response):
+    topics: list[ListOffsetsTopicResponse] = []
+
+
+class ListOffsetsRequest(Request, tag="ListOffsets"):
+    """Per partition a timestamp: -1 latest, -2 earliest, else the first offset at or after it."""
+
+    response = ListOffsetsResponse
+    topics: list[ListOffsetsTopic]
+    isolation_level: Isolation = ISOLATION_READ_UNCOMMITTED
+
+    def __post_init__(self) -> None:
+        _unique((t.topic for t in self.topics), "topic")
+
+
+# --------------------------------------------------------------------------- the codec
+
+REQUEST_CLASSES: tuple[type[Request], ...] = (
+    ApiVersionsRequest,
+    MetadataRequest,
+    CreateTopicsRequest,
+    InitProducerIdRequest,
+    ProduceRequest,
+    FetchRequest,
+    ListOffsetsRequest,
 )
-
-REQUEST_TYPES: dict[str, type[Any]] = {
-    cls.api: cls
-    for cls in (
-        ApiVersionsRequest,
-        MetadataRequest,
-        CreateTopicsRequest,
-        InitProducerIdRequest,
-        ProduceRequest,
-        FetchRequest,
-        ListOffsetsRequest,
-        AddPartitionsToTxnRequest,
-        EndTxnRequest,
-    )
+REQUEST_TYPES: dict[str, type[Request]] = {
+    str(cls.__struct_config__.tag): cls for cls in REQUEST_CLASSES
 }
+APIS: tuple[str, ...] = tuple(REQUEST_TYPES)
+
+_request_decoder = msgspec.msgpack.Decoder(Union[REQUEST_CLASSES])  # type: ignore[valid-type]  # noqa: UP007  (a runtime tuple of types)
+_encoder = msgspec.msgpack.Encoder()
+R = TypeVar("R", bound=Response)
+_response_decoders: dict[type[Response], msgspec.msgpack.Decoder[Any]] = {}
+
+
+def decode_request(body: bytes | memoryview) -> Request:
+    """The typed request in one frame body.
+
+    Raises FrameError (close the connection: not msgpack, not a map, no valid
+    cid) or RequestRefused carrying the cid and UNSUPPORTED_VERSION or
+    INVALID_REQUEST. The typed decode is the fast path; only a failure pays for
+    a second, generic decode to find out which answer PROTOCOL.md gives."""
+    try:
+        request: Request = _request_decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+        raise _classify(body, exc) from None
+    if request.cid == NO_CID:
+        raise FrameError("request has no cid")
+    if request.v != VERSION:
+        raise RequestRefused(request.cid, _version_error(request.api, request.v), request.api)
+    return request
+
+
+def _version_error(api: str, version: object) -> ProtocolError:
+    if version == ABSENT_VERSION or not isinstance(version, int) or isinstance(version, bool):
+        return InvalidRequest("missing field 'v'")
+    return UnsupportedApi(f"{api} v{version} is not supported (only v{VERSION})")
+
+
+def _classify(body: bytes | memoryview, exc: Exception) -> Exception:
+    try:
+        message = msgspec.msgpack.decode(body)
+    except Exception as undecodable:  # msgspec raises several types for hostile bytes
+        return FrameError(f"frame body is not msgpack: {undecodable}")
+    cid = request_cid(message)
+    if cid is None:
+        return FrameError("frame is not a map with a valid cid")
+    api = message.get("api")
+    if not isinstance(api, str):
+        return RequestRefused(cid, InvalidRequest("missing field 'api'"))
+    if api not in REQUEST_TYPES:
+        return RequestRefused(cid, UnsupportedApi(f"unknown api {api!r}"))
+    version = message.get("v", ABSENT_VERSION)
+    if version != VERSION or isinstance(version, bool):
+        return RequestRefused(cid, _version_error(api, version), api)
+    return RequestRefused(cid, InvalidRequest(str(exc)), api)
 
 
 def request_cid(message: Any) -> int | None:
-    """The request's cid, or None when the frame is not a map with a valid cid:
+    """The cid of a decoded map, or None when the frame is not a map with a valid cid:
     the cases where PROTOCOL.md says the broker closes the connection."""
     if not isinstance(message, dict):
         return None
@@ -390,364 +403,32 @@ def request_cid(message: Any) -> int | None:
     return cid
 
 
-def parse_request(message: dict[str, Any], supported: frozenset[str] | None = None) -> Any:
-    """Turn a decoded request map into its typed request.
-
-    `supported` narrows the APIs this broker answers (others get
-    UNSUPPORTED_VERSION), so that APIs of later issues can be switched on."""
-    api = message.get("api")
-    version = message.get("v")
-    if not isinstance(api, str):
-        raise InvalidRequest("missing field 'api'")
-    cls = REQUEST_TYPES.get(api)
-    if cls is None or (supported is not None and api not in supported):
-        raise UnsupportedApi(f"unknown api {api!r}")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise InvalidRequest("missing field 'v'")
-    if version != VERSION:
-        raise UnsupportedApi(f"{api} v{version} is not supported (only v{VERSION})")
-    return cls.from_wire(message)
+def encode_request(request: Request, cid: int, client_id: str | None = None) -> bytes:
+    """The frame body of `request` under `cid` (sets the envelope fields in place)."""
+    request.cid = cid
+    request.v = VERSION
+    request.client_id = client_id
+    return _encoder.encode(request)
 
 
-def request_to_wire(request: Any, cid: int, client_id: str | None = None) -> dict[str, Any]:
-    """The full map of a request: its fields plus api, v, cid and client_id."""
-    wire = request.to_wire()
-    wire["api"] = request.api
-    wire["v"] = VERSION
-    wire["cid"] = cid
-    if client_id is not None:
-        wire["client_id"] = client_id
-    return wire
+def encode_response(response: Response, cid: int) -> bytes:
+    """The frame body of `response` answering request `cid`."""
+    response.cid = cid
+    return _encoder.encode(response)
 
 
-# --------------------------------------------------------------------------- responses
-
-
-@dataclass(slots=True)
-class ProducePartitionResponse:
-    partition: int
-    error: int = ErrorCode.NONE
-    base_offset: int = -1
-    log_append_time_ms: int = -1
-    log_start_offset: int = -1
-    duplicate: bool = False
-    message: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition,
-            "error": int(self.error),
-            "base_offset": self.base_offset,
-            "log_append_time_ms": self.log_append_time_ms,
-            "log_start_offset": self.log_start_offset,
-            "duplicate": self.duplicate,
-            "message": self.message,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ProducePartitionResponse:
-        return cls(
-            d["partition"],
-            d.get("error", 0),
-            d.get("base_offset", -1),
-            d.get("log_append_time_ms", -1),
-            d.get("log_start_offset", -1),
-            bool(d.get("duplicate", False)),
-            d.get("message"),
-        )
-
-
-@dataclass(slots=True)
-class ProduceResponse:
-    topics: list[tuple[str, list[ProducePartitionResponse]]]
-    error: int = ErrorCode.NONE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "error": int(self.error),
-            "topics": [
-                {"topic": t, "partitions": [p.to_wire() for p in parts]} for t, parts in self.topics
-            ],
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ProduceResponse:
-        return cls(
-            [
-                (t["topic"], [ProducePartitionResponse.from_wire(p) for p in t["partitions"]])
-                for t in d.get("topics") or []
-            ],
-            d.get("error", 0),
-        )
-
-
-@dataclass(slots=True)
-class AbortedTransaction:
-    producer_id: int
-    first_offset: int
-
-
-@dataclass(slots=True)
-class FetchPartitionResponse:
-    partition: int
-    error: int = ErrorCode.NONE
-    high_watermark: int = -1
-    last_stable_offset: int = -1
-    log_start_offset: int = -1
-    aborted_transactions: list[AbortedTransaction] | None = None
-    records: bytes = b""
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition,
-            "error": int(self.error),
-            "high_watermark": self.high_watermark,
-            "last_stable_offset": self.last_stable_offset,
-            "log_start_offset": self.log_start_offset,
-            "aborted_transactions": None
-            if self.aborted_transactions is None
-            else [
-                {"producer_id": a.producer_id, "first_offset": a.first_offset}
-                for a in self.aborted_transactions
-            ],
-            "records": self.records,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> FetchPartitionResponse:
-        aborted = d.get("aborted_transactions")
-        return cls(
-            d["partition"],
-            d.get("error", 0),
-            d.get("high_watermark", -1),
-            d.get("last_stable_offset", -1),
-            d.get("log_start_offset", -1),
-            None
-            if aborted is None
-            else [AbortedTransaction(a["producer_id"], a["first_offset"]) for a in aborted],
-            d.get("records") or b"",
-        )
-
-
-@dataclass(slots=True)
-class FetchResponse:
-    topics: list[tuple[str, list[FetchPartitionResponse]]]
-    error: int = ErrorCode.NONE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "error": int(self.error),
-            "topics": [
-                {"topic": t, "partitions": [p.to_wire() for p in parts]} for t, parts in self.topics
-            ],
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> FetchResponse:
-        return cls(
-            [
-                (t["topic"], [FetchPartitionResponse.from_wire(p) for p in t["partitions"]])
-                for t in d.get("topics") or []
-            ],
-            d.get("error", 0),
-        )
-
-
-@dataclass(slots=True)
-class PartitionMetadata:
-    partition: int
-    error: int = ErrorCode.NONE
-    leader: int = 0
-
-
-@dataclass(slots=True)
-class TopicMetadata:
-    name: str
-    error: int = ErrorCode.NONE
-    partitions: list[PartitionMetadata] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class BrokerMetadata:
-    id: int
-    host: str
-    port: int
-
-
-@dataclass(slots=True)
-class MetadataResponse:
-    brokers: list[BrokerMetadata]
-    topics: list[TopicMetadata]
-    error: int = ErrorCode.NONE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "error": int(self.error),
-            "brokers": [{"id": b.id, "host": b.host, "port": b.port} for b in self.brokers],
-            "topics": [
-                {
-                    "name": t.name,
-                    "error": int(t.error),
-                    "partitions": [
-                        {"partition": p.partition, "error": int(p.error), "leader": p.leader}
-                        for p in t.partitions
-                    ],
-                }
-                for t in self.topics
-            ],
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> MetadataResponse:
-        return cls(
-            [BrokerMetadata(b["id"], b["host"], b["port"]) for b in d.get("brokers") or []],
-            [
-                TopicMetadata(
-                    t["name"],
-                    t.get("error", 0),
-                    [
-                        PartitionMetadata(p["partition"], p.get("error", 0), p.get("leader", 0))
-                        for p in t.get("partitions") or []
-                    ],
-                )
-                for t in d.get("topics") or []
-            ],
-            d.get("error", 0),
-        )
-
-
-@dataclass(slots=True)
-class CreateTopicResult:
-    name: str
-    error: int = ErrorCode.NONE
-    message: str | None = None
-
-
-@dataclass(slots=True)
-class CreateTopicsResponse:
-    topics: list[CreateTopicResult]
-    error: int = ErrorCode.NONE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "error": int(self.error),
-            "topics": [
-                {"name": t.name, "error": int(t.error), "message": t.message} for t in self.topics
-            ],
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> CreateTopicsResponse:
-        return cls(
-            [
-                CreateTopicResult(t["name"], t.get("error", 0), t.get("message"))
-                for t in d.get("topics") or []
-            ],
-            d.get("error", 0),
-        )
-
-
-@dataclass(slots=True)
-class InitProducerIdResponse:
-    producer_id: int = -1
-    producer_epoch: int = -1
-    error: int = ErrorCode.NONE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "error": int(self.error),
-            "producer_id": self.producer_id,
-            "producer_epoch": self.producer_epoch,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> InitProducerIdResponse:
-        return cls(d.get("producer_id", -1), d.get("producer_epoch", -1), d.get("error", 0))
-
-
-@dataclass(slots=True)
-class ListOffsetsPartitionResponse:
-    partition: int
-    error: int = ErrorCode.NONE
-    offset: int = -1
-    timestamp: int = -1
-
-
-@dataclass(slots=True)
-class ListOffsetsResponse:
-    topics: list[tuple[str, list[ListOffsetsPartitionResponse]]]
-    error: int = ErrorCode.NONE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "error": int(self.error),
-            "topics": [
-                {
-                    "topic": t,
-                    "partitions": [
-                        {
-                            "partition": p.partition,
-                            "error": int(p.error),
-                            "offset": p.offset,
-                            "timestamp": p.timestamp,
-                        }
-                        for p in parts
-                    ],
-                }
-                for t, parts in self.topics
-            ],
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ListOffsetsResponse:
-        return cls(
-            [
-                (
-                    t["topic"],
-                    [
-                        ListOffsetsPartitionResponse(
-                            p["partition"],
-                            p.get("error", 0),
-                            p.get("offset", -1),
-                            p.get("timestamp", -1),
-                        )
-                        for p in t["partitions"]
-                    ],
-                )
-                for t in d.get("topics") or []
-            ],
-            d.get("error", 0),
-        )
-
-
-@dataclass(slots=True)
-class ApiVersionsResponse:
-    apis: dict[str, list[int]]
-    broker_version: str
-    max_frame_bytes: int
-    error: int = ErrorCode.NONE
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "error": int(self.error),
-            "apis": self.apis,
-            "broker_version": self.broker_version,
-            "max_frame_bytes": self.max_frame_bytes,
-        }
-
-    @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> ApiVersionsResponse:
-        return cls(
-            d.get("apis") or {},
-            d.get("broker_version", ""),
-            d.get("max_frame_bytes", 0),
-            d.get("error", 0),
-        )
-
-
-def error_response(cid: int, code: ErrorCode, message: str | None = None) -> dict[str, Any]:
-    """A response map carrying only an error, for requests that could not be parsed."""
-    response: dict[str, Any] = {"cid": cid, "error": int(code)}
-    if message is not None:
-        response["message"] = message
+def decode_response(body: bytes | memoryview, kind: type[R]) -> R:
+    """The typed response of `kind` in one frame body; raises FrameError if it is not one."""
+    decoder = _response_decoders.get(kind)
+    if decoder is None:
+        decoder = _response_decoders[kind] = msgspec.msgpack.Decoder(kind)
+    try:
+        response: R = decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+        raise FrameError(f"response is not a {kind.__name__}: {exc}") from None
     return response
+
+
+def error_response(code: ErrorCode, message: str | None = None) -> Response:
+    """A response carrying only an error, for requests that could not be parsed."""
+    return Response(error=int(code), message=message)

@@ -179,50 +179,131 @@ def test_frame_decoder_rejects_garbage() -> None:
         FrameDecoder().feed(struct.pack(">I", 1) + b"\xc1")
 
 
-def test_parse_request_errors() -> None:
-    with pytest.raises(m.UnsupportedApi):
-        m.parse_request({"api": "Nope", "v": 1, "cid": 1})
-    with pytest.raises(m.UnsupportedApi):
-        m.parse_request({"api": "Produce", "v": 9, "cid": 1})
-    with pytest.raises(m.InvalidRequest, match="acks"):
-        m.parse_request({"api": "Produce", "v": 1, "cid": 1, "topics": []})
-    with pytest.raises(m.InvalidRequest, match="acks"):
-        m.parse_request({"api": "Produce", "v": 1, "cid": 1, "acks": True, "topics": []})
+def _body(message: dict) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def _refusal(message: dict) -> m.RequestRefused:
+    with pytest.raises(m.RequestRefused) as caught:
+        m.decode_request(_body(message))
+    assert caught.value.cid == message["cid"]
+    return caught.value
+
+
+def test_decode_request_answers_what_protocol_md_says() -> None:
+    """Section 1: unknown api or version -> 35; missing, mistyped or duplicated
+    fields -> 42; no map or no valid cid -> the connection closes (FrameError)."""
+    unsupported = [
+        {"api": "Nope", "v": 1, "cid": 1},
+        {"api": "Produce", "v": 9, "cid": 1},
+        {"api": "Metadata", "v": 2, "cid": 1, "topics": None},
+    ]
+    for message in unsupported:
+        assert _refusal(message).code == ErrorCode.UNSUPPORTED_VERSION, message
+    invalid = {
+        "no acks": {"api": "Produce", "v": 1, "cid": 1, "topics": []},
+        "bool for int": {"api": "Produce", "v": 1, "cid": 1, "acks": True, "topics": []},
+        "float for int": {"api": "Produce", "v": 1, "cid": 1, "acks": 1.0, "topics": []},
+        "no v": {"api": "Metadata", "cid": 4},
+        "no api": {"v": 1, "cid": 4},
+        "isolation 2": {"api": "Fetch", "v": 1, "cid": 1, "topics": [], "isolation_level": 2},
+        "str for bin": {
+            "api": "Produce",
+            "v": 1,
+            "cid": 1,
+            "acks": 1,
+            "topics": [{"topic": "t", "partitions": [{"partition": 0, "records": "x"}]}],
+        },
+        "topic twice": {"api": "Metadata", "v": 1, "cid": 1, "topics": ["a", "b", "a"]},
+        "partition twice": {
+            "api": "Fetch",
+            "v": 1,
+            "cid": 1,
+            "topics": [
+                {
+                    "topic": "t",
+                    "partitions": [
+                        {"partition": 0, "fetch_offset": 0},
+                        {"partition": 0, "fetch_offset": 9},
+                    ],
+                }
+            ],
+        },
+        "fetch topic twice": {
+            "api": "Fetch",
+            "v": 1,
+            "cid": 1,
+            "topics": [{"topic": "t", "partitions": []}, {"topic": "t", "partitions": []}],
+        },
+    }
+    for what, message in invalid.items():
+        assert _refusal(message).code == ErrorCode.INVALID_REQUEST, what
+    for closing in (b"\xc1", _body(5), _body({"api": "Metadata", "v": 1}), _body({"cid": -1})):
+        with pytest.raises(FrameError):
+            m.decode_request(closing)
     assert m.request_cid({"cid": -1}) is None
     assert m.request_cid({"cid": 2**31}) is None
     assert m.request_cid([1]) is None
     assert m.request_cid({"cid": 0}) == 0
 
 
-@pytest.mark.parametrize(
-    "request_",
-    [
-        m.ApiVersionsRequest(),
-        m.MetadataRequest(["a"], True),
-        m.CreateTopicsRequest([m.CreatableTopic("t", 3, {"retention.ms": 5})]),
-        m.InitProducerIdRequest("tx", 1000, 5, 2),
-        m.ProduceRequest(-1, 100, [("t", [(0, b"batch")])], None),
-        m.FetchRequest([("t", [m.FetchPartition(0, 5, 100)])], 10, 1, 1000, 1),
-        m.ListOffsetsRequest([("t", [(0, -2)])], 0),
-        m.AddPartitionsToTxnRequest("tx", 1, 0, [("t", [0, 1])]),
-        m.EndTxnRequest("tx", 1, 0, True),
-    ],
-)
-def test_requests_round_trip_through_msgpack(request_: object) -> None:
-    wire = msgpack.unpackb(msgpack.packb(m.request_to_wire(request_, 7, "me"), use_bin_type=True))
-    assert wire["cid"] == 7 and wire["v"] == 1 and wire["client_id"] == "me"
-    assert m.parse_request(wire) == request_
+REQUESTS = [
+    m.ApiVersionsRequest(),
+    m.MetadataRequest(topics=["a"], allow_auto_create=True),
+    m.CreateTopicsRequest(topics=[m.CreatableTopic("t", 3, {"retention.ms": 5})]),
+    m.InitProducerIdRequest(
+        transactional_id="tx", transaction_timeout_ms=1000, producer_id=5, producer_epoch=2
+    ),
+    m.ProduceRequest(
+        acks=-1, timeout_ms=100, topics=[m.ProduceTopic("t", [m.ProducePartition(0, b"batch")])]
+    ),
+    m.FetchRequest(
+        topics=[m.FetchTopic("t", [m.FetchPartition(0, 5, 100)])],
+        max_wait_ms=10,
+        min_bytes=1,
+        max_bytes=1000,
+        isolation_level=1,
+    ),
+    m.ListOffsetsRequest(topics=[m.ListOffsetsTopic("t", [m.ListOffsetsPartition(0, -2)])]),
+]
+
+
+@pytest.mark.parametrize("request_", REQUESTS, ids=lambda r: r.api)
+def test_requests_round_trip_through_the_codec(request_: m.Request) -> None:
+    body = m.encode_request(request_, 7, "me")
+    wire = msgpack.unpackb(body)
+    assert (wire["api"], wire["cid"], wire["v"], wire["client_id"]) == (request_.api, 7, 1, "me")
+    assert m.decode_request(body) == request_
+
+
+def test_every_api_is_declared_with_a_response() -> None:
+    assert set(m.APIS) == {r.api for r in REQUESTS}
+    for api, cls in m.REQUEST_TYPES.items():
+        assert issubclass(cls.response, m.Response), api
+
+
+def test_responses_decode_leniently() -> None:
+    """A newer broker may add fields, and an error answer carries only cid and error."""
+    body = _body({"cid": 3, "error": 0, "new_field": [1], "topics": [{"topic": "t"}]})
+    response = m.decode_response(body, m.ProduceResponse)
+    assert response.cid == 3 and response.topics == [m.ProduceTopicResponse("t", [])]
+    refused = m.decode_response(_body({"cid": 4, "error": 42, "message": "bad"}), m.FetchResponse)
+    assert (refused.error, refused.message, refused.topics) == (42, "bad", [])
+    with pytest.raises(FrameError):
+        m.decode_response(_body({"cid": "x"}), m.FetchResponse)
 
 
 @pytest.mark.parametrize("lengths", [[0], [10], [300], [70_000], [5, 300, 70_000]])
 def test_spliced_frame_equals_the_plain_frame(lengths: list[int]) -> None:
     """Splicing file bytes into the holes gives exactly the frame encode_frame makes."""
-    from protocol.framing import encode_frame_spliced
+    from protocol.framing import splice_frame
 
     payloads = [bytes([i % 251]) * n for i, n in enumerate(lengths)]
     placeholders = [b"\x00hole%011d" % i for i in range(len(lengths))]
     message = {"cid": 3, "parts": [{"records": p, "n": i} for i, p in enumerate(placeholders)]}
-    pieces = encode_frame_spliced(message, list(zip(placeholders, lengths, strict=True)))
+    pieces = splice_frame(
+        msgpack.packb(message, use_bin_type=True), list(zip(placeholders, lengths, strict=True))
+    )
     spliced = b"".join(payloads[p] if isinstance(p, int) else p for p in pieces)
     real = {"cid": 3, "parts": [{"records": p, "n": i} for i, p in enumerate(payloads)]}
     assert spliced == encode_frame(real)
