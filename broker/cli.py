@@ -12,8 +12,8 @@ from typing import Any
 
 import anyio
 
+from broker import __version__, logs
 from broker import config as cfg
-from broker import logs
 from broker.data_dir import DataDirError
 from broker.producer_ids import ProducerIdStateError
 
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="minibroker",
         description="A single-process broker with Kafka's idempotent producer guarantees.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the broker in the foreground")
     serve.add_argument(

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from broker import __version__ as BROKER_VERSION
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
 from broker.log import FileSpan, OffsetOutOfRange
@@ -31,7 +32,6 @@ from protocol.framing import encode_frame_spliced
 
 log = logging.getLogger("minibroker.handlers")
 
-BROKER_VERSION = "0.1.0"
 BROKER_ID = 0
 
 

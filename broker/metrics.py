@@ -69,6 +69,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from broker import __version__
 from protocol.errors import ErrorCode
 from protocol.messages import REQUEST_TYPES
 
@@ -215,7 +216,7 @@ class BrokerMetrics:
         self._partition_source: Callable[[], Iterable[PartitionStats]] | None = None
         self._forgotten_source: Callable[[], tuple[int, int]] | None = None
         self._data_dir: str | None = None
-        self._version = _version()
+        self._version = __version__
 
         # api -> latency histogram (its count is the requests_total of that api)
         self._requests: dict[str, _Histogram] = {}
@@ -636,15 +637,6 @@ class _BrokerCollector(Collector):
         free.add_metric([], usage.free)
         yield capacity
         yield free
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("minibroker")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 # ---------------------------------------------------------------------- benchmark
