@@ -23,7 +23,7 @@ from broker import config as cfg
 from broker.data_dir import DataDirError
 from broker.producer_ids import ProducerIdStateError
 
-log = logging.getLogger("minibroker.cli")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 EXIT_CONFIG_ERROR = 2
 # Distinct from a crash so that systemd's RestartPreventExitStatus can stop

@@ -30,7 +30,7 @@ from protocol.batch import BatchError, scan_batches, validate
 from protocol.errors import ErrorCode
 from protocol.framing import encode_frame_spliced
 
-log = logging.getLogger("minibroker.handlers")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 BROKER_ID = 0
 

@@ -42,7 +42,7 @@ from broker.metrics import BrokerMetrics
 
 __all__ = ["MAX_REQUEST_BYTES", "READ_TIMEOUT_S", "serve_http"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"minibroker.{__name__}")
 
 MAX_REQUEST_BYTES = 8192
 READ_TIMEOUT_S = 5.0

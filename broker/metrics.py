@@ -82,7 +82,7 @@ __all__ = [
     "PartitionStats",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"minibroker.{__name__}")
 
 NAMESPACE = "minibroker"
 

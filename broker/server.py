@@ -34,7 +34,7 @@ from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, encode_frame
 from protocol.messages import error_response, parse_request, request_cid
 
-log = logging.getLogger("minibroker.server")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 RECEIVE_BYTES = 256 * 1024
 Reply = bytes | SplicedReply | tuple[int, float, str, DurableReply]

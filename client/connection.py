@@ -27,7 +27,7 @@ from protocol.errors import ErrorCode
 from protocol.framing import LENGTH, FrameDecoder, FrameError
 from protocol.messages import CID_MAX, ApiVersionsRequest, request_to_wire
 
-log = logging.getLogger("client.connection")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 RECV_BYTES = 256 * 1024
 COPY_BYTES_MAX = 64 * 1024

@@ -60,7 +60,7 @@ from protocol.messages import (
     ProduceRequest,
 )
 
-log = logging.getLogger("client.producer")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 SlowPath = Callable[..., RecordHandle]
 

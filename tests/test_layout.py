@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +61,22 @@ def test_minibroker_version() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"minibroker {__version__}"
     assert __version__ != "unknown"  # the test environment has minibroker installed
+
+
+@pytest.mark.parametrize("package", ["broker", "client", "protocol", "spark_connector"])
+def test_every_logger_is_in_the_minibroker_tree(package: str) -> None:
+    """`broker.logs.setup` and the SIGHUP level change act on the `minibroker` logger, so
+    a module logging anywhere else would escape both the format and the level."""
+    if package == "spark_connector":
+        pytest.importorskip("pyspark")
+    root = importlib.import_module(package)
+    found = 0
+    for info in pkgutil.walk_packages(root.__path__, package + "."):
+        if info.name.endswith(".__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if isinstance(value, logging.Logger):
+                assert value.name == f"minibroker.{info.name}"
+                found += 1
+    assert found or package == "protocol"
