@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_process import BrokerProcess
+from harness.broker_process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
