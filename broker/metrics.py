@@ -43,7 +43,7 @@ Per topic-partition state (offsets, size, active producers) is not pushed on
 every append: the broker registers a callable with `set_partition_source`, and
 the collector asks it for a snapshot at scrape time.
 
-Run ``python -m broker.metrics`` for a micro-benchmark of the hot-path methods.
+``python -m bench.bench_metrics`` measures the hot-path methods per call.
 """
 
 from __future__ import annotations
@@ -637,36 +637,3 @@ class _BrokerCollector(Collector):
         free.add_metric([], usage.free)
         yield capacity
         yield free
-
-
-# ---------------------------------------------------------------------- benchmark
-
-
-def benchmark(number: int = 200_000, repeat: int = 7) -> dict[str, float]:
-    """ns per call of the hot-path methods, enabled and disabled (best of `repeat`), with
-    the cost of the timing loop's own call subtracted."""
-    import timeit
-
-    results: dict[str, float] = {}
-    for enabled in (True, False):
-        m = BrokerMetrics(enabled=enabled)
-        # Warm the caches as a running broker has them.
-        m.observe_request("Produce", 0, 0.0002)
-        m.record_produce("bench", 1000, 10)
-        cases: dict[str, Callable[[], object]] = {
-            "observe_request": lambda m=m: m.observe_request("Produce", 0, 0.0002),
-            "observe_request(error)": lambda m=m: m.observe_request("Produce", 45, 0.0002),
-            "record_produce": lambda m=m: m.record_produce("bench", 1000, 10),
-            "observe_fsync": lambda m=m: m.observe_fsync(0.001, 8),
-        }
-        baseline = min(timeit.repeat(lambda: None, number=number, repeat=repeat)) / number
-        for name, fn in cases.items():
-            best = min(timeit.repeat(fn, number=number, repeat=repeat)) / number
-            state = "enabled" if enabled else "disabled"
-            results[f"{name} {state}"] = (best - baseline) * 1e9
-    return results
-
-
-if __name__ == "__main__":
-    for case, ns in benchmark().items():
-        print(f"{case:36s} {ns:7.0f} ns/call")
