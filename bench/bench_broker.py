@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient
 from protocol.batch import build_batch_from_columns, scan_batches, with_sequence
 from protocol.framing import FrameDecoder, encode_frame
-from tests.broker_process import BrokerProcess
-from tests.wire import WireClient
 
 BATCH_BYTES = 16 * 1024
 RECORD_BYTES = 100

@@ -1,4 +1,4 @@
-"""End-to-end client throughput against a broker this script starts (tests.broker_process).
+"""End-to-end client throughput against a broker this script starts (harness.broker_process).
 
 Measures, with 100-byte records, an idempotent producer and acks=all:
 - per-record `Producer.send()` (records/s, MB/s, until every record is acknowledged),
@@ -9,26 +9,21 @@ Each row also shows the CPU seconds of this process and of the broker, so a
 reader can tell who the bottleneck was. `run()` returns the rows (for the
 lead's bench runner); running the file prints them as a markdown table:
 
-    .venv/bin/python bench/bench_client.py [--records N] [--backend trio|asyncio]
+    .venv/bin/python -m bench.bench_client [--records N] [--backend trio|asyncio]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from client import Consumer, Producer, TopicPartition  # noqa: E402
-from client.admin import create_topic  # noqa: E402
-from tests.broker_process import BrokerProcess  # noqa: E402
+from client import Consumer, Producer, TopicPartition
+from client.admin import create_topic
+from harness.broker_process import BrokerProcess
 
 RECORD_SIZE = 100
 MB = 1024 * 1024

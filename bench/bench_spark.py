@@ -4,7 +4,7 @@
 - `discard`: a Python Arrow writer that drops every batch; the ceiling for any
   Python data source, since rows still cross from the JVM to a Python worker.
 - `minibroker`: the real write through the idempotent producer to a broker that
-  this benchmark starts (tests.broker_process, a fresh data dir).
+  this benchmark starts (harness.broker_process, a fresh data dir).
 Then the topic is read back with `format("minibroker")` into `noop`.
 
 Run: `python -m bench.bench_spark [--rows N]`; `run()` is what `make bench` calls.
@@ -146,7 +146,7 @@ def run(rows: int = 5_000_000) -> list[dict]:
     """Write `rows` 100-byte values with local[2] into noop, discard and minibroker, then
     read them back; one dict per measurement, after a warm-up round on fewer rows
     (JIT, Python worker start-up and imports would otherwise land on the first sink)."""
-    from tests.broker_process import BrokerProcess
+    from harness.broker_process import BrokerProcess
 
     spark = _session()
     try:

@@ -1,4 +1,10 @@
-"""The `minibroker` command: `serve` runs the broker; the client tools add their own verbs."""
+"""The broker's half of the `minibroker` command: `serve` runs the broker, `config-table`
+prints the settings table, `--version` says which broker this is.
+
+`build_parser` takes the registrars of more verbs rather than importing them:
+`minibroker_cli` adds the client's, so the installed command has every verb while
+nothing in `broker` imports `client`. `python -m broker` has the broker's verbs only.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,17 @@ import logging
 import resource
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 
+from broker import __version__, logs
 from broker import config as cfg
-from broker import logs
 from broker.data_dir import DataDirError
 from broker.producer_ids import ProducerIdStateError
 
-log = logging.getLogger("minibroker.cli")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 EXIT_CONFIG_ERROR = 2
 # Distinct from a crash so that systemd's RestartPreventExitStatus can stop
@@ -37,12 +43,17 @@ SERVE_FLAGS = (
     "pid_file",
 )
 
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+"""Adds subcommands to the `minibroker` parser, as `client.cli.register` does."""
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(more: Sequence[Registrar] = ()) -> argparse.ArgumentParser:
+    """The `minibroker` parser: the broker's verbs, then those each of `more` adds."""
     parser = argparse.ArgumentParser(
         prog="minibroker",
         description="A single-process broker with Kafka's idempotent producer guarantees.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="run the broker in the foreground")
     serve.add_argument(
@@ -67,12 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("config-table", help="print the settings table (markdown)").set_defaults(
         func=lambda _args: print(cfg.markdown_table()) or 0
     )
-    try:
-        from client import cli as client_cli
-    except ImportError:
-        client_cli = None
-    if client_cli is not None:
-        client_cli.register(sub)
+    for register in more:
+        register(sub)
     return parser
 
 
@@ -106,7 +113,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, more: Sequence[Registrar] = ()) -> int:
+    parser = build_parser(more)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

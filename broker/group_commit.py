@@ -19,7 +19,7 @@ import anyio
 from broker.metrics import BrokerMetrics
 from broker.partition import Partition
 
-log = logging.getLogger("minibroker.group_commit")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 
 class FlushFailed(Exception):

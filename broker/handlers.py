@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from broker import __version__ as BROKER_VERSION
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
 from broker.log import FileSpan, OffsetOutOfRange
@@ -29,9 +30,8 @@ from protocol.batch import BatchError, scan_batches, validate
 from protocol.errors import ErrorCode
 from protocol.framing import splice_frame
 
-log = logging.getLogger("minibroker.handlers")
+log = logging.getLogger(f"minibroker.{__name__}")
 
-BROKER_VERSION = "0.1.0"
 BROKER_ID = 0
 
 

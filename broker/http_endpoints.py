@@ -1,39 +1,48 @@
 """The broker's operations endpoint: `/metrics`, `/healthz`, `/readyz` over HTTP/1.1.
 
-A deliberately tiny server on AnyIO, so it runs in the broker's own event loop
-under trio and asyncio alike and needs no dependency:
+A tiny server on AnyIO, so it runs in the broker's own event loop under trio and
+asyncio alike; `h11` turns the bytes into request events and the response events
+back into bytes, so no HTTP is parsed here by hand:
 
 - ``GET /metrics`` - the Prometheus text exposition of `BrokerMetrics`;
 - ``GET /healthz`` - 200 ``ok`` as long as the process serves at all (liveness);
 - ``GET /readyz``  - 200 ``ready`` once ``is_ready()`` is true (log recovery
   finished), else 503 ``not ready`` (readiness);
 - any other path 404, any method but GET (and HEAD, which RFC 9110 asks every
-  server that answers GET to answer too) 405 with ``Allow: GET, HEAD``.
+  server that answers GET to answer too) 405 with ``Allow: GET, HEAD``; a request
+  h11 refuses (a bad request line, an HTTP/1.1 request without ``Host``) 400.
+
+Why not prometheus-client's own `start_http_server`: it serves from a wsgiref
+thread, so the scrape would read the broker's lock-free counters and its
+partition state off the event loop thread, which `broker.metrics` forbids, and
+wsgiref sets no limit on a request's size or time. The exposition itself is still
+prometheus-client's (`BrokerMetrics.render`).
 
 One request per connection (``Connection: close``): scrapers and probes open a
-connection per request anyway. The request head is capped at
-`MAX_REQUEST_BYTES` (431 beyond), must arrive within `READ_TIMEOUT_S` (the
-connection is dropped otherwise), and at most `MAX_CONCURRENT` connections are
-served at once, so a slow or hostile peer on the metrics port cannot pin the
-broker's memory or its event loop. A request body, if any, is ignored.
-
-Rendering runs on the event loop thread, which is also the thread that updates
-the metrics, as `broker.metrics` requires.
+connection per request, or come back after longer than a keep-alive connection
+would be worth holding open. The request head is capped at `MAX_REQUEST_BYTES`
+(431 beyond), must arrive within `READ_TIMEOUT_S` (the connection is dropped
+otherwise), and at most `MAX_CONCURRENT` connections are served at once, so a
+slow or hostile peer on the metrics port cannot pin the broker's memory or its
+event loop. A request body, if any, is ignored.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from http import HTTPStatus
+from urllib.parse import urlsplit
 
 import anyio
+import h11
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 
 from broker.metrics import BrokerMetrics
 
 __all__ = ["MAX_REQUEST_BYTES", "READ_TIMEOUT_S", "serve_http"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"minibroker.{__name__}")
 
 MAX_REQUEST_BYTES = 8192
 READ_TIMEOUT_S = 5.0
@@ -42,22 +51,10 @@ MAX_CONCURRENT = 32
 LINGER_S = 1.0
 LINGER_BYTES = 1 << 20
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 _TEXT = "text/plain; charset=utf-8"
 
-
-class _BadRequest(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
+# status, Content-Type, body, extra headers
+_Answer = tuple[int, str, bytes, dict[str, str]]
 
 
 async def serve_http(
@@ -87,33 +84,37 @@ async def _handle(
     stream: SocketStream, metrics: BrokerMetrics, is_ready: Callable[[], bool]
 ) -> None:
     async with stream:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
         try:
             with anyio.fail_after(READ_TIMEOUT_S):
-                head = await _read_head(stream)
-            method, path = _parse_request_line(head)
-            status, content_type, body, extra = _route(method, path, metrics, is_ready)
-        except _BadRequest as exc:
-            status, content_type, body, extra = exc.status, _TEXT, _REASONS[exc.status].encode(), {}
-            method = "GET"
+                request = await _read_request(stream, conn)
+        except h11.RemoteProtocolError as exc:
+            request = None
+            status = exc.error_status_hint
+            answer = (status, _TEXT, f"{HTTPStatus(status).phrase}\n".encode(), {})
         except TimeoutError:
             return  # a peer that does not finish its request in time gets nothing
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             return  # the peer went away first
-        except Exception:
-            log.exception("event=http_handler_failed")
-            status, content_type, body, extra = 500, _TEXT, b"internal error\n", {}
-            method = "GET"
-        lines = [
-            f"HTTP/1.1 {status} {_REASONS[status]}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-            "Cache-Control: no-store",
-            "Connection: close",
-            *(f"{k}: {v}" for k, v in extra.items()),
+        else:
+            if request is None:
+                return  # connected and closed without a request
+            answer = _answer(request, metrics, is_ready)
+        status, content_type, body, extra = answer
+        headers = [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+            ("Connection", "close"),
+            *extra.items(),
         ]
-        response = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        if method != "HEAD":
-            response += body
+        response = conn.send(
+            h11.Response(status_code=status, reason=HTTPStatus(status).phrase, headers=headers)
+        )
+        # h11 frames a HEAD response as bodiless and refuses Data for it.
+        if request is None or request.method != b"HEAD":
+            response += conn.send(h11.Data(data=body))
+        response += conn.send(h11.EndOfMessage())
         try:
             with anyio.fail_after(WRITE_TIMEOUT_S):
                 await stream.send(response)
@@ -121,6 +122,38 @@ async def _handle(
                 await _linger(stream)
         except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
+
+
+async def _read_request(stream: SocketStream, conn: h11.Connection) -> h11.Request | None:
+    """The request head, or None if the peer closed before sending any byte.
+
+    Raises `h11.RemoteProtocolError` for a malformed or oversized head, and for one
+    cut short by the peer's EOF; its ``error_status_hint`` is the status to answer."""
+    while True:
+        event = conn.next_event()
+        if isinstance(event, h11.Request):
+            return event
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        try:
+            data = await stream.receive(MAX_REQUEST_BYTES)
+        except anyio.EndOfStream:
+            data = b""  # h11's signal for EOF
+        conn.receive_data(data)
+
+
+def _answer(request: h11.Request, metrics: BrokerMetrics, is_ready: Callable[[], bool]) -> _Answer:
+    # origin-form ("/metrics?x=y") or absolute-form ("http://host:port/metrics");
+    # h11 has already checked that the target is visible ASCII.
+    try:
+        path = urlsplit(request.target.decode("ascii")).path or "/"
+    except ValueError:  # e.g. a malformed IPv6 host in an absolute-form target
+        return 400, _TEXT, b"Bad Request\n", {}
+    try:
+        return _route(request.method.decode("ascii"), path, metrics, is_ready)
+    except Exception:
+        log.exception("event=http_handler_failed")
+        return 500, _TEXT, b"internal error\n", {}
 
 
 async def _linger(stream: SocketStream) -> None:
@@ -139,50 +172,7 @@ async def _linger(stream: SocketStream) -> None:
                 break
 
 
-async def _read_head(stream: SocketStream) -> bytes:
-    """Bytes up to the blank line that ends the request head (HTTP/1.0 and 1.1)."""
-    buf = bytearray()
-    while True:
-        end = buf.find(b"\r\n\r\n")
-        if end >= 0:
-            return bytes(buf[:end])
-        if len(buf) >= MAX_REQUEST_BYTES:
-            raise _BadRequest(431)
-        try:
-            chunk = await stream.receive(MAX_REQUEST_BYTES)
-        except anyio.EndOfStream:
-            # Some clients send a bare "GET / HTTP/1.0\n\n"; accept LF-only heads at EOF.
-            if b"\n\n" in buf:
-                return bytes(buf[: buf.find(b"\n\n")])
-            raise
-        buf += chunk
-        if len(buf) > MAX_REQUEST_BYTES and buf.find(b"\r\n\r\n", 0, MAX_REQUEST_BYTES) < 0:
-            raise _BadRequest(431)
-
-
-def _parse_request_line(head: bytes) -> tuple[str, str]:
-    line = head.split(b"\n", 1)[0].rstrip(b"\r")
-    parts = line.split(b" ")
-    if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
-        raise _BadRequest(400)
-    try:
-        method = parts[0].decode("ascii")
-        target = parts[1].decode("ascii")
-    except UnicodeDecodeError:
-        raise _BadRequest(400) from None
-    if not method.isalpha() or not method.isupper():
-        raise _BadRequest(400)
-    # origin-form ("/metrics?x=y") or absolute-form ("http://host:port/metrics")
-    if target.startswith(("http://", "https://")):
-        slash = target.find("/", target.find("//") + 2)
-        target = target[slash:] if slash >= 0 else "/"
-    path = target.split("?", 1)[0].split("#", 1)[0]
-    return method, path
-
-
-def _route(
-    method: str, path: str, metrics: BrokerMetrics, is_ready: Callable[[], bool]
-) -> tuple[int, str, bytes, dict[str, str]]:
+def _route(method: str, path: str, metrics: BrokerMetrics, is_ready: Callable[[], bool]) -> _Answer:
     if path not in ("/metrics", "/healthz", "/readyz"):
         return 404, _TEXT, b"not found\n", {}
     if method not in ("GET", "HEAD"):

@@ -1,7 +1,10 @@
 """One line per event on stderr, as logfmt text or JSON.
 
 Messages are written as `event=name key=value ...`; the JSON formatter parses
-those pairs into fields so both formats carry the same data.
+those pairs into fields so both formats carry the same data. Every module of the
+project logs to ``minibroker.<module>`` (``minibroker.broker.server``,
+``minibroker.client.producer``), so the one handler and level `setup` puts on the
+``minibroker`` logger cover them all.
 """
 
 from __future__ import annotations

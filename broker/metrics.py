@@ -43,7 +43,7 @@ Per topic-partition state (offsets, size, active producers) is not pushed on
 every append: the broker registers a callable with `set_partition_source`, and
 the collector asks it for a snapshot at scrape time.
 
-Run ``python -m broker.metrics`` for a micro-benchmark of the hot-path methods.
+``python -m bench.bench_metrics`` measures the hot-path methods per call.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from broker import __version__
 from protocol.errors import ErrorCode
 from protocol.messages import REQUEST_TYPES
 
@@ -81,7 +82,7 @@ __all__ = [
     "PartitionStats",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"minibroker.{__name__}")
 
 NAMESPACE = "minibroker"
 
@@ -215,7 +216,7 @@ class BrokerMetrics:
         self._partition_source: Callable[[], Iterable[PartitionStats]] | None = None
         self._forgotten_source: Callable[[], tuple[int, int]] | None = None
         self._data_dir: str | None = None
-        self._version = _version()
+        self._version = __version__
 
         # api -> latency histogram (its count is the requests_total of that api)
         self._requests: dict[str, _Histogram] = {}
@@ -636,45 +637,3 @@ class _BrokerCollector(Collector):
         free.add_metric([], usage.free)
         yield capacity
         yield free
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("minibroker")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-# ---------------------------------------------------------------------- benchmark
-
-
-def benchmark(number: int = 200_000, repeat: int = 7) -> dict[str, float]:
-    """ns per call of the hot-path methods, enabled and disabled (best of `repeat`), with
-    the cost of the timing loop's own call subtracted."""
-    import timeit
-
-    results: dict[str, float] = {}
-    for enabled in (True, False):
-        m = BrokerMetrics(enabled=enabled)
-        # Warm the caches as a running broker has them.
-        m.observe_request("Produce", 0, 0.0002)
-        m.record_produce("bench", 1000, 10)
-        cases: dict[str, Callable[[], object]] = {
-            "observe_request": lambda m=m: m.observe_request("Produce", 0, 0.0002),
-            "observe_request(error)": lambda m=m: m.observe_request("Produce", 45, 0.0002),
-            "record_produce": lambda m=m: m.record_produce("bench", 1000, 10),
-            "observe_fsync": lambda m=m: m.observe_fsync(0.001, 8),
-        }
-        baseline = min(timeit.repeat(lambda: None, number=number, repeat=repeat)) / number
-        for name, fn in cases.items():
-            best = min(timeit.repeat(fn, number=number, repeat=repeat)) / number
-            state = "enabled" if enabled else "disabled"
-            results[f"{name} {state}"] = (best - baseline) * 1e9
-    return results
-
-
-if __name__ == "__main__":
-    for case, ns in benchmark().items():
-        print(f"{case:36s} {ns:7.0f} ns/call")

@@ -18,7 +18,7 @@ from broker.producer_state import PartitionProducerState, SnapshotError
 from protocol.batch import BatchHeader
 from protocol.errors import ErrorCode
 
-log = logging.getLogger("minibroker.partition")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from protocol.messages import (
     error_response,
 )
 
-log = logging.getLogger("minibroker.server")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 RECEIVE_BYTES = 256 * 1024
 Reply = bytes | SplicedReply | tuple[int, float, str, DurableReply]

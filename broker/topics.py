@@ -26,7 +26,7 @@ from broker.log import LogConfig
 from broker.partition import Partition, ProducerLimits
 from protocol.errors import ErrorCode
 
-log = logging.getLogger("minibroker.topics")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 META_FILE = "topic.meta"

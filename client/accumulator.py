@@ -71,7 +71,7 @@ from protocol.batch import (
 from protocol.compression import Compression, compress
 from protocol.errors import RETRIABLE, ErrorCode
 
-log = logging.getLogger("client.producer")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 # Upper bound of a record's msgpack framing: fixarray, int64 delta, two bin headers, nil headers.
 RECORD_OVERHEAD = 21

@@ -7,7 +7,7 @@
     minibroker perf-produce --topic T --num-records 1000000 --record-size 100
     minibroker perf-consume --topic T --messages 1000000
 
-`register(subparsers)` adds them to the broker's parser; each subcommand sets
+`register(subparsers)` adds them to the parser `minibroker_cli` builds; each subcommand sets
 `func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092).
 """
 

@@ -33,7 +33,7 @@ from protocol.messages import (
     encode_request,
 )
 
-log = logging.getLogger("client.connection")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 RECV_BYTES = 256 * 1024
 COPY_BYTES_MAX = 64 * 1024

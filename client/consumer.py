@@ -56,7 +56,7 @@ from protocol.messages import (
     Request,
 )
 
-log = logging.getLogger("client.consumer")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 PREFETCH_PER_PARTITION = 2
 # Records the sync Consumer takes from its I/O thread per crossing (bounded memory, few calls).

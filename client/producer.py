@@ -63,7 +63,7 @@ from protocol.messages import (
     ProduceTopic,
 )
 
-log = logging.getLogger("client.producer")
+log = logging.getLogger(f"minibroker.{__name__}")
 
 SlowPath = Callable[..., RecordHandle]
 

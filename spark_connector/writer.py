@@ -27,7 +27,7 @@ from spark_connector.options import WriteOptions
 if TYPE_CHECKING:
     from client import BatchMetadata
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(f"minibroker.{__name__}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_process import BrokerProcess
+from harness.broker_process import BrokerProcess
 
 BACKENDS = ("trio", "asyncio")
 

@@ -11,10 +11,10 @@ import zlib
 import msgpack
 
 from broker.fileio import unseal
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient, frame_of_length, values_batch
 from protocol.batch import iter_records, scan_batches, validate
 from protocol.errors import ErrorCode
-from tests.broker_process import BrokerProcess
-from tests.wire import WireClient, frame_of_length, values_batch
 
 
 def fetched_values(records: bytes, from_offset: int = 0) -> list[tuple[int, bytes]]:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode
-from tests.broker_process import BrokerProcess
 from tests.test_broker_api import fetched_values
-from tests.wire import WireClient, values_batch
 
 
 def produce_seq(

@@ -1,4 +1,4 @@
-"""The client subcommands of `minibroker`, run as a user would: `python -m broker ...`."""
+"""The client subcommands of `minibroker`, run as a user would: `python -m minibroker_cli ...`."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.broker_process import BrokerProcess
+from harness.broker_process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(broker: BrokerProcess, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "broker", *args, "--bootstrap-server", broker.bootstrap],
+        [sys.executable, "-m", "minibroker_cli", *args, "--bootstrap-server", broker.bootstrap],
         input=stdin,
         capture_output=True,
         cwd=ROOT,

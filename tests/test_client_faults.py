@@ -27,7 +27,7 @@ import pytest
 
 from client import AsyncProducer, Consumer, Producer
 from client.admin import create_topic
-from tests.broker_process import BrokerProcess
+from harness.broker_process import BrokerProcess
 from tests.fault_proxy import FaultProxy
 
 RECORDS = 50_000

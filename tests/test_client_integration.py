@@ -30,7 +30,7 @@ from client import (
 from client.admin import create_topic, create_topic_async, describe_topic, list_topics
 from client.errors import TopicAlreadyExistsError
 from client.partitioner import murmur2_partition
-from tests.broker_process import BrokerProcess
+from harness.broker_process import BrokerProcess
 from tests.fault_proxy import FaultProxy
 
 TP0 = TopicPartition("t", 0)

@@ -7,8 +7,8 @@ import signal
 import time
 from pathlib import Path
 
-from tests.broker_process import BrokerProcess
-from tests.wire import WireClient, values_batch
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient, values_batch
 
 
 def _earliest(c: WireClient, topic: str) -> int:

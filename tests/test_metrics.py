@@ -316,9 +316,24 @@ async def test_http_endpoints(anyio_backend: str) -> None:
         assert reply.startswith(b"HTTP/1.1 405 ")
         assert b"\r\nAllow: GET, HEAD\r\n" in reply
 
-        reply = await in_thread(lambda: raw_request(port, b"HEAD /healthz HTTP/1.1\r\n\r\n"))
+        reply = await in_thread(
+            lambda: raw_request(port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        )
         assert reply.startswith(b"HTTP/1.1 200 ")
+        assert b"\r\nContent-Length: 3\r\n" in reply
         assert reply.endswith(b"\r\n\r\n")  # no body
+
+        # HTTP/1.0 with bare LF line ends is accepted; HTTP/1.1 must name its Host.
+        reply = await in_thread(lambda: raw_request(port, b"GET /healthz HTTP/1.0\n\n"))
+        assert reply.startswith(b"HTTP/1.1 200 ")
+        assert reply.endswith(b"\r\n\r\nok\n")
+        reply = await in_thread(lambda: raw_request(port, b"GET /healthz HTTP/1.1\r\n\r\n"))
+        assert reply.startswith(b"HTTP/1.1 400 ")
+
+        reply = await in_thread(
+            lambda: raw_request(port, b"GET http://x:1/readyz?a=b HTTP/1.1\r\nHost: x\r\n\r\n")
+        )
+        assert reply.startswith(b"HTTP/1.1 200 ")
 
         reply = await in_thread(lambda: raw_request(port, b"garbage\r\n\r\n"))
         assert reply.startswith(b"HTTP/1.1 400 ")

@@ -1,6 +1,6 @@
 """A real Prometheus scrapes a real broker under a small produce load.
 
-The broker is `minibroker serve --metrics-port 0` (tests/broker_process.py);
+The broker is `minibroker serve --metrics-port 0` (harness/broker_process.py);
 Prometheus is the binary of Debian's `prometheus` package, started on loopback
 with deploy/prometheus.yml and deploy/alerts.yml, adapted only in the target
 address and the intervals. The load speaks the wire contract with raw frames.
@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
+from harness.broker_process import BrokerProcess
 from protocol.batch import build_batch
 from protocol.framing import LENGTH, decode_body, encode_frame
-from tests.broker_process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

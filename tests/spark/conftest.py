@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.broker_process import BrokerProcess
+from harness.broker_process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

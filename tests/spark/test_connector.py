@@ -22,9 +22,9 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 
 from client import Consumer, TopicPartition
 from client.admin import create_topic
+from harness.broker_process import BrokerProcess
 from spark_connector import MinibrokerCommitMessage, MinibrokerDataSource, MinibrokerWriter
 from spark_connector.reader import HEADERS_TYPE
-from tests.broker_process import BrokerProcess
 
 pytestmark = pytest.mark.spark
 

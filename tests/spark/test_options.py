@@ -263,7 +263,7 @@ def test_commit_logs_one_line_summary(caplog: pytest.LogCaptureFixture) -> None:
         MinibrokerCommitMessage(writer.write_id, 1, 1, 2, (PartitionRange("t", 0, 2, 2, 6),)),
     ]
     assert pickle.loads(pickle.dumps(messages[0])) == messages[0]
-    with caplog.at_level(logging.INFO, logger="spark_connector"):
+    with caplog.at_level(logging.INFO, logger="minibroker.spark_connector"):
         writer.commit(messages)
         writer.abort([messages[0], None])
     committed, aborted = caplog.records

@@ -1,4 +1,4 @@
-"""Start the real `minibroker serve` process on loopback for integration tests.
+"""Start the real `minibroker serve` process on loopback for integration tests and benchmarks.
 
 The broker binds port 0 and logs the port it got; the harness reads it from the
 log line `event=listening ... port=N` on stderr, so parallel tests never race

@@ -1,4 +1,4 @@
-"""A raw-protocol client for tests: plain sockets, frames and maps, no SDK.
+"""A raw-protocol client for tests and benchmarks: plain sockets, frames and maps, no SDK.
 
 Integration tests speak the wire contract directly so they prove the broker
 against PROTOCOL.md, not against our own client's habits.

@@ -1,0 +1,7 @@
+"""Helpers that the tests and the benchmarks share: a real broker process
+(`harness.broker_process`) and a raw-protocol client (`harness.wire`).
+
+Not part of the distribution (pyproject lists its packages) and imported from the
+repository root, which pytest and ``python -m bench`` both put on ``sys.path``;
+so `bench` needs no test module and `tests` no benchmark.
+"""
