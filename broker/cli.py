@@ -8,7 +8,6 @@ import resource
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 
@@ -49,20 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", metavar="FILE.toml", help="settings file (see docs/configuration.md)"
     )
     for name in SERVE_FLAGS:
-        f = cfg.SETTINGS[name]
-        kwargs: dict[str, Any] = {
-            "default": None,
-            "help": f"{f.metadata['doc']} (default {f.default!r})",
-        }
-        if name == "backend":
-            kwargs["choices"] = ["trio", "asyncio"]
-        elif name == "log_level":
-            kwargs["choices"] = list(cfg.LOG_LEVELS)
-        elif name == "log_format":
-            kwargs["choices"] = ["text", "json"]
-        elif isinstance(f.default, int):
-            kwargs["type"] = int
-        serve.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs)
+        s = cfg.SETTINGS[name]
+        # No argparse types or choices: flags are checked by the settings table like the
+        # TOML file, so a bad value gets the same one-line message naming the range.
+        serve.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            help=f"{s.doc} Allowed: {s.allowed()}{' ' + s.unit if s.unit else ''} "
+            f"(default {s.default!r})",
+        )
     serve.set_defaults(func=run_serve)
     sub.add_parser("config-table", help="print the settings table (markdown)").set_defaults(
         func=lambda _args: print(cfg.markdown_table()) or 0
