@@ -395,17 +395,20 @@ class PartitionLog:
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush, write index files and the recovery point, close the files."""
-        self.flush()
+        """Flush, write index files and the recovery point, close the files; the files
+        are closed even when a write fails, so a full disk leaks no descriptor."""
         try:
+            self.flush()
+            try:
+                for segment in self._segments:
+                    if segment.index_dirty:
+                        segment.write_indexes()
+            except OSError as exc:
+                raise StorageError(f"indexes of {self.directory}: {exc}") from exc
+            self._write_recovery_point(self.log_end_offset)
+        finally:
             for segment in self._segments:
-                if segment.index_dirty:
-                    segment.write_indexes()
-        except OSError as exc:
-            raise StorageError(f"indexes of {self.directory}: {exc}") from exc
-        self._write_recovery_point(self.log_end_offset)
-        for segment in self._segments:
-            segment.close()
+                segment.close()
 
 
 def _offsets_of(directory: Path, suffix: str) -> list[int]:
