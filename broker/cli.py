@@ -16,6 +16,9 @@ from broker import logs
 from broker.data_dir import DataDirError
 from broker.producer_ids import ProducerIdStateError
 
+if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
+    from exceptiongroup import BaseExceptionGroup  # installed with anyio there
+
 log = logging.getLogger("minibroker.cli")
 
 EXIT_CONFIG_ERROR = 2
@@ -96,9 +99,25 @@ def run_serve(args: argparse.Namespace) -> int:
     except (DataDirError, ProducerIdStateError) as exc:
         log.error("event=refused_to_start reason=%r", str(exc))
         return EXIT_REFUSED_TO_START
+    except BaseExceptionGroup as group:
+        # Raised inside the broker's task group (recovery): the same refusal, wrapped.
+        refusals, others = group.split((DataDirError, ProducerIdStateError))
+        if refusals is None or others is not None:
+            raise
+        for exc in _leaves(refusals):
+            log.error("event=refused_to_start reason=%r", str(exc))
+        return EXIT_REFUSED_TO_START
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for exc in group.exceptions
+        for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
