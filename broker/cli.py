@@ -14,7 +14,6 @@ import resource
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import anyio
 
@@ -22,6 +21,9 @@ from broker import __version__, logs
 from broker import config as cfg
 from broker.data_dir import DataDirError
 from broker.producer_ids import ProducerIdStateError
+
+if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
+    from exceptiongroup import BaseExceptionGroup  # installed with anyio there
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -60,20 +62,16 @@ def build_parser(more: Sequence[Registrar] = ()) -> argparse.ArgumentParser:
         "--config", metavar="FILE.toml", help="settings file (see docs/configuration.md)"
     )
     for name in SERVE_FLAGS:
-        f = cfg.SETTINGS[name]
-        kwargs: dict[str, Any] = {
-            "default": None,
-            "help": f"{f.metadata['doc']} (default {f.default!r})",
-        }
-        if name == "backend":
-            kwargs["choices"] = ["trio", "asyncio"]
-        elif name == "log_level":
-            kwargs["choices"] = list(cfg.LOG_LEVELS)
-        elif name == "log_format":
-            kwargs["choices"] = ["text", "json"]
-        elif isinstance(f.default, int):
-            kwargs["type"] = int
-        serve.add_argument("--" + name.replace("_", "-"), dest=name, **kwargs)
+        s = cfg.SETTINGS[name]
+        # No argparse types or choices: flags are checked by the settings table like the
+        # TOML file, so a bad value gets the same one-line message naming the range.
+        serve.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            help=f"{s.doc} Allowed: {s.allowed()}{' ' + s.unit if s.unit else ''} "
+            f"(default {s.default!r})",
+        )
     serve.set_defaults(func=run_serve)
     sub.add_parser("config-table", help="print the settings table (markdown)").set_defaults(
         func=lambda _args: print(cfg.markdown_table()) or 0
@@ -108,9 +106,25 @@ def run_serve(args: argparse.Namespace) -> int:
     except (DataDirError, ProducerIdStateError) as exc:
         log.error("event=refused_to_start reason=%r", str(exc))
         return EXIT_REFUSED_TO_START
+    except BaseExceptionGroup as group:
+        # Raised inside the broker's task group (recovery): the same refusal, wrapped.
+        refusals, others = group.split((DataDirError, ProducerIdStateError))
+        if refusals is None or others is not None:
+            raise
+        for exc in _leaves(refusals):
+            log.error("event=refused_to_start reason=%r", str(exc))
+        return EXIT_REFUSED_TO_START
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for exc in group.exceptions
+        for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    ]
 
 
 def main(argv: Sequence[str] | None = None, more: Sequence[Registrar] = ()) -> int:

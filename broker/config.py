@@ -1,13 +1,19 @@
-"""Broker settings: one table that drives the TOML file, the CLI flags and the docs.
+"""Broker settings: one table that drives the TOML file, the CLI flags, topic overrides
+and the docs.
 
 Every setting has a limit-style name with its unit last (`segment_bytes`,
-`retention_ms`) so a config file reads unambiguously. `SETTINGS` is the single
-source; docs/configuration.md is checked against it by a test.
+`retention_ms`) so a config file reads unambiguously. Each is declared once, on
+BrokerConfig, with its default, bounds or choices, unit, reloadability and (for
+per-topic overrides) Kafka's dotted name; `SETTINGS` is derived from those
+declarations and `Setting.check` is the one validation of every source.
+docs/configuration.md is checked against it by a test.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,29 +27,135 @@ DAY_MS = 24 * 3600 * 1000
 
 
 class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the key."""
+    """A setting that cannot be used; the message names the key and what it allows."""
 
 
-def _setting(default: Any, doc: str, *, reloadable: bool = False) -> Any:
-    return field(default=default, metadata={"doc": doc, "reloadable": reloadable})
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1  # Kafka's long: what a topic config can carry on the wire
+PARTITIONS_MAX = 10_000
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as declared on BrokerConfig: what it is, what it allows, who may set it.
+
+    `topic_key` is Kafka's dotted name when a topic may override the setting."""
+
+    name: str
+    default: Any
+    doc: str
+    unit: str
+    min: int | None
+    max: int | None
+    choices: tuple[str, ...]
+    reloadable: bool
+    topic_key: str | None
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+    def allowed(self) -> str:
+        """The allowed values, as error messages and the docs show them."""
+        if len(self.choices) > 1:
+            return ", ".join(self.choices[:-1]) + " or " + self.choices[-1]
+        if self.choices:
+            return self.choices[0]
+        if self.kind is bool:
+            return "true or false"
+        if self.kind is int:
+            return f"{self.min}..{self.max}"
+        return "any string"
+
+    def check(self, value: Any) -> Any:
+        """`value` as this setting's type, or ConfigError naming the setting and its range.
+
+        The one validation of every source: TOML, flags, SIGHUP, CreateTopics, topic.meta.
+        Strings are parsed (flags and Kafka clients send them); floats and bools are not
+        integers even when they look like one."""
+        if self.kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        elif self.kind is int and isinstance(value, str) and _INTEGER.fullmatch(value):
+            value = int(value)
+        ok = type(value) is self.kind and (
+            (self.min is None or value >= self.min)
+            and (self.max is None or value <= self.max)
+            and (not self.choices or value in self.choices)
+        )
+        if not ok:
+            shown = repr(value)
+            shown = shown if len(shown) <= 80 else shown[:80] + "..."
+            expected = ("an integer in " if self.kind is int else "") + self.allowed()
+            raise ConfigError(f"setting {self.name}={shown} is invalid: expected {expected}")
+        return value
+
+
+def _setting(
+    default: Any,
+    doc: str,
+    *,
+    unit: str = "",
+    min: int | None = None,
+    max: int | None = None,
+    choices: tuple[str, ...] = (),
+    reloadable: bool = False,
+    topic_key: str | None = None,
+) -> Any:
+    if isinstance(default, int) and not isinstance(default, bool):
+        assert min is not None and max is not None, "every integer setting has bounds"
+    meta = {
+        "doc": doc,
+        "unit": unit,
+        "min": min,
+        "max": max,
+        "choices": choices,
+        "reloadable": reloadable,
+        "topic_key": topic_key,
+    }
+    return field(default=default, metadata=meta)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 @dataclass(frozen=True)
 class BrokerConfig:
+    """Every broker setting, declared once; SETTINGS, the CLI, topic overrides, LogConfig
+    and docs/configuration.md all derive from these declarations."""
+
     host: str = _setting("127.0.0.1", "Address the Kafka-protocol listener binds.")
-    port: int = _setting(9092, "Listener port; 0 picks a free one (logged at start).")
+    port: int = _setting(
+        9092, "Listener port; 0 picks a free one (logged at start).", min=0, max=65535
+    )
     data_dir: str = _setting("./data", "Directory holding topics, logs and producer state.")
-    backend: str = _setting("trio", "AnyIO backend: `trio`, or `asyncio` (runs on uvloop).")
-    log_level: str = _setting("info", "debug, info, warning or error.", reloadable=True)
-    log_format: str = _setting("text", "`text` (logfmt) or `json`, one line per event.")
+    backend: str = _setting(
+        "trio", "AnyIO backend: `trio`, or `asyncio` (runs on uvloop).", choices=("trio", "asyncio")
+    )
+    log_level: str = _setting(
+        "info", "How much the broker logs.", choices=LOG_LEVELS, reloadable=True
+    )
+    log_format: str = _setting(
+        "text", "`text` (logfmt) or `json`, one line per event.", choices=("text", "json")
+    )
     metrics_host: str = _setting("127.0.0.1", "Address of the /metrics, /healthz, /readyz server.")
-    metrics_port: int = _setting(9644, "Port of the metrics server; 0 picks one, -1 disables it.")
+    metrics_port: int = _setting(
+        9644, "Port of the metrics server; 0 picks one, -1 disables it.", min=-1, max=65535
+    )
     pid_file: str = _setting("", "Write the process id here while running (empty: none).")
     max_frame_bytes: int = _setting(
-        16 * 1024 * 1024, "Largest frame accepted; a larger declared length closes the connection."
+        16 * 1024 * 1024,
+        "Largest frame accepted; a larger declared length closes the connection.",
+        unit="bytes",
+        min=1024,
+        max=1 << 30,
     )
     message_max_bytes: int = _setting(
-        1024 * 1024, "Largest record batch accepted (MESSAGE_TOO_LARGE above it)."
+        1024 * 1024,
+        "Largest record batch accepted (MESSAGE_TOO_LARGE above it); at most max_frame_bytes.",
+        unit="bytes",
+        min=1,
+        max=1 << 30,
     )
     fetch_zero_copy: bool = _setting(
         True,
@@ -51,84 +163,129 @@ class BrokerConfig:
         "(asyncio buffers writes in its transport, so it always copies).",
     )
     fetch_max_bytes: int = _setting(
-        50 * 1024 * 1024, "Cap on the bytes one Fetch response carries."
+        50 * 1024 * 1024,
+        "Cap on the bytes one Fetch response carries.",
+        unit="bytes",
+        min=1,
+        max=INT32_MAX,
     )
-    max_connections: int = _setting(1000, "Open client connections; further ones are closed.")
+    max_connections: int = _setting(
+        1000, "Open client connections; further ones are closed.", min=1, max=INT32_MAX
+    )
     max_inflight_requests_per_connection: int = _setting(
-        256, "Pipelined requests read ahead of their responses before reading pauses."
+        256,
+        "Pipelined requests read ahead of their responses before reading pauses.",
+        min=1,
+        max=INT32_MAX,
     )
     request_timeout_ms: int = _setting(
-        30_000, "Upper bound on a Produce's timeout_ms and a Fetch's max_wait_ms."
+        30_000,
+        "Upper bound on a Produce's timeout_ms and a Fetch's max_wait_ms.",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
     )
     connections_max_idle_ms: int = _setting(
-        600_000, "A connection that sends no request for this long is closed."
+        600_000,
+        "A connection that sends no request for this long is closed.",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
     )
-    segment_bytes: int = _setting(1024 * 1024 * 1024, "Roll a segment at this size.")
-    segment_ms: int = _setting(7 * DAY_MS, "Roll a segment this long after its first append.")
+    segment_bytes: int = _setting(
+        1024 * 1024 * 1024,
+        "Roll a segment at this size (file positions are 32-bit in the index).",
+        unit="bytes",
+        min=1024,
+        max=INT32_MAX,
+        topic_key="segment.bytes",
+    )
+    segment_ms: int = _setting(
+        7 * DAY_MS,
+        "Roll a segment this long after its first append.",
+        unit="ms",
+        min=1,
+        max=INT64_MAX,
+        topic_key="segment.ms",
+    )
     retention_bytes: int = _setting(
-        -1, "Delete oldest segments past this partition size (-1: no limit).", reloadable=True
+        -1,
+        "Delete oldest segments past this partition size (-1: no limit).",
+        unit="bytes",
+        min=-1,
+        max=INT64_MAX,
+        reloadable=True,
+        topic_key="retention.bytes",
     )
     retention_ms: int = _setting(
         7 * DAY_MS,
         "Delete segments whose newest record is older (-1: keep forever).",
+        unit="ms",
+        min=-1,
+        max=INT64_MAX,
         reloadable=True,
+        topic_key="retention.ms",
     )
     retention_check_interval_ms: int = _setting(
-        300_000, "How often retention and producer expiry run."
+        300_000,
+        "How often retention and producer expiry run.",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
     )
-    index_interval_bytes: int = _setting(4096, "Bytes of log between sparse index entries.")
+    index_interval_bytes: int = _setting(
+        4096,
+        "Bytes of log between sparse index entries (0: an entry per batch).",
+        unit="bytes",
+        min=0,
+        max=INT32_MAX,
+        topic_key="index.interval.bytes",
+    )
     segment_index_bytes: int = _setting(
-        10 * 1024 * 1024, "Largest offset index of a segment; a full index rolls the segment."
+        10 * 1024 * 1024,
+        "Largest offset index of a segment; a full index rolls the segment. "
+        "At least one time-index entry (16 bytes).",
+        unit="bytes",
+        min=16,
+        max=INT32_MAX,
+        topic_key="segment.index.bytes",
     )
     producer_id_expiration_ms: int = _setting(
-        DAY_MS, "Forget a producer idle this long on a partition.", reloadable=True
+        DAY_MS,
+        "Forget a producer idle this long on a partition.",
+        unit="ms",
+        min=1,
+        max=INT64_MAX,
+        reloadable=True,
     )
     max_producers_per_partition: int = _setting(
-        100_000, "Producer ids remembered per partition; the least recently used is evicted."
+        100_000,
+        "Producer ids remembered per partition; the least recently used is evicted.",
+        min=1,
+        max=INT32_MAX,
     )
     auto_create_topics: bool = _setting(True, "Create a topic on Metadata with allow_auto_create.")
-    default_partitions: int = _setting(1, "Partitions of an auto-created topic.")
+    default_partitions: int = _setting(
+        1, "Partitions of an auto-created topic.", min=1, max=PARTITIONS_MAX
+    )
     shutdown_timeout_ms: int = _setting(
-        10_000, "SIGTERM: time allowed to finish in-flight requests before closing."
+        10_000,
+        "SIGTERM: time allowed to finish in-flight requests before closing.",
+        unit="ms",
+        min=0,
+        max=INT32_MAX,
     )
 
     def validate(self) -> BrokerConfig:
-        """Check ranges and choices; raise ConfigError naming the key."""
-        checks: list[tuple[str, bool, str]] = [
-            ("backend", self.backend in ("trio", "asyncio"), "trio or asyncio"),
-            ("log_level", self.log_level in LOG_LEVELS, ", ".join(LOG_LEVELS)),
-            ("log_format", self.log_format in ("text", "json"), "text or json"),
-            ("port", 0 <= self.port <= 65535, "0..65535"),
-            ("metrics_port", -1 <= self.metrics_port <= 65535, "-1..65535"),
-            ("max_frame_bytes", 1024 <= self.max_frame_bytes <= 1 << 30, "1 KiB..1 GiB"),
-            (
-                "message_max_bytes",
-                0 < self.message_max_bytes <= self.max_frame_bytes,
-                "1..max_frame_bytes",
-            ),
-            ("max_connections", self.max_connections >= 1, ">= 1"),
-            (
-                "max_inflight_requests_per_connection",
-                self.max_inflight_requests_per_connection >= 1,
-                ">= 1",
-            ),
-            ("segment_bytes", 1024 <= self.segment_bytes <= 2**31 - 1, "1024..2147483647"),
-            ("segment_ms", self.segment_ms >= 1, ">= 1"),
-            ("retention_bytes", self.retention_bytes >= -1, ">= -1"),
-            ("retention_ms", self.retention_ms >= -1, ">= -1"),
-            ("index_interval_bytes", self.index_interval_bytes >= 1, ">= 1"),
-            ("segment_index_bytes", self.segment_index_bytes >= 64, ">= 64"),
-            ("producer_id_expiration_ms", self.producer_id_expiration_ms >= 1, ">= 1"),
-            ("max_producers_per_partition", self.max_producers_per_partition >= 1, ">= 1"),
-            ("default_partitions", self.default_partitions >= 1, ">= 1"),
-            ("request_timeout_ms", self.request_timeout_ms >= 1, ">= 1"),
-            ("shutdown_timeout_ms", self.shutdown_timeout_ms >= 0, ">= 0"),
-        ]
-        for key, ok, expected in checks:
-            if not ok:
-                raise ConfigError(
-                    f"setting {key}={getattr(self, key)!r} is invalid: expected {expected}"
-                )
+        """Check every setting against its declaration; raise ConfigError naming the key."""
+        for name, setting in SETTINGS.items():
+            setting.check(getattr(self, name))
+        # The one rule between two settings: a batch must fit in a frame.
+        if self.message_max_bytes > self.max_frame_bytes:
+            raise ConfigError(
+                f"setting message_max_bytes={self.message_max_bytes} is invalid: expected "
+                f"at most max_frame_bytes ({self.max_frame_bytes})"
+            )
         return self
 
     @property
@@ -139,34 +296,43 @@ class BrokerConfig:
         return replace(self, **coerce(overrides)).validate()
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-SETTINGS = {f.name: f for f in fields(BrokerConfig)}
-RELOADABLE = frozenset(name for name, f in SETTINGS.items() if f.metadata["reloadable"])
+SETTINGS: dict[str, Setting] = {
+    f.name: Setting(name=f.name, default=f.default, **f.metadata) for f in fields(BrokerConfig)
+}
+RELOADABLE = frozenset(name for name, s in SETTINGS.items() if s.reloadable)
+# Kafka's dotted name -> the setting a topic may override.
+TOPIC_SETTINGS: dict[str, Setting] = {
+    s.topic_key: s for s in SETTINGS.values() if s.topic_key is not None
+}
 
 
-def coerce(values: dict[str, Any]) -> dict[str, Any]:
-    """Type-check raw values (TOML or CLI) against the table; unknown keys are errors."""
+def coerce(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Check raw values (TOML or CLI) against the table; unknown keys are errors."""
     out: dict[str, Any] = {}
     for raw_key, value in values.items():
-        key = raw_key.replace("-", "_").replace(".", "_")
-        f = SETTINGS.get(key)
-        if f is None:
+        setting = SETTINGS.get(raw_key.replace("-", "_").replace(".", "_"))
+        if setting is None:
             raise ConfigError(f"unknown setting {raw_key!r}")
-        kind = type(f.default)
-        if kind is bool and isinstance(value, str):
-            if value.lower() not in ("true", "false"):
-                raise ConfigError(f"setting {key} must be true or false, got {value!r}")
-            value = value.lower() == "true"
-        elif kind is int and isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(f"setting {key} must be an integer, got {value!r}") from None
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        out[setting.name] = setting.check(value)
+    return out
+
+
+def topic_overrides(config: Mapping[Any, Any] | None) -> dict[str, int]:
+    """A topic's config (CreateTopics or topic.meta) as checked overrides by setting name.
+
+    Kafka's dotted names (`retention.ms`) and ours (`retention_ms`) are both accepted."""
+    by_name = {s.name: s for s in TOPIC_SETTINGS.values()}
+    out: dict[str, int] = {}
+    for raw_key, value in (config or {}).items():
+        setting = TOPIC_SETTINGS.get(raw_key) or by_name.get(raw_key)
+        if setting is None:
             raise ConfigError(
-                f"setting {key} must be {kind.__name__}, got {type(value).__name__} {value!r}"
+                f"unknown topic config {raw_key!r}; known: {', '.join(TOPIC_SETTINGS)}"
             )
-        out[key] = value
+        try:
+            out[setting.name] = setting.check(value)
+        except ConfigError as exc:
+            raise ConfigError(f"topic config {raw_key!r}: {exc}") from None
     return out
 
 
@@ -187,12 +353,16 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Br
 
 def markdown_table() -> str:
     """The settings table as docs/configuration.md shows it."""
-    rows = ["| key | default | reloadable (SIGHUP) | meaning |", "|---|---|---|---|"]
-    for name, f in SETTINGS.items():
-        default = f.default
+    rows = [
+        "| key | default | allowed | unit | topic override | reloadable (SIGHUP) | meaning |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in SETTINGS.values():
+        default = s.default
         shown = "true" if default is True else "false" if default is False else repr(default)
+        topic = f"`{s.topic_key}`" if s.topic_key else ""
         rows.append(
-            f"| `{name}` | `{shown}` | {'yes' if f.metadata['reloadable'] else ''} "
-            f"| {f.metadata['doc']} |"
+            f"| `{s.name}` | `{shown}` | {s.allowed()} | {s.unit} | {topic} "
+            f"| {'yes' if s.reloadable else ''} | {s.doc} |"
         )
     return "\n".join(rows)

@@ -18,10 +18,11 @@ import os
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 
+from broker.config import SETTINGS, TOPIC_SETTINGS
 from broker.fileio import TMP_SUFFIX, write_atomic
 from broker.offset_index import UINT32_MAX
 from broker.recovery import RecoveryReport, decode_recovery_point, encode_recovery_point
@@ -33,7 +34,7 @@ from broker.segment import (
     StorageError,
     file_name,
 )
-from protocol.batch import HEADER_BYTES, BatchHeader
+from protocol.batch import BatchHeader
 
 __all__ = [
     "LogConfig",
@@ -47,31 +48,32 @@ RECOVERY_POINT_FILE = "recovery-point"
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 3
 OFFSET_LIMIT = 2**63  # above every int64 offset
-SEGMENT_BYTES_MAX = 2**31 - 1  # file positions are uint32 in the index; Kafka's cap too
+
+
+def _default(name: str) -> int:
+    default: int = SETTINGS[name].default
+    return default
 
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
-    """Per-partition log settings, with Kafka's names and defaults. -1 = unlimited."""
+    """Per-partition log settings: the topic-overridable settings of broker.config, whose
+    declarations give the defaults and bounds; -1 = unlimited where allowed."""
 
-    segment_bytes: int = 1 << 30
-    segment_ms: int = 7 * 24 * 3600 * 1000
-    retention_bytes: int = -1
-    retention_ms: int = 7 * 24 * 3600 * 1000
-    index_interval_bytes: int = 4096
-    segment_index_bytes: int = 10 * 1024 * 1024
+    segment_bytes: int = _default("segment_bytes")
+    segment_ms: int = _default("segment_ms")
+    retention_bytes: int = _default("retention_bytes")
+    retention_ms: int = _default("retention_ms")
+    index_interval_bytes: int = _default("index_interval_bytes")
+    segment_index_bytes: int = _default("segment_index_bytes")
 
     def __post_init__(self) -> None:
-        if not HEADER_BYTES <= self.segment_bytes <= SEGMENT_BYTES_MAX:
-            raise ValueError(f"segment_bytes {self.segment_bytes} not in 56..{SEGMENT_BYTES_MAX}")
-        if self.segment_ms < 1:
-            raise ValueError(f"segment_ms {self.segment_ms} < 1")
-        if self.retention_bytes < -1 or self.retention_ms < -1:
-            raise ValueError("retention_bytes and retention_ms are -1 (unlimited) or >= 0")
-        if self.index_interval_bytes < 0:
-            raise ValueError(f"index_interval_bytes {self.index_interval_bytes} < 0")
-        if self.segment_index_bytes < 16:
-            raise ValueError(f"segment_index_bytes {self.segment_index_bytes} < one entry (16)")
+        for f in fields(self):
+            SETTINGS[f.name].check(getattr(self, f.name))
+
+
+# A topic override that LogConfig did not carry would be accepted and then ignored.
+assert {f.name for f in fields(LogConfig)} == {s.name for s in TOPIC_SETTINGS.values()}
 
 
 class FileSpan(NamedTuple):
@@ -393,17 +395,20 @@ class PartitionLog:
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush, write index files and the recovery point, close the files."""
-        self.flush()
+        """Flush, write index files and the recovery point, close the files; the files
+        are closed even when a write fails, so a full disk leaks no descriptor."""
         try:
+            self.flush()
+            try:
+                for segment in self._segments:
+                    if segment.index_dirty:
+                        segment.write_indexes()
+            except OSError as exc:
+                raise StorageError(f"indexes of {self.directory}: {exc}") from exc
+            self._write_recovery_point(self.log_end_offset)
+        finally:
             for segment in self._segments:
-                if segment.index_dirty:
-                    segment.write_indexes()
-        except OSError as exc:
-            raise StorageError(f"indexes of {self.directory}: {exc}") from exc
-        self._write_recovery_point(self.log_end_offset)
-        for segment in self._segments:
-            segment.close()
+                segment.close()
 
 
 def _offsets_of(directory: Path, suffix: str) -> list[int]:

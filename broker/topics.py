@@ -2,14 +2,19 @@
 
 Layout: `<data_dir>/topics/<name>/topic.meta` (sealed msgpack: partitions and
 config overrides) and one directory per partition, `<data_dir>/topics/<name>/<n>/`.
-The meta file is written after every partition has opened, so a crash or an
-error during creation leaves a directory without one, which is no topic and is
-cleared when the name is created again.
+
+A topic is created in `<name>~` ('~' is never in a topic name) and renamed into
+place once its meta file is durable, so a crash or an error during creation
+leaves at most a staging directory, which is removed. A topic directory without
+a readable meta file is therefore damage, never a creation that failed: it is
+rebuilt from its partition directories or the broker refuses to start. Nothing
+here deletes a directory that may hold records.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import resource
 import shutil
@@ -20,9 +25,10 @@ from typing import Any
 
 import msgpack
 
-from broker.config import BrokerConfig
-from broker.fileio import seal, unseal, write_atomic
-from broker.log import LogConfig
+from broker.config import PARTITIONS_MAX, TOPIC_SETTINGS, BrokerConfig, ConfigError, topic_overrides
+from broker.data_dir import DataDirError
+from broker.fileio import fsync_dir, seal, unseal, write_atomic
+from broker.log import LogConfig, StorageError
 from broker.partition import Partition, ProducerLimits
 from protocol.errors import ErrorCode
 
@@ -30,18 +36,8 @@ log = logging.getLogger(f"minibroker.{__name__}")
 
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 META_FILE = "topic.meta"
-PARTITIONS_MAX = 10_000
+STAGING_SUFFIX = "~"
 FDS_RESERVED = 64  # snapshots, indexes, the lock, the metrics listener
-# Per-topic overrides a CreateTopics config may carry; Kafka's dotted names map
-# onto ours (retention.ms -> retention_ms).
-TOPIC_SETTINGS = (
-    "segment_bytes",
-    "segment_ms",
-    "retention_bytes",
-    "retention_ms",
-    "index_interval_bytes",
-    "segment_index_bytes",
-)
 
 
 class TopicError(Exception):
@@ -49,6 +45,10 @@ class TopicError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class TopicMetaError(DataDirError):
+    """A topic directory whose meta file is gone or damaged and cannot be rebuilt."""
 
 
 def check_name(name: str) -> None:
@@ -59,23 +59,56 @@ def check_name(name: str) -> None:
         )
 
 
-def normalize_config(config: dict[str, Any] | None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for raw_key, value in (config or {}).items():
-        key = str(raw_key).replace(".", "_")
-        if key not in TOPIC_SETTINGS:
-            raise TopicError(
-                ErrorCode.INVALID_REQUEST,
-                f"unknown topic config {raw_key!r}; known: {', '.join(TOPIC_SETTINGS)}",
-            )
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise TopicError(
-                ErrorCode.INVALID_REQUEST, f"topic config {raw_key!r} must be an integer"
-            ) from None
-        out[key] = number
-    return out
+REBUILT_META_CONFIG = {"retention_ms": -1, "retention_bytes": -1}
+
+
+def encode_meta(partitions: int, config: dict[str, int]) -> bytes:
+    return seal(msgpack.packb({"partitions": partitions, "config": config}, use_bin_type=True))
+
+
+def decode_meta(data: bytes) -> tuple[int, dict[str, int]]:
+    """(partitions, overrides) of a meta file; ValueError saying what is wrong with it."""
+    body = unseal(data)
+    if body is None:
+        raise ValueError("checksum mismatch")
+    try:
+        meta = msgpack.unpackb(body, raw=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ValueError(f"not msgpack: {exc}") from None
+    if not isinstance(meta, dict) or set(meta) != {"partitions", "config"}:
+        raise ValueError("not a map of partitions and config")
+    partitions = meta["partitions"]
+    if type(partitions) is not int or not 1 <= partitions <= PARTITIONS_MAX:
+        raise ValueError(f"partitions {partitions!r} not in 1..{PARTITIONS_MAX}")
+    if not isinstance(meta["config"], dict):
+        raise ValueError("config is not a map")
+    try:
+        return partitions, topic_overrides(meta["config"])
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def partition_count_on_disk(directory: Path) -> int:
+    """How many partitions the directories `0`..`n-1` of a topic say it has; TopicMetaError
+    when they do not say it unambiguously."""
+    found = sorted(
+        int(p.name)
+        for p in directory.iterdir()
+        if p.is_dir() and p.name.isdigit() and str(int(p.name)) == p.name
+    )
+    if not found:
+        raise TopicMetaError(
+            f"{directory / META_FILE} is missing or damaged and {directory} has no partition "
+            "directories to rebuild it from; restore the topic from a backup or move the "
+            "directory away"
+        )
+    if found != list(range(len(found))) or len(found) > PARTITIONS_MAX:
+        raise TopicMetaError(
+            f"{directory / META_FILE} is missing or damaged and the partition directories "
+            f"of {directory} ({', '.join(map(str, found))}) are not 0..n-1; restore the "
+            "topic from a backup or move the directory away"
+        )
+    return len(found)
 
 
 @dataclass
@@ -101,8 +134,8 @@ class TopicRegistry:
             p.on_rolled = hook
 
     def log_config(self, overrides: dict[str, int]) -> LogConfig:
-        # Broker-wide defaults and topic overrides share the names of TOPIC_SETTINGS.
-        defaults = {name: getattr(self.config, name) for name in TOPIC_SETTINGS}
+        # Broker-wide defaults and topic overrides share the setting names.
+        defaults = {s.name: getattr(self.config, s.name) for s in TOPIC_SETTINGS.values()}
         return LogConfig(**{**defaults, **overrides})
 
     @property
@@ -112,21 +145,52 @@ class TopicRegistry:
         )
 
     def open_all(self, *, clean_shutdown: bool, now_ms: int) -> None:
+        """Open every topic; TopicMetaError when one cannot be opened without guessing."""
         self.root.mkdir(parents=True, exist_ok=True)
-        for directory in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            meta_path = directory / META_FILE
-            body = unseal(meta_path.read_bytes()) if meta_path.exists() else None
-            if body is None:
-                log.error(
-                    "event=topic_skipped dir=%s reason='missing or corrupt %s'",
-                    directory,
-                    META_FILE,
-                )
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.endswith(STAGING_SUFFIX):
+                # Never renamed into place, so never a topic: nothing was ever stored there.
+                log.warning("event=topic_creation_discarded dir=%s", entry)
+                shutil.rmtree(entry)
                 continue
-            meta = msgpack.unpackb(body, raw=False)
-            self.topics[directory.name] = self._open_topic(
-                directory.name, meta["partitions"], meta["config"], clean_shutdown, now_ms
+            if not entry.is_dir() or not TOPIC_NAME.fullmatch(entry.name):
+                log.warning("event=topic_dir_ignored path=%s reason='not a topic'", entry)
+                continue
+            partitions, config = self._read_meta(entry)
+            self.topics[entry.name] = self._open_topic(
+                entry.name, partitions, config, clean_shutdown, now_ms
             )
+
+    def _read_meta(self, directory: Path) -> tuple[int, dict[str, int]]:
+        """The topic's meta file; when it is missing or damaged, the partition count its
+        directories show and broker defaults, written back as the new meta file."""
+        meta_path = directory / META_FILE
+        try:
+            return decode_meta(meta_path.read_bytes())
+        except FileNotFoundError:
+            reason = "missing"
+        except ValueError as exc:
+            reason = str(exc)
+        except OSError as exc:
+            raise TopicMetaError(f"cannot read {meta_path}: {exc.strerror}") from exc
+        partitions = partition_count_on_disk(directory)
+        # The overrides are lost with the file. Retention is switched off rather than
+        # falling back to the broker's, which could delete data the topic kept forever:
+        # only an operator who sets it again may let retention remove anything.
+        config = dict(REBUILT_META_CONFIG)
+        log.warning(
+            "event=topic_meta_rebuilt file=%s reason=%r partitions=%d config=%s "
+            "note='per-topic overrides are lost; retention is off until set again'",
+            meta_path,
+            reason,
+            partitions,
+            config,
+        )
+        try:
+            write_atomic(meta_path, encode_meta(partitions, config))
+        except OSError as exc:
+            raise TopicMetaError(f"cannot rewrite {meta_path}: {exc.strerror}") from exc
+        return partitions, config
 
     def _open_topic(
         self, name: str, partitions: int, config: dict[str, int], clean_shutdown: bool, now_ms: int
@@ -148,7 +212,7 @@ class TopicRegistry:
                 )
         except BaseException:
             for p in opened:
-                p.log.close()
+                _release(p)
             raise
         topic = Topic(name, config, opened)
         for p in topic.partitions:
@@ -158,6 +222,8 @@ class TopicRegistry:
     def create(
         self, name: str, partitions: int, config: dict[str, Any] | None, now_ms: int
     ) -> Topic:
+        """Create a topic whole or not at all: on any error nothing of it stays on disk
+        or open, and an OSError answers KAFKA_STORAGE_ERROR."""
         check_name(name)
         if name in self.topics:
             raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
@@ -166,34 +232,58 @@ class TopicRegistry:
                 ErrorCode.INVALID_PARTITIONS,
                 f"partitions must be 1..{PARTITIONS_MAX}, got {partitions}",
             )
-        overrides = normalize_config(config)
         try:
-            self.log_config(overrides)
-        except (TypeError, ValueError) as exc:
-            raise TopicError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+            overrides = topic_overrides(config)
+        except ConfigError as exc:
+            raise TopicError(ErrorCode.INVALID_CONFIG, str(exc)) from exc
         self._check_fd_budget(partitions)
         directory = self.root / name
-        if directory.exists():
-            # No meta file, so no topic: the leftovers of a creation that failed.
-            shutil.rmtree(directory)
-        directory.mkdir(parents=True)
-        try:
-            topic = self._open_topic(name, partitions, overrides, True, now_ms)
-        except OSError as exc:
-            shutil.rmtree(directory, ignore_errors=True)
+        if os.path.lexists(directory):
+            # Not a topic we know, yet maybe someone's records: never deleted here.
             raise TopicError(
-                ErrorCode.KAFKA_STORAGE_ERROR, f"cannot create topic {name!r}: {exc}"
-            ) from exc
-        # The meta file goes last: a topic directory without one is never a topic.
-        write_atomic(
-            directory / META_FILE,
-            seal(msgpack.packb({"partitions": partitions, "config": overrides}, use_bin_type=True)),
-        )
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"cannot create topic {name!r}: {directory} already exists and is no topic "
+                "of this broker; move it away",
+            )
+        staging = self.root / (name + STAGING_SUFFIX)
+        try:
+            if os.path.lexists(staging):
+                shutil.rmtree(staging)  # a creation that failed and could not clean up
+            staging.mkdir(parents=True)
+            for i in range(partitions):
+                (staging / str(i)).mkdir()
+            write_atomic(staging / META_FILE, encode_meta(partitions, overrides))
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _storage_error(name, exc) from exc
+        try:
+            os.rename(staging, directory)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _storage_error(name, exc) from exc
+        try:
+            fsync_dir(self.root)
+            topic = self._open_topic(name, partitions, overrides, True, now_ms)
+        except (OSError, StorageError) as exc:
+            self._uncreate(directory, staging)
+            raise _storage_error(name, exc) from exc
+        except BaseException:
+            self._uncreate(directory, staging)
+            raise
         self.topics[name] = topic
         log.info(
             "event=topic_created topic=%s partitions=%d config=%s", name, partitions, overrides
         )
         return topic
+
+    def _uncreate(self, directory: Path, staging: Path) -> None:
+        """Take back a topic renamed into place moments ago: it has served nothing."""
+        try:
+            os.rename(directory, staging)
+            shutil.rmtree(staging)
+            fsync_dir(self.root)
+        except OSError as exc:
+            log.error("event=topic_uncreate_failed dir=%s error=%r", directory, str(exc))
 
     def _check_fd_budget(self, partitions: int) -> None:
         """Every partition keeps its segment files open; refuse a topic that would
@@ -232,3 +322,18 @@ class TopicRegistry:
     def close(self) -> None:
         for p in self.all_partitions():
             p.close()
+
+
+def _storage_error(name: str, exc: BaseException) -> TopicError:
+    log.error("event=topic_create_failed topic=%s error=%r", name, str(exc))
+    return TopicError(ErrorCode.KAFKA_STORAGE_ERROR, f"cannot create topic {name!r}: {exc}")
+
+
+def _release(partition: Partition) -> None:
+    """Close a partition being given up on; its files are closed even if writing fails."""
+    try:
+        partition.log.close()
+    except StorageError as exc:
+        log.warning(
+            "event=partition_close_failed dir=%s error=%r", partition.log.directory, str(exc)
+        )

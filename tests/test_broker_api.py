@@ -55,7 +55,7 @@ def test_create_topics_and_metadata(broker: BrokerProcess) -> None:
         r = c.call(
             "CreateTopics", topics=[{"name": "cfg", "partitions": 1, "config": {"bogus.key": 1}}]
         )
-        assert r["topics"][0]["error"] == ErrorCode.INVALID_REQUEST
+        assert r["topics"][0]["error"] == ErrorCode.INVALID_CONFIG
         assert "bogus.key" in r["topics"][0]["message"]
 
         everything = c.call("Metadata", topics=None)

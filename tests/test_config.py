@@ -28,7 +28,7 @@ def test_toml_then_flags_override(tmp_path: Path) -> None:
     ("text", "needle"),
     [
         ("nonsense_key = 1\n", "unknown setting 'nonsense_key'"),
-        ('port = "x"\n', "setting port must be an integer"),
+        ('port = "x"\n', "setting port='x' is invalid: expected an integer in 0..65535"),
         ("port = 70000\n", "setting port=70000 is invalid"),
         ('backend = "gevent"\n', "setting backend='gevent' is invalid"),
         ("message_max_bytes = 999999999\n", "message_max_bytes"),
@@ -48,4 +48,116 @@ def test_every_serve_flag_is_a_setting() -> None:
     args = build_parser().parse_args(
         ["serve", "--port", "5", "--data-dir", "d", "--backend", "asyncio"]
     )
-    assert (args.port, args.data_dir, args.backend) == (5, "d", "asyncio")
+    overrides = {k: getattr(args, k) for k in SERVE_FLAGS if getattr(args, k) is not None}
+    c = cfg.load(None, overrides)
+    assert (c.port, c.data_dir, c.backend) == (5, "d", "asyncio")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("segment_bytes", 100, "1024..2147483647"),
+        ("segment_bytes", 2**31, "1024..2147483647"),
+        ("segment_ms", 1e300, "1..9223372036854775807"),
+        ("segment_ms", 5.0, "1..9223372036854775807"),
+        ("retention_ms", float("inf"), "-1..9223372036854775807"),
+        ("retention_ms", float("nan"), "-1..9223372036854775807"),
+        ("retention_ms", -2, "-1..9223372036854775807"),
+        ("retention_bytes", 2**63, "-1..9223372036854775807"),
+        ("port", True, "0..65535"),
+        ("port", "80.5", "0..65535"),
+        ("port", " 80", "0..65535"),
+        ("port", "1e3", "0..65535"),
+        ("max_connections", 0, "1..2147483647"),
+        ("segment_index_bytes", 8, "16..2147483647"),
+        ("backend", "gevent", "trio or asyncio"),
+        ("log_level", 1, "debug, info, warning or error"),
+        ("fetch_zero_copy", 1, "true or false"),
+        ("host", 5, "any string"),
+    ],
+)
+def test_one_check_rejects_with_the_setting_and_its_range(
+    name: str, value: object, allowed: str
+) -> None:
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.SETTINGS[name].check(value)
+    assert f"setting {name}=" in str(info.value) and allowed in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "parsed"),
+    [
+        ("port", "80", 80),
+        ("retention_ms", "-1", -1),
+        ("retention_bytes", 2**63 - 1, 2**63 - 1),
+        ("fetch_zero_copy", "False", False),
+        ("segment_bytes", 1024, 1024),
+    ],
+)
+def test_integer_strings_and_bounds_are_accepted(name: str, value: object, parsed: object) -> None:
+    assert cfg.SETTINGS[name].check(value) == parsed
+
+
+def test_every_integer_setting_has_bounds_and_ms_or_bytes_names_their_unit() -> None:
+    for s in cfg.SETTINGS.values():
+        if s.kind is int:
+            assert s.min is not None and s.max is not None and s.min <= s.default <= s.max
+        for unit, suffix in (("ms", "_ms"), ("bytes", "_bytes")):
+            assert (s.unit == unit) == s.name.endswith(suffix), s.name
+        s.check(s.default)
+
+
+def test_flags_are_checked_by_the_table(tmp_path: Path) -> None:
+    """A bad flag gets the same one-line message and exit code 2 as a bad file."""
+    from broker.cli import main
+
+    for flag, value in (("--port", "1.5"), ("--metrics-port", "-2"), ("--backend", "x")):
+        assert main(["serve", flag, value, "--data-dir", str(tmp_path)]) == 2
+
+
+def test_flag_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from broker.cli import main
+
+    assert main(["serve", "--port", "1.5", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "minibroker: setting port='1.5' is invalid: expected an integer in 0..65535\n"
+
+
+def test_message_max_bytes_is_at_most_max_frame_bytes() -> None:
+    with pytest.raises(cfg.ConfigError, match="at most max_frame_bytes"):
+        cfg.load(None, {"max_frame_bytes": 4096, "message_max_bytes": 8192})
+
+
+def test_topic_overrides_take_dotted_or_our_names_and_the_same_bounds() -> None:
+    assert cfg.topic_overrides({"retention.ms": "1000", "segment_bytes": 4096}) == {
+        "retention_ms": 1000,
+        "segment_bytes": 4096,
+    }
+    with pytest.raises(cfg.ConfigError, match=r"'segment\.bytes'.*1024\.\.2147483647"):
+        cfg.topic_overrides({"segment.bytes": 100})
+    with pytest.raises(cfg.ConfigError, match=r"unknown topic config 'cleanup\.policy'"):
+        cfg.topic_overrides({"cleanup.policy": "compact"})
+    # Broker-only settings are no topic config, whatever they are called.
+    with pytest.raises(cfg.ConfigError, match="unknown topic config"):
+        cfg.topic_overrides({"max_connections": 5})
+
+
+def test_log_config_takes_its_defaults_and_bounds_from_the_table() -> None:
+    from dataclasses import fields
+
+    from broker.log import LogConfig
+
+    defaults = LogConfig()
+    for f in fields(LogConfig):
+        assert getattr(defaults, f.name) == cfg.SETTINGS[f.name].default
+    assert {f.name for f in fields(LogConfig)} == {s.name for s in cfg.TOPIC_SETTINGS.values()}
+    with pytest.raises(cfg.ConfigError, match="segment_bytes=100"):
+        LogConfig(segment_bytes=100)
+
+
+def test_sighup_reload_uses_the_same_check(tmp_path: Path) -> None:
+    """The reload path is `load` again: a bad value there is the same ConfigError."""
+    path = tmp_path / "b.toml"
+    path.write_text("retention_ms = 1.5\n")
+    with pytest.raises(cfg.ConfigError, match=r"setting retention_ms=1\.5 is invalid"):
+        cfg.load(path)

@@ -206,10 +206,10 @@ def test_retention_by_bytes_caps_size_and_advances_log_start(tmp_path: Path) -> 
 
 
 def test_retention_by_time(tmp_path: Path) -> None:
-    config = LogConfig(segment_bytes=400, retention_ms=1000)
+    config = LogConfig(segment_bytes=1024, retention_ms=1000)
     log = PartitionLog.open(tmp_path, config, clean_shutdown=True, now_ms=0)
     for i in range(12):
-        append(log, make_batch([T0_MS + i * 100], value_bytes=100))  # 2 batches per segment
+        append(log, make_batch([T0_MS + i * 100], value_bytes=400))  # 2 batches per segment
     log.flush()
     assert segment_bases(tmp_path) == [0, 2, 4, 6, 8, 10]
     # segment [0, 2) holds timestamps up to T0+100, [2, 4) up to T0+300

@@ -1,0 +1,199 @@
+"""TopicRegistry on real files: checked topic configs, creation that is whole or nothing,
+and a damaged topic.meta that is rebuilt from disk and never costs a record."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker import fileio, segment
+from broker.config import BrokerConfig
+from broker.topics import META_FILE, TopicError, TopicMetaError, TopicRegistry, decode_meta
+from harness.wire import values_batch
+from protocol.batch import validate
+from protocol.errors import ErrorCode
+from tests.test_broker_api import fetched_values
+
+NOW_MS = 1_700_000_000_000
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def registry(data: Path, **settings: Any) -> TopicRegistry:
+    r = TopicRegistry(data, BrokerConfig(**settings).validate())
+    r.open_all(clean_shutdown=True, now_ms=NOW_MS)
+    return r
+
+
+def produce(r: TopicRegistry, topic: str, partition: int, values: list[bytes]) -> None:
+    batch = values_batch(values)
+    p = r.partition(topic, partition)
+    assert p is not None
+    assert p.append(batch, validate(batch), NOW_MS).error == ErrorCode.NONE
+
+
+def stored_values(r: TopicRegistry, topic: str, partition: int) -> list[bytes]:
+    p = r.partition(topic, partition)
+    assert p is not None
+    return [v for _, v in fetched_values(p.log.read(0, 1 << 20))]
+
+
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ({"segment.bytes": 100}, "segment.bytes"),
+        ({"segment.ms": 1e300}, "segment.ms"),
+        ({"retention.ms": float("inf")}, "retention.ms"),
+        ({"retention.bytes": 2**70}, "retention.bytes"),
+        ({"retention.ms": True}, "retention.ms"),
+        ({"retention.ms": "soon"}, "retention.ms"),
+        ({"index.interval.bytes": -1}, "index.interval.bytes"),
+        ({"cleanup.policy": "compact"}, "unknown topic config 'cleanup.policy'"),
+    ],
+)
+def test_bad_topic_config_is_invalid_config_and_leaves_nothing(
+    tmp_path: Path, config: dict[str, Any], needle: str
+) -> None:
+    r = registry(tmp_path)
+    before = open_fds()
+    with pytest.raises(TopicError) as info:
+        r.create("t", 2, config, NOW_MS)
+    assert info.value.code == ErrorCode.INVALID_CONFIG
+    assert needle in info.value.message
+    assert os.listdir(r.root) == [] and open_fds() == before and "t" not in r.topics
+
+
+def _fail_nth(n: int, real: Callable[..., Any]) -> Callable[..., Any]:
+    calls = [0]
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("where", "nth"),
+    [
+        ("mkdir", 1),  # the staging directory
+        ("mkdir", 3),  # a partition directory
+        ("write", 1),  # the meta file
+        ("rename", 1),  # the commit
+        ("segment", 1),  # the first partition's log file, after the commit
+        ("segment", 3),  # the third, with two partitions open
+    ],
+)
+def test_full_disk_during_creation_is_storage_error_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, nth: int
+) -> None:
+    r = registry(tmp_path)
+    before = open_fds()
+    if where == "mkdir":
+        monkeypatch.setattr(Path, "mkdir", _fail_nth(nth, Path.mkdir))
+    elif where == "write":
+        monkeypatch.setattr(fileio.os, "write", _fail_nth(nth, os.write))
+    elif where == "rename":
+        monkeypatch.setattr("broker.topics.os.rename", _fail_nth(nth, os.rename))
+    else:
+        monkeypatch.setattr(segment, "fsync_dir", _fail_nth(nth, fileio.fsync_dir))
+    with pytest.raises(TopicError) as info:
+        r.create("t", 4, {"retention.ms": 1000}, NOW_MS)
+    monkeypatch.undo()
+    assert info.value.code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert "No space left on device" in info.value.message
+    assert os.listdir(r.root) == [] and open_fds() == before and "t" not in r.topics
+    # Nothing is in the way of trying again once there is room.
+    r.create("t", 4, {"retention.ms": 1000}, NOW_MS)
+    assert len(r.topics["t"].partitions) == 4
+    r.close()
+
+
+def test_a_restart_forgets_a_creation_that_crashed(tmp_path: Path) -> None:
+    """A crash before the rename leaves `<name>~`, which is no topic and goes at start."""
+    staging = tmp_path / "topics" / "t~"
+    (staging / "0").mkdir(parents=True)
+    r = registry(tmp_path)
+    assert r.topics == {} and not staging.exists()
+    r.create("t", 1, None, NOW_MS)
+    r.close()
+
+
+def test_create_never_deletes_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    r = registry(tmp_path)
+    stray = r.root / "t" / "0"
+    stray.mkdir(parents=True)
+    (stray / "00000000000000000000.log").write_bytes(b"someone's records")
+    with pytest.raises(TopicError) as info:
+        r.create("t", 1, None, NOW_MS)
+    assert info.value.code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert str(r.root / "t") in info.value.message
+    assert (stray / "00000000000000000000.log").read_bytes() == b"someone's records"
+
+
+def _damage(meta: Path, how: str) -> None:
+    if how == "deleted":
+        meta.unlink()
+    elif how == "truncated":
+        meta.write_bytes(meta.read_bytes()[:3])
+    elif how == "flipped":
+        data = bytearray(meta.read_bytes())
+        data[1] ^= 0xFF
+        meta.write_bytes(bytes(data))
+    else:
+        meta.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "flipped", "empty"])
+def test_damaged_meta_is_rebuilt_from_the_partition_directories(tmp_path: Path, how: str) -> None:
+    r = registry(tmp_path)
+    r.create("t", 3, {"retention.ms": -1}, NOW_MS)
+    for i in range(3):
+        produce(r, "t", i, [f"{i}-{n}".encode() for n in range(5)])
+    r.close()
+    _damage(r.root / "t" / META_FILE, how)
+
+    r = registry(tmp_path, retention_ms=123_456)
+    assert [stored_values(r, "t", i) for i in range(3)] == [
+        [f"{i}-{n}".encode() for n in range(5)] for i in range(3)
+    ]
+    # The override could not be recovered, and the broker's retention of 123 s would
+    # delete what the topic kept forever: a rebuilt topic keeps everything instead.
+    kept = {"retention_ms": -1, "retention_bytes": -1}
+    assert r.topics["t"].config == kept
+    assert r.partition("t", 0).log.config.retention_ms == -1  # type: ignore[union-attr]
+    assert decode_meta((r.root / "t" / META_FILE).read_bytes()) == (3, kept)
+    with pytest.raises(TopicError) as info:
+        r.create("t", 1, None, NOW_MS)
+    assert info.value.code == ErrorCode.TOPIC_ALREADY_EXISTS
+    r.close()
+
+
+@pytest.mark.parametrize(
+    ("partitions", "needle"),
+    [([], "no partition directories"), (["0", "2"], "are not 0..n-1"), (["1"], "not 0..n-1")],
+)
+def test_unrecoverable_meta_refuses_to_open_and_names_the_file(
+    tmp_path: Path, partitions: list[str], needle: str
+) -> None:
+    topic = tmp_path / "topics" / "t"
+    topic.mkdir(parents=True)
+    for name in partitions:
+        (topic / name).mkdir()
+        (topic / name / "00000000000000000000.log").write_bytes(b"")
+    before = open_fds()
+    r = TopicRegistry(tmp_path, BrokerConfig())
+    with pytest.raises(TopicMetaError) as info:
+        r.open_all(clean_shutdown=True, now_ms=NOW_MS)
+    assert str(topic / META_FILE) in str(info.value) and needle in str(info.value)
+    assert sorted(os.listdir(topic)) == sorted(partitions), "nothing touched"
+    assert open_fds() == before
