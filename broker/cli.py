@@ -111,8 +111,8 @@ def run_serve(args: argparse.Namespace) -> int:
         refusals, others = group.split((DataDirError, ProducerIdStateError))
         if refusals is None or others is not None:
             raise
-        for exc in _leaves(refusals):
-            log.error("event=refused_to_start reason=%r", str(exc))
+        for refusal in _leaves(refusals):
+            log.error("event=refused_to_start reason=%r", str(refusal))
         return EXIT_REFUSED_TO_START
     except KeyboardInterrupt:
         return 130

@@ -78,9 +78,10 @@ class Setting:
             value = value.lower() == "true"
         elif self.kind is int and isinstance(value, str) and _INTEGER.fullmatch(value):
             value = int(value)
+        number: Any = value  # compared only once its type is known to be the setting's
         ok = type(value) is self.kind and (
-            (self.min is None or value >= self.min)
-            and (self.max is None or value <= self.max)
+            (self.min is None or number >= self.min)
+            and (self.max is None or number <= self.max)
             and (not self.choices or value in self.choices)
         )
         if not ok:

@@ -91,7 +91,7 @@ async def _handle(
         except h11.RemoteProtocolError as exc:
             request = None
             status = exc.error_status_hint
-            answer = (status, _TEXT, f"{HTTPStatus(status).phrase}\n".encode(), {})
+            answer: _Answer = (status, _TEXT, f"{HTTPStatus(status).phrase}\n".encode(), {})
         except TimeoutError:
             return  # a peer that does not finish its request in time gets nothing
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):

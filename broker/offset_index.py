@@ -34,7 +34,7 @@ class IndexCorruptError(ValueError):
     """An index file fails its sanity check; the caller rebuilds the index from the log."""
 
 
-def _interleave(typecode: str, first: array, second: array) -> bytes:
+def _interleave(typecode: str, first: array[int], second: array[int]) -> bytes:
     """Big-endian (first[i], second[i]) pairs, packed in C rather than one struct call each."""
     pairs = array(typecode, bytes(2 * len(first) * first.itemsize))
     pairs[0::2] = first
@@ -44,7 +44,7 @@ def _interleave(typecode: str, first: array, second: array) -> bytes:
     return pairs.tobytes()
 
 
-def _deinterleave(typecode: str, data: bytes, entry_bytes: int) -> tuple[array, array]:
+def _deinterleave(typecode: str, data: bytes, entry_bytes: int) -> tuple[array[int], array[int]]:
     if len(data) % entry_bytes:
         raise IndexCorruptError(f"{len(data)} bytes is not a whole number of {entry_bytes}")
     pairs = array(typecode)
@@ -54,7 +54,7 @@ def _deinterleave(typecode: str, data: bytes, entry_bytes: int) -> tuple[array, 
     return pairs[0::2], pairs[1::2]
 
 
-def _strictly_increasing(values: array) -> bool:
+def _strictly_increasing(values: array[int]) -> bool:
     return all(map(operator.lt, values, values[1:]))
 
 
@@ -70,8 +70,8 @@ class OffsetIndex:
         self,
         base_offset: int,
         max_entries: int,
-        relative_offsets: array | None = None,
-        positions: array | None = None,
+        relative_offsets: array[int] | None = None,
+        positions: array[int] | None = None,
     ) -> None:
         self.base_offset = base_offset
         self.max_entries = max_entries
@@ -138,8 +138,8 @@ class TimeIndex:
     def __init__(
         self,
         max_entries: int,
-        timestamps: array | None = None,
-        offsets: array | None = None,
+        timestamps: array[int] | None = None,
+        offsets: array[int] | None = None,
     ) -> None:
         self.max_entries = max_entries
         self._timestamps = array(_I64) if timestamps is None else timestamps

@@ -290,7 +290,7 @@ class PartitionProducerState:
             ]
             assert batches[-1][2] + batches[-1][3] < offset, "snapshot offset below a batch"
             producers.append([pid, entry.epoch, entry.last_seen_ms, batches])
-        body = msgpack.packb(producers, use_bin_type=True)
+        body: bytes = msgpack.packb(producers, use_bin_type=True)
         head = _SNAPSHOT_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, offset, len(body))
         crc = zlib.crc32(body, zlib.crc32(head))
         return head + body + _SNAPSHOT_CRC.pack(crc)
@@ -406,7 +406,8 @@ def _decode_producer(item: Any, offset: int) -> tuple[int, _Producer]:
 def _newest_last_offset(entry: _Producer) -> int:
     """For asserts only (skipped under -O): the last offset of the newest cached batch."""
     _, delta, offset, _ = _CACHED.unpack_from(entry.batches, len(entry.batches) - _CACHED_BYTES)
-    return offset + delta
+    last: int = offset + delta
+    return last
 
 
 def _is_int(value: Any) -> bool:

@@ -265,8 +265,11 @@ class Segment:
         if self.size_bytes == 0:
             scan = scan_segment(b"", index)
         else:
-            with mmap.mmap(self.fd, self.size_bytes, access=mmap.ACCESS_READ) as data:
-                scan = scan_segment(data, index)
+            with (
+                mmap.mmap(self.fd, self.size_bytes, access=mmap.ACCESS_READ) as data,
+                memoryview(data) as view,
+            ):
+                scan = scan_segment(view, index)
         assert scan.valid_bytes <= self.size_bytes
         if scan.valid_bytes < self.size_bytes:
             os.ftruncate(self.fd, scan.valid_bytes)

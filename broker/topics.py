@@ -163,7 +163,7 @@ class TopicRegistry:
 
     def _read_meta(self, directory: Path) -> tuple[int, dict[str, int]]:
         """The topic's meta file; when it is missing or damaged, the partition count its
-        directories show and broker defaults, written back as the new meta file."""
+        directories show with retention off, written back as the new meta file."""
         meta_path = directory / META_FILE
         try:
             return decode_meta(meta_path.read_bytes())

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ class BrokerProcess:
     backend: str = "trio"
     extra_args: Sequence[str] = ()
     env: dict[str, str] | None = None
-    preexec_fn: object = None
+    preexec_fn: Callable[[], object] | None = None
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = None
@@ -73,7 +73,7 @@ class BrokerProcess:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
-            preexec_fn=self.preexec_fn,  # type: ignore[arg-type]
+            preexec_fn=self.preexec_fn,
         )
         listening = threading.Event()
 

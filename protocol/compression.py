@@ -56,7 +56,8 @@ def compress(codec: int, data: bytes) -> bytes:
     if codec == Compression.ZSTD:
         return _zstd_compressor.compress(data)
     if codec == Compression.LZ4:
-        return lz4.frame.compress(data)
+        compressed: bytes = lz4.frame.compress(data)
+        return compressed
     raise ProtocolError(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"compression code {codec}")
 
 
@@ -74,7 +75,8 @@ def decompress(codec: int, data: bytes | memoryview) -> bytes:
                 data, max_output_size=DECOMPRESSED_BYTES_MAX
             )
         if codec == Compression.LZ4:
-            return lz4.frame.decompress(data)
+            decompressed: bytes = lz4.frame.decompress(data)
+            return decompressed
     except ProtocolError:
         raise
     except Exception as exc:  # each codec raises its own error types

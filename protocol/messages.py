@@ -343,7 +343,7 @@ REQUEST_TYPES: dict[str, type[Request]] = {
 }
 APIS: tuple[str, ...] = tuple(REQUEST_TYPES)
 
-_request_decoder = msgspec.msgpack.Decoder(Union[REQUEST_CLASSES])  # type: ignore[valid-type]  # noqa: UP007  (a runtime tuple of types)
+_request_decoder = msgspec.msgpack.Decoder(Union[REQUEST_CLASSES])  # noqa: UP007  (a runtime tuple of types)
 _encoder = msgspec.msgpack.Encoder()
 R = TypeVar("R", bound=Response)
 _response_decoders: dict[type[Response], msgspec.msgpack.Decoder[Any]] = {}

@@ -140,7 +140,7 @@ def plan_ranges(consumer: Consumer, options: ReadOptions) -> list[OffsetRange]:
 
 def split(ranges: Sequence[OffsetRange], max_records: int | None) -> list[OffsetRange]:
     """Cut each range into pieces of at most `max_records` offsets; drop empty ranges."""
-    pieces = []
+    pieces: list[OffsetRange] = []
     for r in ranges:
         step = max_records or max(r.end - r.start, 1)
         pieces.extend(
