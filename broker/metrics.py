@@ -77,7 +77,6 @@ __all__ = [
     "CONTENT_TYPE",
     "KNOWN_APIS",
     "PRODUCER_EVENT_KINDS",
-    "TRANSACTION_EVENT_KINDS",
     "BrokerMetrics",
     "PartitionStats",
 ]
@@ -91,7 +90,7 @@ NAMESPACE = "minibroker"
 # names; announcing 0.0.4 keeps Prometheus 2.x scrapers on their usual parser.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
-KNOWN_APIS: frozenset[str] = frozenset(REQUEST_TYPES) | {"Authenticate"}
+KNOWN_APIS: frozenset[str] = frozenset(REQUEST_TYPES)
 """API names that get their own `api` label value. Any other name (a client can send
 anything) is counted under ``unknown``, so a hostile client cannot grow the series set."""
 UNKNOWN_API = "unknown"
@@ -104,7 +103,6 @@ PRODUCER_EVENT_KINDS: tuple[str, ...] = (
     "expired",  # state forgotten after producer_id_expiration_ms idle
     "evicted",  # state forgotten (LRU) because a partition held max_producers_per_partition
 )
-TRANSACTION_EVENT_KINDS: tuple[str, ...] = ("opened", "committed", "aborted")
 
 # Request latency: a local produce with acks=1 takes tens of microseconds, an
 # fsync'd one about a millisecond, a long-polling Fetch up to its max_wait_ms.
@@ -230,8 +228,6 @@ class BrokerMetrics:
         self._group_commit = _Histogram(GROUP_COMMIT_BUCKETS)
         self._connections_open = 0
         self._connections_accepted = 0
-        self._transactions: dict[str, int] = dict.fromkeys(TRANSACTION_EVENT_KINDS, 0)
-        self._transactions_open = 0
         self._recovery_seconds = 0.0
         self._collect_errors = 0
 
@@ -336,20 +332,6 @@ class BrokerMetrics:
     def connection_closed(self) -> None:
         self._connections_open -= 1
 
-    def transaction_event(self, kind: str) -> None:
-        """ "opened", "committed" or "aborted". Call "opened" for transactions that
-        recovery finds ongoing too, so that the open gauge stays right."""
-        transactions = self._transactions
-        if kind not in transactions:
-            raise ValueError(
-                f"unknown transaction event {kind!r}; expected one of {TRANSACTION_EVENT_KINDS}"
-            )
-        transactions[kind] += 1
-        if kind == "opened":
-            self._transactions_open += 1
-        elif self._transactions_open > 0:
-            self._transactions_open -= 1
-
     # ------------------------------------------------------------------ exposition
 
     def render(self) -> tuple[bytes, str]:
@@ -396,9 +378,6 @@ class _DisabledMetrics(BrokerMetrics):
         pass
 
     def connection_closed(self) -> None:
-        pass
-
-    def transaction_event(self, kind: str) -> None:
         pass
 
 
@@ -529,23 +508,11 @@ class _BrokerCollector(Collector):
         conns = CounterMetricFamily(
             f"{ns}_connections_accepted", "Client connections accepted since start."
         )
-        txn_open = GaugeMetricFamily(f"{ns}_transactions_open", "Transactions ongoing now.")
         if samples:
             conns_open.add_metric([], m._connections_open)
             conns.add_metric([], m._connections_accepted)
-            txn_open.add_metric([], m._transactions_open)
         yield conns_open
         yield conns
-        yield txn_open
-        for kind, doc in (
-            ("opened", "Transactions begun."),
-            ("committed", "Transactions committed."),
-            ("aborted", "Transactions aborted (by the client, by fencing or by timeout)."),
-        ):
-            fam = CounterMetricFamily(f"{ns}_transactions_{kind}", doc)
-            if samples:
-                fam.add_metric([], m._transactions[kind])
-            yield fam
 
         # ---- per topic-partition, asked for at scrape time
         yield from self._partition_families(samples)

@@ -1,6 +1,6 @@
 """One topic-partition: its log plus the producer state that guards appends.
 
-The idempotence decision (PROTOCOL.md section 3) and the append happen here
+The idempotence decision (docs/protocol.md section 3) and the append happen here
 in one synchronous step, so no other request can slip between the check and
 the write. Producer state is snapshotted on every segment roll and on close,
 and rebuilt on open from the newest valid snapshot plus a replay of the log.

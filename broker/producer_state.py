@@ -1,4 +1,4 @@
-"""Per-partition idempotent-producer state (PROTOCOL.md section 3), pure logic.
+"""Per-partition idempotent-producer state (docs/protocol.md section 3), pure logic.
 
 For every producer id that wrote to the partition we keep its epoch, the time it
 was last seen and the metadata of its last `CACHED_BATCHES` batches. `check`
@@ -170,7 +170,7 @@ class PartitionProducerState:
         record_count: int,
         now_ms: int,
     ) -> Decision:
-        """Judge an idempotent batch by rules 2-5 of PROTOCOL.md section 3, in order.
+        """Judge an idempotent batch by rules 2-5 of docs/protocol.md section 3, in order.
 
         Never mutates. The in-order batch of a known producer, the common case,
         allocates nothing."""

@@ -1,7 +1,7 @@
 """One TCP connection to the broker on AnyIO: pipelined framed requests, answered in order.
 
 The broker answers a connection's requests strictly in the order it received
-them (PROTOCOL.md section 1), so responses are matched to a FIFO of pending
+them (docs/protocol.md section 1), so responses are matched to a FIFO of pending
 requests and their cids are checked, not looked up. A response that takes
 longer than its request's timeout, a cid that does not match, or a broken
 socket closes the connection and fails every pending request with

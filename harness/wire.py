@@ -1,7 +1,7 @@
 """A raw-protocol client for tests and benchmarks: plain sockets, frames and maps, no SDK.
 
 Integration tests speak the wire contract directly so they prove the broker
-against PROTOCOL.md, not against our own client's habits.
+against docs/protocol.md, not against our own client's habits.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ class RequestRefused(ProtocolError):
 
 
 def _unique(names: Iterable[object], what: str) -> None:
-    """PROTOCOL.md section 1: a list naming the same topic or partition twice is refused."""
+    """docs/protocol.md section 1: a list naming the same topic or partition twice is refused."""
     seen: set[object] = set()
     for name in names:
         if name in seen:
@@ -355,7 +355,7 @@ def decode_request(body: bytes | memoryview) -> Request:
     Raises FrameError (close the connection: not msgpack, not a map, no valid
     cid) or RequestRefused carrying the cid and UNSUPPORTED_VERSION or
     INVALID_REQUEST. The typed decode is the fast path; only a failure pays for
-    a second, generic decode to find out which answer PROTOCOL.md gives."""
+    a second, generic decode to find out which answer docs/protocol.md gives."""
     try:
         request: Request = _request_decoder.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
@@ -394,7 +394,7 @@ def _classify(body: bytes | memoryview, exc: Exception) -> Exception:
 
 def request_cid(message: Any) -> int | None:
     """The cid of a decoded map, or None when the frame is not a map with a valid cid:
-    the cases where PROTOCOL.md says the broker closes the connection."""
+    the cases where docs/protocol.md says the broker closes the connection."""
     if not isinstance(message, dict):
         return None
     cid = message.get("cid")

@@ -1,4 +1,4 @@
-"""Every v1 API and every error code of PROTOCOL.md sections 1-4, against the real
+"""Every v1 API and every error code of docs/protocol.md sections 1-4, against the real
 broker process on loopback, on both backends (the `broker` fixture)."""
 
 from __future__ import annotations

@@ -57,8 +57,6 @@ def exercised_metrics(data_dir: Path) -> BrokerMetrics:
     m.connection_opened()
     m.connection_closed()
     m.connection_opened()
-    for kind in ("opened", "committed", "opened", "aborted", "opened"):
-        m.transaction_event(kind)
     m.set_recovery_seconds(0.75)
     m.set_data_dir(data_dir)
     m.set_partition_source(

@@ -1,4 +1,4 @@
-"""The per-partition producer state (PROTOCOL.md section 3): one test per rule, then a
+"""The per-partition producer state (docs/protocol.md section 3): one test per rule, then a
 Hypothesis state machine that drives it against a small independent model and a log."""
 
 from __future__ import annotations
@@ -543,7 +543,7 @@ class ModelProducer:
 
 
 class Model:
-    """PROTOCOL.md section 3 written as plainly as possible, with a list for LRU order."""
+    """docs/protocol.md section 3 written as plainly as possible, with a list for LRU order."""
 
     def __init__(self) -> None:
         self.producers: dict[int, ModelProducer] = {}
