@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.data_dir import DataDir
 from broker.group_commit import GroupCommitter
-from broker.handlers import DurableReply, Handlers, SplicedReply, now_ms
+from broker.handlers import Answer, DurableReply, Handlers, NoAnswer, SplicedReply, now_ms
 from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.producer_ids import ProducerIdManager
@@ -37,7 +37,36 @@ from protocol.messages import error_response, parse_request, request_cid
 log = logging.getLogger("minibroker.server")
 
 RECEIVE_BYTES = 256 * 1024
-Reply = bytes | SplicedReply | tuple[int, float, str, DurableReply]
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitingDurability:
+    """An acks=-1 Produce answer the writer sends once its batches are on disk."""
+
+    cid: int
+    started_s: float
+    api: str
+    reply: DurableReply
+
+
+@dataclass(frozen=True, slots=True)
+class SplicedFrame:
+    """A Fetch answer whose record bytes the writer sends from the log files."""
+
+    pieces: list[bytes | int]
+    reply: SplicedReply
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """The request cannot be answered at all: close (PROTOCOL.md section 1)."""
+
+    reason: str
+
+
+Reply = bytes | SplicedFrame | AwaitingDurability
+"""One request's answer on its way from the reader to the writer: a whole frame,
+a frame with file spans, or a frame still waiting for its fsync."""
 
 
 @dataclass(eq=False)
@@ -336,13 +365,13 @@ class Broker:
                     # Replies of one read go to the writer together: one send()
                     # for the lot instead of one per request.
                     group: list[Reply] = []
-                    close = False
+                    close: CloseConnection | None = None
                     while backlog and conn.inflight + len(group) < inflight_max:
                         reply = await self._dispatch(backlog.popleft(), handlers, conn)
-                        if reply is False:
-                            close = True
+                        if isinstance(reply, CloseConnection):
+                            close = reply
                             break
-                        if reply is not None:
+                        if not isinstance(reply, NoAnswer):
                             group.append(reply)
                     if group:
                         conn.inflight += len(group)
@@ -351,19 +380,19 @@ class Broker:
                         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                             _close_unsent([group])
                             return  # the writer found the peer gone
-                    if close:
+                    if close is not None:
+                        log.warning(
+                            "event=connection_closed peer=%s reason=%r", conn.peer, close.reason
+                        )
                         return
 
     async def _dispatch(
         self, message: Any, handlers: Handlers, conn: Connection
-    ) -> Reply | bool | None:
-        """Run one request; False means close the connection (PROTOCOL.md section 1)."""
+    ) -> Reply | NoAnswer | CloseConnection:
+        """Run one request and turn its outcome into what the writer sends."""
         cid = request_cid(message)
         if cid is None:
-            log.warning(
-                "event=connection_closed peer=%s reason='frame is not a map with a cid'", conn.peer
-            )
-            return False
+            return CloseConnection("frame is not a map with a cid")
         started = time.perf_counter()
         api = message.get("api") if isinstance(message.get("api"), str) else "unknown"
         try:
@@ -380,18 +409,22 @@ class Broker:
             return encode_frame(
                 error_response(cid, ErrorCode.UNKNOWN_SERVER_ERROR, "internal error")
             )
-        if result is None:
-            self.metrics.observe_request(api, 0, time.perf_counter() - started)
-            return None
         if isinstance(result, DurableReply):
-            return (cid, started, api, result)
+            return AwaitingDurability(cid, started, api, result)
+        if isinstance(result, Answer):
+            result.response["cid"] = cid
+            self.metrics.observe_request(
+                api, result.response.get("error", 0), time.perf_counter() - started
+            )
+            return encode_frame(result.response)
+        self.metrics.observe_request(api, 0, time.perf_counter() - started)
         if isinstance(result, SplicedReply):
-            result.cid = cid
-            self.metrics.observe_request(api, 0, time.perf_counter() - started)
-            return result
-        result["cid"] = cid
-        self.metrics.observe_request(api, result.get("error", 0), time.perf_counter() - started)
-        return encode_frame(result)
+            try:
+                return SplicedFrame(result.pieces(cid), result)
+            except BaseException:
+                result.close()
+                raise
+        return result
 
     async def _writer(
         self,
@@ -423,7 +456,7 @@ class Broker:
                 if isinstance(reply, bytes):
                     pending.append(reply)
                     continue
-                if isinstance(reply, SplicedReply):
+                if isinstance(reply, SplicedFrame):
                     if pending:
                         await self._flush(stream, pending, conn)
                     try:
@@ -433,13 +466,12 @@ class Broker:
                         raise
                     conn.sent(1)
                     continue
-                cid, started, api, deferred = reply
-                if pending and not deferred.ready():
+                if pending and not reply.reply.ready():
                     await self._flush(stream, pending, conn)
-                response = await deferred.complete()
-                response["cid"] = cid
+                response = await reply.reply.complete()
+                response["cid"] = reply.cid
                 self.metrics.observe_request(
-                    api, response.get("error", 0), time.perf_counter() - started
+                    reply.api, response.get("error", 0), time.perf_counter() - reply.started_s
                 )
                 pending.append(encode_frame(response))
             if pending and not receive.statistics().current_buffer_used:
@@ -454,17 +486,17 @@ class Broker:
         pending.clear()
 
 
-async def _send_spliced(stream: SocketStream, reply: SplicedReply) -> None:
+async def _send_spliced(stream: SocketStream, frame: SplicedFrame) -> None:
     """Send a Fetch reply: msgpack pieces through the stream, record bytes straight
     from the log files with os.sendfile (zero-copy; trio sends unbuffered, so the
     two never overtake each other)."""
     sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     try:
-        for piece in reply.pieces():
+        for piece in frame.pieces:
             if isinstance(piece, bytes):
                 await stream.send(piece)
                 continue
-            span = reply.spans[piece]
+            span = frame.reply.spans[piece]
             position, remaining = span.position, span.length
             while remaining:
                 try:
@@ -477,7 +509,7 @@ async def _send_spliced(stream: SocketStream, reply: SplicedReply) -> None:
                 position += sent
                 remaining -= sent
     finally:
-        reply.close()
+        frame.reply.close()
 
 
 def _drain(receive: MemoryObjectReceiveStream[list[Reply]]) -> list[list[Reply]]:
@@ -493,8 +525,8 @@ def _close_unsent(groups: list[list[Reply]]) -> None:
     """Release the file descriptors of Fetch replies that will never be sent."""
     for group in groups:
         for reply in group:
-            if isinstance(reply, SplicedReply):
-                reply.close()
+            if isinstance(reply, SplicedFrame):
+                reply.reply.close()
 
 
 async def _receive(stream: SocketStream) -> bytes | None:
