@@ -57,6 +57,10 @@ class BrokerConfig:
     max_inflight_requests_per_connection: int = _setting(
         256, "Pipelined requests read ahead of their responses before reading pauses."
     )
+    max_unsent_response_bytes_per_connection: int = _setting(
+        16 * 1024 * 1024,
+        "Bytes of answers built but not yet sent before reading pauses (one answer may exceed it).",
+    )
     request_timeout_ms: int = _setting(
         30_000, "Upper bound on a Produce's timeout_ms and a Fetch's max_wait_ms."
     )
@@ -110,6 +114,11 @@ class BrokerConfig:
             (
                 "max_inflight_requests_per_connection",
                 self.max_inflight_requests_per_connection >= 1,
+                ">= 1",
+            ),
+            (
+                "max_unsent_response_bytes_per_connection",
+                self.max_unsent_response_bytes_per_connection >= 1,
                 ">= 1",
             ),
             ("segment_bytes", 1024 <= self.segment_bytes <= 2**31 - 1, "1024..2147483647"),

@@ -2,8 +2,12 @@
 
 Each connection has a reader that decodes frames and runs requests strictly
 in order, and a writer that sends replies in that same order. The reader may
-run up to `max_inflight_requests_per_connection` requests ahead of the writer
-(pipelining); past that it stops reading and TCP pushes back on the client.
+run ahead of the writer (pipelining) by up to
+`max_inflight_requests_per_connection` requests and
+`max_unsent_response_bytes_per_connection` bytes of answers; past either it
+stops reading and TCP pushes back on the client. Both bounds matter: the send
+blocks on both backends, but answers built ahead of it wait in the queue, and a
+few hundred unread Fetch answers are gigabytes.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class SplicedFrame:
 
     pieces: list[bytes | int]
     reply: SplicedReply
+    size_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +76,23 @@ a frame with file spans, or a frame still waiting for its fsync."""
 
 @dataclass(eq=False)
 class Connection:
+    """One client connection and what its unsent answers hold of the broker."""
+
     peer: str
+    inflight_max: int
+    unsent_bytes_max: int
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    inflight: int = 0
+    inflight: int = 0  # requests read whose answers are not yet sent
+    unsent_bytes: int = 0  # bytes of those answers, as far as they are built
     room: anyio.Event = field(default_factory=anyio.Event)
 
-    def sent(self, count: int) -> None:
+    def full(self) -> bool:
+        """Whether the reader must stop until the writer sends something."""
+        return self.inflight >= self.inflight_max or self.unsent_bytes >= self.unsent_bytes_max
+
+    def sent(self, count: int, size_bytes: int) -> None:
         self.inflight -= count
+        self.unsent_bytes -= size_bytes
         self.room.set()
 
 
@@ -311,10 +326,14 @@ class Broker:
             )
             await stream.aclose()
             return
-        conn = Connection(peer)
+        conn = Connection(
+            peer,
+            self.config.max_inflight_requests_per_connection,
+            self.config.max_unsent_response_bytes_per_connection,
+        )
         self.connections.add(conn)
         self.metrics.connection_opened()
-        # Bounded by conn.inflight below, counted in requests rather than items.
+        # Bounded by conn.full() in the reader, in requests and bytes rather than items.
         send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
         try:
             async with stream, anyio.create_task_group() as tg:
@@ -336,14 +355,13 @@ class Broker:
         handlers = self.handlers
         assert handlers is not None
         idle_s = self.config.connections_max_idle_ms / 1000
-        inflight_max = self.config.max_inflight_requests_per_connection
         backlog: deque[Any] = deque()  # decoded requests waiting for in-flight room
         # Shutdown cancels only the waits (for bytes, for room); a request already
         # taken from the backlog runs to completion and its reply is queued
         # (shielded), so in-flight work finishes as SIGTERM promises.
         with conn.read_scope:
             while True:
-                while conn.inflight >= inflight_max:
+                while conn.full():
                     conn.room = anyio.Event()
                     await conn.room.wait()
                 if not backlog:
@@ -366,15 +384,16 @@ class Broker:
                     # for the lot instead of one per request.
                     group: list[Reply] = []
                     close: CloseConnection | None = None
-                    while backlog and conn.inflight + len(group) < inflight_max:
+                    while backlog and not conn.full():
                         reply = await self._dispatch(backlog.popleft(), handlers, conn)
                         if isinstance(reply, CloseConnection):
                             close = reply
                             break
                         if not isinstance(reply, NoAnswer):
                             group.append(reply)
+                            conn.inflight += 1
+                            conn.unsent_bytes += _size_bytes(reply)
                     if group:
-                        conn.inflight += len(group)
                         try:
                             await send.send(group)
                         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -420,7 +439,11 @@ class Broker:
         self.metrics.observe_request(api, 0, time.perf_counter() - started)
         if isinstance(result, SplicedReply):
             try:
-                return SplicedFrame(result.pieces(cid), result)
+                pieces = result.pieces(cid)
+                size_bytes = sum(
+                    len(p) if isinstance(p, bytes) else result.spans[p].length for p in pieces
+                )
+                return SplicedFrame(pieces, result, size_bytes)
             except BaseException:
                 result.close()
                 raise
@@ -464,7 +487,7 @@ class Broker:
                     except BaseException:
                         _close_unsent([group[i + 1 :]])
                         raise
-                    conn.sent(1)
+                    conn.sent(1, reply.size_bytes)
                     continue
                 if pending and not reply.reply.ready():
                     await self._flush(stream, pending, conn)
@@ -473,7 +496,9 @@ class Broker:
                 self.metrics.observe_request(
                     reply.api, response.get("error", 0), time.perf_counter() - reply.started_s
                 )
-                pending.append(encode_frame(response))
+                frame = encode_frame(response)
+                conn.unsent_bytes += len(frame)  # counted from now, when it takes memory
+                pending.append(frame)
             if pending and not receive.statistics().current_buffer_used:
                 await self._flush(stream, pending, conn)
         if pending:
@@ -481,8 +506,9 @@ class Broker:
 
     @staticmethod
     async def _flush(stream: SocketStream, pending: list[bytes], conn: Connection) -> None:
-        await stream.send(b"".join(pending) if len(pending) > 1 else pending[0])
-        conn.sent(len(pending))
+        data = b"".join(pending) if len(pending) > 1 else pending[0]
+        await stream.send(data)
+        conn.sent(len(pending), len(data))
         pending.clear()
 
 
@@ -510,6 +536,15 @@ async def _send_spliced(stream: SocketStream, frame: SplicedFrame) -> None:
                 remaining -= sent
     finally:
         frame.reply.close()
+
+
+def _size_bytes(reply: Reply) -> int:
+    """What a queued reply counts against max_unsent_response_bytes_per_connection."""
+    if isinstance(reply, bytes):
+        return len(reply)
+    if isinstance(reply, SplicedFrame):
+        return reply.size_bytes
+    return 0  # an answer waiting for its fsync is counted once the writer builds it
 
 
 def _drain(receive: MemoryObjectReceiveStream[list[Reply]]) -> list[list[Reply]]:

@@ -1,0 +1,150 @@
+"""What one connection may claim of the broker: memory, time, and the event loop.
+
+Each test is a hostile or careless client on a raw socket against the real
+broker process, on both backends, with the broker's memory read from
+/proc/<pid>/status while the client misbehaves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from protocol.errors import ErrorCode
+from tests.broker_process import BrokerProcess
+from tests.wire import WireClient, values_batch
+
+MIB = 1024 * 1024
+# Far below what the unbounded broker reached (400 MiB to 1 GiB), well above what
+# the bounded one needs: its 16 MiB budget, one answer being built and copies
+# (it grew by under 40 MiB).
+RSS_GROWTH_MAX_BYTES = 128 * MIB
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+class PeakRss:
+    """Samples a process's resident memory in a thread; `peak_bytes` is the highest seen."""
+
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak_bytes = rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, rss_bytes(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def pipeline_without_reading(
+    broker: BrokerProcess, send_all: Callable[[WireClient], None], hold_s: float
+) -> tuple[WireClient, threading.Thread, int]:
+    """Send every request from a thread (a bounded broker stops reading, so the
+    send blocks), never read, and return the growth of the broker's memory
+    while it holds the answers."""
+    assert broker.proc is not None
+    pid = broker.proc.pid
+    client = WireClient(broker.bootstrap, timeout_s=60)
+    base = rss_bytes(pid)
+    with PeakRss(pid) as rss:
+        sender = threading.Thread(target=send_all, args=(client,), daemon=True)
+        sender.start()
+        time.sleep(hold_s)
+    return client, sender, rss.peak_bytes - base
+
+
+def test_unread_fetch_answers_are_held_within_a_bound(broker: BrokerProcess) -> None:
+    """300 pipelined Fetch requests for about 3.6 MB each, answers unread: the
+    broker used to build up to max_inflight (256) answers, ~900 MB on asyncio."""
+    fetches = 300
+    with WireClient(broker.bootstrap) as c:
+        assert c.create_topic("big") == 0
+        for i in range(5):
+            batch = values_batch([bytes([65 + i]) * 1000] * 900)
+            assert c.produce("big", 0, batch)["error"] == 0
+        expected = c.fetch("big", 0, 0, partition_max_bytes=4 * MIB)["records"]
+    assert len(expected) > 3 * MIB
+
+    def send_all(client: WireClient) -> None:
+        for cid in range(1, fetches + 1):
+            client.send(
+                "Fetch",
+                cid=cid,
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=50 * MIB,
+                isolation_level=0,
+                topics=[
+                    {
+                        "topic": "big",
+                        "partitions": [
+                            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 4 * MIB}
+                        ],
+                    }
+                ],
+            )
+
+    client, sender, growth = pipeline_without_reading(broker, send_all, hold_s=3.0)
+    with client:
+        assert growth < RSS_GROWTH_MAX_BYTES, f"broker grew {growth / MIB:.0f} MiB"
+        # Reading resumes: every answer arrives, in order, with the right bytes.
+        for cid in range(1, fetches + 1):
+            r = client.recv()
+            assert r["cid"] == cid and r["error"] == 0
+            part = r["topics"][0]["partitions"][0]
+            assert part["error"] == 0 and part["records"] == expected, cid
+        sender.join(10)
+        assert not sender.is_alive()
+
+
+def test_unread_produce_answers_are_held_within_a_bound(broker: BrokerProcess) -> None:
+    """Produce requests of 5000 partitions of an unknown, long-named topic: each
+    answer is ~13 times its request (an error message per partition), so 400
+    unread ones are ~650 MB of answers unless the broker stops reading. It used
+    to grow by ~400 MiB within the 4 s held here, on both backends."""
+    requests, partitions = 400, 5000
+    topic = "n" * 200
+
+    def send_all(client: WireClient) -> None:
+        for cid in range(1, requests + 1):
+            client.send(
+                "Produce",
+                cid=cid,
+                acks=1,
+                timeout_ms=1000,
+                topics=[
+                    {
+                        "topic": topic,
+                        "partitions": [{"partition": i, "records": b""} for i in range(partitions)],
+                    }
+                ],
+            )
+
+    client, sender, growth = pipeline_without_reading(broker, send_all, hold_s=4.0)
+    with client:
+        assert growth < RSS_GROWTH_MAX_BYTES, f"broker grew {growth / MIB:.0f} MiB"
+        for cid in range(1, requests + 1):
+            r = client.recv()
+            assert r["cid"] == cid and r["error"] == 0
+            parts = r["topics"][0]["partitions"]
+            assert [p["partition"] for p in parts] == list(range(partitions))
+            assert {p["error"] for p in parts} == {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        sender.join(10)
+        assert not sender.is_alive()
