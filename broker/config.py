@@ -67,6 +67,9 @@ class BrokerConfig:
     connections_max_idle_ms: int = _setting(
         600_000, "A connection that sends no request for this long is closed."
     )
+    request_receive_timeout_ms: int = _setting(
+        30_000, "A request begun must arrive whole within this long, else the connection closes."
+    )
     segment_bytes: int = _setting(1024 * 1024 * 1024, "Roll a segment at this size.")
     segment_ms: int = _setting(7 * DAY_MS, "Roll a segment this long after its first append.")
     retention_bytes: int = _setting(
@@ -131,6 +134,7 @@ class BrokerConfig:
             ("max_producers_per_partition", self.max_producers_per_partition >= 1, ">= 1"),
             ("default_partitions", self.default_partitions >= 1, ">= 1"),
             ("request_timeout_ms", self.request_timeout_ms >= 1, ">= 1"),
+            ("request_receive_timeout_ms", self.request_receive_timeout_ms >= 1, ">= 1"),
             ("shutdown_timeout_ms", self.shutdown_timeout_ms >= 0, ">= 0"),
         ]
         for key, ok, expected in checks:

@@ -355,6 +355,11 @@ class Broker:
         handlers = self.handlers
         assert handlers is not None
         idle_s = self.config.connections_max_idle_ms / 1000
+        receive_ms = self.config.request_receive_timeout_ms
+        # Time left for the request that has partly arrived. Only time spent
+        # waiting for its bytes counts: while back-pressure stops reading, the
+        # delay is the broker's, not the client's.
+        receive_left_s = receive_ms / 1000
         backlog: deque[Any] = deque()  # decoded requests waiting for in-flight room
         # Shutdown cancels only the waits (for bytes, for room); a request already
         # taken from the backlog runs to completion and its reply is queued
@@ -365,20 +370,35 @@ class Broker:
                     conn.room = anyio.Event()
                     await conn.room.wait()
                 if not backlog:
-                    with anyio.move_on_after(idle_s) as idle:
+                    partial = decoder.buffered_bytes > 0
+                    waited_from_s = anyio.current_time()
+                    with anyio.move_on_after(receive_left_s if partial else idle_s) as timer:
                         data = await _receive(stream)
-                    if idle.cancelled_caught:
+                    if timer.cancelled_caught and partial:
+                        log.warning(
+                            "event=connection_closed peer=%s reason=%r",
+                            conn.peer,
+                            f"request not received whole within request_receive_timeout_ms="
+                            f"{receive_ms} ({decoder.buffered_bytes} bytes of it arrived)",
+                        )
+                        return
+                    if timer.cancelled_caught:
                         log.info("event=connection_idle_closed peer=%s", conn.peer)
                         return
                     if data is None:
                         return
                     try:
-                        backlog.extend(decoder.feed(data))
+                        messages = decoder.feed(data)
                     except FrameError as exc:
                         log.warning(
                             "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)
                         )
                         return
+                    if messages or not partial:
+                        receive_left_s = receive_ms / 1000  # any bytes left begin a new request
+                    else:
+                        receive_left_s -= anyio.current_time() - waited_from_s
+                    backlog.extend(messages)
                 with anyio.CancelScope(shield=True):
                     # Replies of one read go to the writer together: one send()
                     # for the lot instead of one per request.

@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from protocol.errors import ErrorCode
+from protocol.framing import encode_frame
 from tests.broker_process import BrokerProcess
 from tests.wire import WireClient, values_batch
 
@@ -148,3 +150,68 @@ def test_unread_produce_answers_are_held_within_a_bound(broker: BrokerProcess) -
             assert {p["error"] for p in parts} == {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
         sender.join(10)
         assert not sender.is_alive()
+
+
+def start_broker(tmp_path: Path, backend: str, settings: str) -> BrokerProcess:
+    conf = tmp_path / "broker.toml"
+    conf.write_text(settings)
+    return BrokerProcess(
+        tmp_path / "data", backend=backend, extra_args=["--config", str(conf)]
+    ).start()
+
+
+def test_a_trickled_request_closes_its_connection_only(tmp_path: Path, backend: str) -> None:
+    """One byte of an ApiVersions request every 100 ms (3 s for the whole frame)
+    against request_receive_timeout_ms=500: each byte used to reset the idle
+    timer, so the connection lived until the frame was whole and got its answer."""
+    broker = start_broker(tmp_path, backend, "request_receive_timeout_ms = 500\n")
+    try:
+        frame = encode_frame({"api": "ApiVersions", "v": 1, "cid": 1, "client_id": "trickler"})
+        assert len(frame) >= 30
+        with WireClient(broker.bootstrap) as trickler, WireClient(broker.bootstrap) as other:
+            trickler.sock.settimeout(0.1)
+            started = time.monotonic()
+            closed_after_s = None
+            for i, byte in enumerate(frame):
+                try:
+                    trickler.send_raw(bytes([byte]))
+                    if trickler.sock.recv(1 << 16) == b"":
+                        closed_after_s = time.monotonic() - started
+                        break
+                    raise AssertionError(f"the trickled request was answered, at byte {i}")
+                except TimeoutError:
+                    pass  # still open, nothing to read: trickle on
+                except (BrokenPipeError, ConnectionResetError):
+                    closed_after_s = time.monotonic() - started
+                    break
+                # Meanwhile a normal client on another connection is served at once.
+                t = time.monotonic()
+                assert other.call("ApiVersions")["error"] == 0
+                assert time.monotonic() - t < 0.5
+            assert closed_after_s is not None, "the trickled request got the time it wanted"
+            assert 0.4 < closed_after_s < 2.0, closed_after_s
+            assert other.call("ApiVersions")["error"] == 0
+        assert "request not received whole within request_receive_timeout_ms=500" in (
+            broker.log_text()
+        )
+    finally:
+        broker.kill()
+
+
+def test_time_between_requests_is_not_a_receive_timeout(tmp_path: Path, backend: str) -> None:
+    """The receive timeout starts at a request's first byte: a client that waits
+    longer than it between whole requests is kept (that is the idle timeout's job)."""
+    broker = start_broker(tmp_path, backend, "request_receive_timeout_ms = 300\n")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            for _ in range(3):
+                assert c.call("ApiVersions")["error"] == 0
+                time.sleep(0.6)
+            # Half a request, a pause within the bound, the rest: one answer.
+            frame = encode_frame({"api": "ApiVersions", "v": 1, "cid": 99})
+            c.send_raw(frame[:10])
+            time.sleep(0.1)
+            c.send_raw(frame[10:])
+            assert c.recv()["cid"] == 99
+    finally:
+        broker.kill()
