@@ -61,6 +61,9 @@ class BrokerConfig:
         16 * 1024 * 1024,
         "Bytes of answers built but not yet sent before reading pauses (one answer may exceed it).",
     )
+    max_entries_per_request: int = _setting(
+        10_000, "Topics and partitions one request may name; more is INVALID_REQUEST."
+    )
     request_timeout_ms: int = _setting(
         30_000, "Upper bound on a Produce's timeout_ms and a Fetch's max_wait_ms."
     )
@@ -133,6 +136,7 @@ class BrokerConfig:
             ("producer_id_expiration_ms", self.producer_id_expiration_ms >= 1, ">= 1"),
             ("max_producers_per_partition", self.max_producers_per_partition >= 1, ">= 1"),
             ("default_partitions", self.default_partitions >= 1, ">= 1"),
+            ("max_entries_per_request", self.max_entries_per_request >= 1, ">= 1"),
             ("request_timeout_ms", self.request_timeout_ms >= 1, ">= 1"),
             ("request_receive_timeout_ms", self.request_receive_timeout_ms >= 1, ">= 1"),
             ("shutdown_timeout_ms", self.shutdown_timeout_ms >= 0, ">= 0"),

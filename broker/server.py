@@ -435,6 +435,12 @@ class Broker:
         started = time.perf_counter()
         api = message.get("api") if isinstance(message.get("api"), str) else "unknown"
         try:
+            if _list_items_over(message, self.config.max_entries_per_request):
+                raise ProtocolError(
+                    ErrorCode.INVALID_REQUEST,
+                    "request names more than max_entries_per_request="
+                    f"{self.config.max_entries_per_request} topics and partitions",
+                )
             request = parse_request(message, handlers.apis)
             result = await handlers.handle(request)
         except ProtocolError as exc:
@@ -556,6 +562,23 @@ async def _send_spliced(stream: SocketStream, frame: SplicedFrame) -> None:
                 remaining -= sent
     finally:
         frame.reply.close()
+
+
+def _list_items_over(message: Any, limit: int) -> bool:
+    """Whether the lists of a decoded request, at any depth, hold more than `limit`
+    items together: its topics and partitions, counted before any work on them."""
+    count = 0
+    stack = [message]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            count += len(value)
+            if count > limit:
+                return True
+            stack.extend(value)
+    return False
 
 
 def _size_bytes(reply: Reply) -> int:

@@ -215,3 +215,59 @@ def test_time_between_requests_is_not_a_receive_timeout(tmp_path: Path, backend:
             assert c.recv()["cid"] == 99
     finally:
         broker.kill()
+
+
+def test_a_huge_request_does_not_stall_other_connections(broker: BrokerProcess) -> None:
+    """A Metadata of 100k new topic names with auto-creation on, then a Fetch of
+    100k unknown topics, each well within max_frame_bytes: handled in one go they
+    used to hold the event loop for seconds (auto-creating 100k topics: minutes)."""
+    assert broker.proc is not None
+    names = [f"nope-{i:06d}" for i in range(100_000)]
+    with WireClient(broker.bootstrap, timeout_s=5) as c, WireClient(broker.bootstrap) as big:
+        assert c.create_topic("t") == 0
+        base = rss_bytes(broker.proc.pid)
+        answers: list[dict] = []
+
+        def send_and_read() -> None:
+            big.send("Metadata", cid=1, topics=names, allow_auto_create=True)
+            big.send(
+                "Fetch",
+                cid=2,
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=MIB,
+                isolation_level=0,
+                topics=[
+                    {
+                        "topic": name,
+                        "partitions": [
+                            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1024}
+                        ],
+                    }
+                    for name in names
+                ],
+            )
+            answers.extend([big.recv(), big.recv()])
+
+        worker = threading.Thread(target=send_and_read, daemon=True)
+        with PeakRss(broker.proc.pid) as rss:
+            worker.start()
+            slowest_s = 0.0
+            batch = values_batch([b"v"])
+            deadline = time.monotonic() + 30
+            while worker.is_alive() and time.monotonic() < deadline:
+                t = time.monotonic()
+                assert c.call("ApiVersions")["error"] == 0
+                assert c.produce("t", 0, batch)["error"] == 0
+                slowest_s = max(slowest_s, time.monotonic() - t)
+            worker.join(1)
+        assert not worker.is_alive(), "the big requests got no answers"
+        assert slowest_s < 2.0, f"another connection waited {slowest_s:.1f} s"
+        assert [(a["cid"], a["error"]) for a in answers] == [
+            (1, ErrorCode.INVALID_REQUEST),
+            (2, ErrorCode.INVALID_REQUEST),
+        ]
+        growth = rss.peak_bytes - base
+        assert growth < RSS_GROWTH_MAX_BYTES, f"broker grew {growth / MIB:.0f} MiB"
+        listed = c.call("Metadata", topics=None, allow_auto_create=False)["topics"]
+        assert [t["name"] for t in listed] == ["t"]
