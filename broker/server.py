@@ -41,6 +41,9 @@ from protocol.messages import error_response, parse_request, request_cid
 log = logging.getLogger("minibroker.server")
 
 RECEIVE_BYTES = 256 * 1024
+# Longest run of one connection's requests before the others get the event
+# loop: a read can hold hundreds of requests, each up to max_entries_per_request.
+TURN_S = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +407,11 @@ class Broker:
                     # for the lot instead of one per request.
                     group: list[Reply] = []
                     close: CloseConnection | None = None
+                    turn_end_s = time.perf_counter() + TURN_S
                     while backlog and not conn.full():
+                        if time.perf_counter() > turn_end_s:
+                            await anyio.lowlevel.checkpoint()
+                            turn_end_s = time.perf_counter() + TURN_S
                         reply = await self._dispatch(backlog.popleft(), handlers, conn)
                         if isinstance(reply, CloseConnection):
                             close = reply

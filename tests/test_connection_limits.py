@@ -271,3 +271,37 @@ def test_a_huge_request_does_not_stall_other_connections(broker: BrokerProcess) 
         assert growth < RSS_GROWTH_MAX_BYTES, f"broker grew {growth / MIB:.0f} MiB"
         listed = c.call("Metadata", topics=None, allow_auto_create=False)["topics"]
         assert [t["name"] for t in listed] == ["t"]
+
+
+def test_a_pipeline_of_costly_requests_takes_turns(broker: BrokerProcess) -> None:
+    """250 pipelined Metadata requests listing all 2000 partitions arrive in one
+    read, each a few ms of work: run back to back they held the event loop for
+    over a second; the reader now yields every 10 ms, so another client waits little."""
+    topics = [{"name": f"x{i}", "partitions": 20, "config": None} for i in range(100)]
+    with WireClient(broker.bootstrap, timeout_s=60) as c, WireClient(broker.bootstrap) as busy:
+        created = c.call("CreateTopics", topics=topics)["topics"]
+        assert {t["error"] for t in created} == {0}
+        requests = 250
+        busy.send_raw(
+            b"".join(
+                encode_frame({"api": "Metadata", "v": 1, "cid": cid, "topics": None})
+                for cid in range(1, requests + 1)
+            )
+        )
+        answered: list[int] = []
+
+        def read_all() -> None:
+            for _ in range(requests):
+                r = busy.recv()
+                assert len(r["topics"]) == len(topics)
+                answered.append(r["cid"])
+
+        reader = threading.Thread(target=read_all, daemon=True)
+        reader.start()
+        slowest_s = 0.0
+        while reader.is_alive():
+            t = time.monotonic()
+            assert c.call("ApiVersions")["error"] == 0
+            slowest_s = max(slowest_s, time.monotonic() - t)
+        assert answered == list(range(1, requests + 1))
+        assert slowest_s < 0.3, f"another connection waited {slowest_s:.2f} s"
