@@ -179,6 +179,20 @@ class BrokerConfig:
         min=1,
         max=INT32_MAX,
     )
+    queued_max_response_bytes: int = _setting(
+        16 * 1024 * 1024,
+        "Per connection, bytes of answers built but not yet sent before reading pauses "
+        "(one answer may exceed it; Kafka's queued.max.request.bytes for answers).",
+        unit="bytes",
+        min=1024,
+        max=INT32_MAX,
+    )
+    max_entries_per_request: int = _setting(
+        10_000,
+        "Topics and partitions one request may name; more is INVALID_REQUEST.",
+        min=1,
+        max=INT32_MAX,
+    )
     request_timeout_ms: int = _setting(
         30_000,
         "Upper bound on a Produce's timeout_ms and a Fetch's max_wait_ms.",
@@ -208,6 +222,13 @@ class BrokerConfig:
         min=1,
         max=INT64_MAX,
         topic_key="segment.ms",
+    )
+    request_receive_timeout_ms: int = _setting(
+        30_000,
+        "A request begun must arrive whole within this long, else the connection closes.",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
     )
     retention_bytes: int = _setting(
         -1,

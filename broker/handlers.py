@@ -1,10 +1,12 @@
 """API semantics: each request in, its response map out (PROTOCOL.md section 4).
 
 Handlers run on the event loop and do their log work synchronously, so the
-requests of one connection take effect strictly in arrival order. A Produce
-with acks=-1 appends at once and returns a `DurableReply` that completes when the
-group commit has made its batches durable; the connection layer sends replies
-in order, so later requests keep flowing while it waits.
+requests of one connection take effect strictly in arrival order. `handle`
+returns an `Outcome` the connection layer acts on: an `Answer` to send now, a
+`DurableReply` (a Produce with acks=-1, appended at once) to send when the group
+commit has made its batches durable, a `SplicedReply` (a Fetch whose records go
+out with sendfile), or `NoAnswer` (acks=0). Replies go out in request order, so
+later requests keep flowing while a DurableReply waits.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -33,6 +36,18 @@ from protocol.framing import splice_frame
 log = logging.getLogger(f"minibroker.{__name__}")
 
 BROKER_ID = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A response to send now; the connection encodes it under the request's cid."""
+
+    response: m.Response
+
+
+@dataclass(frozen=True, slots=True)
+class NoAnswer:
+    """The request gets no response at all (a Produce with acks=0)."""
 
 
 class DurableReply:
@@ -95,23 +110,27 @@ class SplicedReply:
     It owns its spans' file descriptors until `close`, which the connection
     calls once the reply is sent or dropped."""
 
-    __slots__ = ("cid", "holes", "response", "spans")
+    __slots__ = ("holes", "response", "spans")
 
     def __init__(self, response: m.FetchResponse, spans: list[FileSpan], holes: list[bytes]):
         self.response = response
         self.spans = spans
         self.holes = holes
-        self.cid = -1
 
-    def pieces(self) -> list[bytes | int]:
+    def pieces(self, cid: int) -> list[bytes | int]:
+        """The frame as bytes to send and, between them, indexes into `spans`."""
         holes = [(hole, span.length) for hole, span in zip(self.holes, self.spans, strict=True)]
-        return splice_frame(m.encode_response(self.response, self.cid), holes)
+        return splice_frame(m.encode_response(self.response, cid), holes)
 
     def close(self) -> None:
         for span in self.spans:
             os.close(span.fd)
         self.spans = []
 
+
+Outcome = Answer | DurableReply | SplicedReply | NoAnswer
+"""What a request comes to: answer now, answer once durable, answer from the
+log files, or no answer."""
 
 FetchLook = tuple[
     m.FetchResponse, int, bool, list[tuple[FileSpan, bytes]], list[tuple[str, int, int]]
@@ -155,11 +174,15 @@ class Handlers:
         }
         self.apis = frozenset(self._table)
 
-    async def handle(self, request: Any) -> m.Response | DurableReply | SplicedReply | None:
-        """The response map, a DurableReply, or None for a request that gets no reply (acks=0)."""
+    async def handle(self, request: Any) -> Outcome:
+        """Run one parsed request and say how the connection answers it."""
         result = self._table[request.api](request)
         if isinstance(result, Awaitable):
-            return await result
+            result = await result
+        if result is None:
+            return NoAnswer()
+        if isinstance(result, m.Response):
+            return Answer(result)
         return result
 
     # ----------------------------------------------------------------- simple APIs

@@ -2,8 +2,12 @@
 
 Each connection has a reader that decodes frames and runs requests strictly
 in order, and a writer that sends replies in that same order. The reader may
-run up to `max_inflight_requests_per_connection` requests ahead of the writer
-(pipelining); past that it stops reading and TCP pushes back on the client.
+run ahead of the writer (pipelining) by up to
+`max_inflight_requests_per_connection` requests and
+`queued_max_response_bytes` bytes of answers; past either it
+stops reading and TCP pushes back on the client. Both bounds matter: the send
+blocks on both backends, but answers built ahead of it wait in the queue, and a
+few hundred unread Fetch answers are gigabytes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.data_dir import DataDir
 from broker.group_commit import GroupCommitter
-from broker.handlers import DurableReply, Handlers, SplicedReply, now_ms
+from broker.handlers import Answer, DurableReply, Handlers, NoAnswer, SplicedReply, now_ms
 from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.producer_ids import ProducerIdManager
@@ -42,18 +46,61 @@ from protocol.messages import (
 log = logging.getLogger(f"minibroker.{__name__}")
 
 RECEIVE_BYTES = 256 * 1024
-Reply = bytes | SplicedReply | tuple[int, float, str, DurableReply]
+# Longest run of one connection's requests before the others get the event
+# loop: a read can hold hundreds of requests, each up to max_entries_per_request.
+TURN_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitingDurability:
+    """An acks=-1 Produce answer the writer sends once its batches are on disk."""
+
+    cid: int
+    started_s: float
+    api: str
+    reply: DurableReply
+
+
+@dataclass(frozen=True, slots=True)
+class SplicedFrame:
+    """A Fetch answer whose record bytes the writer sends from the log files."""
+
+    pieces: list[bytes | int]
+    reply: SplicedReply
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """The request cannot be answered at all: close (PROTOCOL.md section 1)."""
+
+    reason: str
+
+
+Reply = bytes | SplicedFrame | AwaitingDurability
+"""One request's answer on its way from the reader to the writer: a whole frame,
+a frame with file spans, or a frame still waiting for its fsync."""
 
 
 @dataclass(eq=False)
 class Connection:
+    """One client connection and what its unsent answers hold of the broker."""
+
     peer: str
+    inflight_max: int
+    unsent_bytes_max: int
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    inflight: int = 0
+    inflight: int = 0  # requests read whose answers are not yet sent
+    unsent_bytes: int = 0  # bytes of those answers, as far as they are built
     room: anyio.Event = field(default_factory=anyio.Event)
 
-    def sent(self, count: int) -> None:
+    def full(self) -> bool:
+        """Whether the reader must stop until the writer sends something."""
+        return self.inflight >= self.inflight_max or self.unsent_bytes >= self.unsent_bytes_max
+
+    def sent(self, count: int, size_bytes: int) -> None:
         self.inflight -= count
+        self.unsent_bytes -= size_bytes
         self.room.set()
 
 
@@ -287,10 +334,14 @@ class Broker:
             )
             await stream.aclose()
             return
-        conn = Connection(peer)
+        conn = Connection(
+            peer,
+            self.config.max_inflight_requests_per_connection,
+            self.config.queued_max_response_bytes,
+        )
         self.connections.add(conn)
         self.metrics.connection_opened()
-        # Bounded by conn.inflight below, counted in requests rather than items.
+        # Bounded by conn.full() in the reader, in requests and bytes rather than items.
         send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
         try:
             async with stream, anyio.create_task_group() as tg:
@@ -312,69 +363,102 @@ class Broker:
         handlers = self.handlers
         assert handlers is not None
         idle_s = self.config.connections_max_idle_ms / 1000
-        inflight_max = self.config.max_inflight_requests_per_connection
+        receive_ms = self.config.request_receive_timeout_ms
+        # Time left for the request that has partly arrived. Only time spent
+        # waiting for its bytes counts: while back-pressure stops reading, the
+        # delay is the broker's, not the client's.
+        receive_left_s = receive_ms / 1000
         backlog: deque[Any] = deque()  # decoded requests waiting for in-flight room
         # Shutdown cancels only the waits (for bytes, for room); a request already
         # taken from the backlog runs to completion and its reply is queued
         # (shielded), so in-flight work finishes as SIGTERM promises.
         with conn.read_scope:
             while True:
-                while conn.inflight >= inflight_max:
+                while conn.full():
                     conn.room = anyio.Event()
                     await conn.room.wait()
                 if not backlog:
-                    with anyio.move_on_after(idle_s) as idle:
+                    partial = decoder.buffered_bytes > 0
+                    waited_from_s = anyio.current_time()
+                    with anyio.move_on_after(receive_left_s if partial else idle_s) as timer:
                         data = await _receive(stream)
-                    if idle.cancelled_caught:
+                    if timer.cancelled_caught and partial:
+                        log.warning(
+                            "event=connection_closed peer=%s reason=%r",
+                            conn.peer,
+                            f"request not received whole within request_receive_timeout_ms="
+                            f"{receive_ms} ({decoder.buffered_bytes} bytes of it arrived)",
+                        )
+                        return
+                    if timer.cancelled_caught:
                         log.info("event=connection_idle_closed peer=%s", conn.peer)
                         return
                     if data is None:
                         return
                     try:
-                        backlog.extend(decoder.feed_bodies(data))
+                        messages = decoder.feed_bodies(data)
                     except FrameError as exc:
                         log.warning(
                             "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)
                         )
                         return
+                    if messages or not partial:
+                        receive_left_s = receive_ms / 1000  # any bytes left begin a new request
+                    else:
+                        receive_left_s -= anyio.current_time() - waited_from_s
+                    backlog.extend(messages)
                 with anyio.CancelScope(shield=True):
                     # Replies of one read go to the writer together: one send()
                     # for the lot instead of one per request.
                     group: list[Reply] = []
-                    close = False
-                    while backlog and conn.inflight + len(group) < inflight_max:
+                    close: CloseConnection | None = None
+                    turn_end_s = time.perf_counter() + TURN_S
+                    while backlog and not conn.full():
+                        if time.perf_counter() > turn_end_s:
+                            await anyio.lowlevel.checkpoint()
+                            turn_end_s = time.perf_counter() + TURN_S
                         reply = await self._dispatch(backlog.popleft(), handlers, conn)
-                        if reply is False:
-                            close = True
+                        if isinstance(reply, CloseConnection):
+                            close = reply
                             break
-                        if reply is not None:
+                        if not isinstance(reply, NoAnswer):
                             group.append(reply)
+                            conn.inflight += 1
+                            conn.unsent_bytes += _size_bytes(reply)
                     if group:
-                        conn.inflight += len(group)
                         try:
                             await send.send(group)
                         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                             _close_unsent([group])
                             return  # the writer found the peer gone
-                    if close:
+                    if close is not None:
+                        log.warning(
+                            "event=connection_closed peer=%s reason=%r", conn.peer, close.reason
+                        )
                         return
 
     async def _dispatch(
         self, body: bytes, handlers: Handlers, conn: Connection
-    ) -> Reply | bool | None:
-        """Run one request; False means close the connection (PROTOCOL.md section 1)."""
+    ) -> Reply | NoAnswer | CloseConnection:
+        """Run one request and turn its outcome into what the writer sends."""
         started = time.perf_counter()
         try:
             request = decode_request(body)
         except FrameError as exc:
-            log.warning("event=connection_closed peer=%s reason=%r", conn.peer, str(exc))
-            return False
+            return CloseConnection(str(exc))
         except RequestRefused as exc:
             self.metrics.observe_request(exc.api, exc.code, time.perf_counter() - started)
             return frame(encode_response(error_response(exc.code, exc.message), exc.cid))
         cid = request.cid
         api = request.api
         try:
+            limit = self.config.max_entries_per_request
+            if request.entry_count() > limit:
+                raise ProtocolError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"request names more than max_entries_per_request={limit} "
+                    "topics and partitions",
+                )
             result = await handlers.handle(request)
         except ProtocolError as exc:
             self.metrics.observe_request(api, exc.code, time.perf_counter() - started)
@@ -389,17 +473,23 @@ class Broker:
                     error_response(ErrorCode.UNKNOWN_SERVER_ERROR, "internal error"), cid
                 )
             )
-        if result is None:
-            self.metrics.observe_request(api, 0, time.perf_counter() - started)
-            return None
         if isinstance(result, DurableReply):
-            return (cid, started, api, result)
+            return AwaitingDurability(cid, started, api, result)
+        if isinstance(result, Answer):
+            self.metrics.observe_request(api, result.response.error, time.perf_counter() - started)
+            return frame(encode_response(result.response, cid))
+        self.metrics.observe_request(api, 0, time.perf_counter() - started)
         if isinstance(result, SplicedReply):
-            result.cid = cid
-            self.metrics.observe_request(api, 0, time.perf_counter() - started)
-            return result
-        self.metrics.observe_request(api, result.error, time.perf_counter() - started)
-        return frame(encode_response(result, cid))
+            try:
+                pieces = result.pieces(cid)
+                size_bytes = sum(
+                    len(p) if isinstance(p, bytes) else result.spans[p].length for p in pieces
+                )
+                return SplicedFrame(pieces, result, size_bytes)
+            except BaseException:
+                result.close()
+                raise
+        return result
 
     async def _writer(
         self,
@@ -431,7 +521,7 @@ class Broker:
                 if isinstance(reply, bytes):
                     pending.append(reply)
                     continue
-                if isinstance(reply, SplicedReply):
+                if isinstance(reply, SplicedFrame):
                     if pending:
                         await self._flush(stream, pending, conn)
                     try:
@@ -439,14 +529,17 @@ class Broker:
                     except BaseException:
                         _close_unsent([group[i + 1 :]])
                         raise
-                    conn.sent(1)
+                    conn.sent(1, reply.size_bytes)
                     continue
-                cid, started, api, deferred = reply
-                if pending and not deferred.ready():
+                if pending and not reply.reply.ready():
                     await self._flush(stream, pending, conn)
-                response = await deferred.complete()
-                self.metrics.observe_request(api, response.error, time.perf_counter() - started)
-                pending.append(frame(encode_response(response, cid)))
+                response = await reply.reply.complete()
+                self.metrics.observe_request(
+                    reply.api, response.error, time.perf_counter() - reply.started_s
+                )
+                data = frame(encode_response(response, reply.cid))
+                conn.unsent_bytes += len(data)  # counted from now, when it takes memory
+                pending.append(data)
             if pending and not receive.statistics().current_buffer_used:
                 await self._flush(stream, pending, conn)
         if pending:
@@ -454,22 +547,23 @@ class Broker:
 
     @staticmethod
     async def _flush(stream: SocketStream, pending: list[bytes], conn: Connection) -> None:
-        await stream.send(b"".join(pending) if len(pending) > 1 else pending[0])
-        conn.sent(len(pending))
+        data = b"".join(pending) if len(pending) > 1 else pending[0]
+        await stream.send(data)
+        conn.sent(len(pending), len(data))
         pending.clear()
 
 
-async def _send_spliced(stream: SocketStream, reply: SplicedReply) -> None:
+async def _send_spliced(stream: SocketStream, frame: SplicedFrame) -> None:
     """Send a Fetch reply: msgpack pieces through the stream, record bytes straight
     from the log files with os.sendfile (zero-copy; trio sends unbuffered, so the
     two never overtake each other)."""
     sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     try:
-        for piece in reply.pieces():
+        for piece in frame.pieces:
             if isinstance(piece, bytes):
                 await stream.send(piece)
                 continue
-            span = reply.spans[piece]
+            span = frame.reply.spans[piece]
             position, remaining = span.position, span.length
             while remaining:
                 try:
@@ -482,7 +576,16 @@ async def _send_spliced(stream: SocketStream, reply: SplicedReply) -> None:
                 position += sent
                 remaining -= sent
     finally:
-        reply.close()
+        frame.reply.close()
+
+
+def _size_bytes(reply: Reply) -> int:
+    """What a queued reply counts against queued_max_response_bytes."""
+    if isinstance(reply, bytes):
+        return len(reply)
+    if isinstance(reply, SplicedFrame):
+        return reply.size_bytes
+    return 0  # an answer waiting for its fsync is counted once the writer builds it
 
 
 def _drain(receive: MemoryObjectReceiveStream[list[Reply]]) -> list[list[Reply]]:
@@ -498,8 +601,8 @@ def _close_unsent(groups: list[list[Reply]]) -> None:
     """Release the file descriptors of Fetch replies that will never be sent."""
     for group in groups:
         for reply in group:
-            if isinstance(reply, SplicedReply):
-                reply.close()
+            if isinstance(reply, SplicedFrame):
+                reply.reply.close()
 
 
 async def _receive(stream: SocketStream) -> bytes | None:
@@ -511,7 +614,7 @@ async def _receive(stream: SocketStream) -> bytes | None:
 
 def _peer(stream: SocketStream) -> str:
     try:
-        host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
-        return f"{host}:{port}"
+        address = stream.extra(anyio.abc.SocketAttribute.remote_address)
     except Exception:
         return "unknown"
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)

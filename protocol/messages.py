@@ -102,6 +102,10 @@ class Request(msgspec.Struct, tag_field="api", kw_only=True):
     def api(self) -> str:
         return type(self).__struct_config__.tag  # type: ignore[return-value]
 
+    def entry_count(self) -> int:
+        """How many topics and partitions the request names: the work a broker bounds."""
+        return 0
+
 
 class Response(msgspec.Struct, kw_only=True):
     """The envelope every response shares."""
@@ -156,6 +160,9 @@ class MetadataRequest(Request, tag="Metadata"):
         if self.topics is not None:
             _unique(self.topics, "topic")
 
+    def entry_count(self) -> int:
+        return len(self.topics or ())
+
 
 class CreatableTopic(msgspec.Struct):
     name: str
@@ -179,6 +186,9 @@ class CreateTopicsRequest(Request, tag="CreateTopics"):
 
     def __post_init__(self) -> None:
         _unique((t.name for t in self.topics), "topic")
+
+    def entry_count(self) -> int:
+        return len(self.topics)
 
 
 class InitProducerIdResponse(Response):
@@ -236,6 +246,9 @@ class ProduceRequest(Request, tag="Produce"):
     def __post_init__(self) -> None:
         _unique((t.topic for t in self.topics), "topic")
 
+    def entry_count(self) -> int:
+        return len(self.topics) + sum(len(t.partitions) for t in self.topics)
+
 
 class FetchPartition(msgspec.Struct):
     partition: int
@@ -286,6 +299,9 @@ class FetchRequest(Request, tag="Fetch"):
     def __post_init__(self) -> None:
         _unique((t.topic for t in self.topics), "topic")
 
+    def entry_count(self) -> int:
+        return len(self.topics) + sum(len(t.partitions) for t in self.topics)
+
 
 class ListOffsetsPartition(msgspec.Struct):
     partition: int
@@ -325,6 +341,9 @@ class ListOffsetsRequest(Request, tag="ListOffsets"):
 
     def __post_init__(self) -> None:
         _unique((t.topic for t in self.topics), "topic")
+
+    def entry_count(self) -> int:
+        return len(self.topics) + sum(len(t.partitions) for t in self.topics)
 
 
 # --------------------------------------------------------------------------- the codec

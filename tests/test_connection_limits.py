@@ -1,0 +1,307 @@
+"""What one connection may claim of the broker: memory, time, and the event loop.
+
+Each test is a hostile or careless client on a raw socket against the real
+broker process, on both backends, with the broker's memory read from
+/proc/<pid>/status while the client misbehaves.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient, values_batch
+from protocol.errors import ErrorCode
+from protocol.framing import encode_frame
+
+MIB = 1024 * 1024
+# Far below what the unbounded broker reached (400 MiB to 1 GiB), well above what
+# the bounded one needs: its 16 MiB budget, one answer being built and copies
+# (it grew by under 40 MiB).
+RSS_GROWTH_MAX_BYTES = 128 * MIB
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+class PeakRss:
+    """Samples a process's resident memory in a thread; `peak_bytes` is the highest seen."""
+
+    def __init__(self, pid: int, interval_s: float = 0.02) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak_bytes = rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_bytes = max(self.peak_bytes, rss_bytes(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def pipeline_without_reading(
+    broker: BrokerProcess, send_all: Callable[[WireClient], None], hold_s: float
+) -> tuple[WireClient, threading.Thread, int]:
+    """Send every request from a thread (a bounded broker stops reading, so the
+    send blocks), never read, and return the growth of the broker's memory
+    while it holds the answers."""
+    assert broker.proc is not None
+    pid = broker.proc.pid
+    client = WireClient(broker.bootstrap, timeout_s=60)
+    base = rss_bytes(pid)
+    with PeakRss(pid) as rss:
+        sender = threading.Thread(target=send_all, args=(client,), daemon=True)
+        sender.start()
+        time.sleep(hold_s)
+    return client, sender, rss.peak_bytes - base
+
+
+def test_unread_fetch_answers_are_held_within_a_bound(broker: BrokerProcess) -> None:
+    """300 pipelined Fetch requests for about 3.6 MB each, answers unread: the
+    broker used to build up to max_inflight (256) answers, ~900 MB on asyncio."""
+    fetches = 300
+    with WireClient(broker.bootstrap) as c:
+        assert c.create_topic("big") == 0
+        for i in range(5):
+            batch = values_batch([bytes([65 + i]) * 1000] * 900)
+            assert c.produce("big", 0, batch)["error"] == 0
+        expected = c.fetch("big", 0, 0, partition_max_bytes=4 * MIB)["records"]
+    assert len(expected) > 3 * MIB
+
+    def send_all(client: WireClient) -> None:
+        for cid in range(1, fetches + 1):
+            client.send(
+                "Fetch",
+                cid=cid,
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=50 * MIB,
+                isolation_level=0,
+                topics=[
+                    {
+                        "topic": "big",
+                        "partitions": [
+                            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 4 * MIB}
+                        ],
+                    }
+                ],
+            )
+
+    client, sender, growth = pipeline_without_reading(broker, send_all, hold_s=3.0)
+    with client:
+        assert growth < RSS_GROWTH_MAX_BYTES, f"broker grew {growth / MIB:.0f} MiB"
+        # Reading resumes: every answer arrives, in order, with the right bytes.
+        for cid in range(1, fetches + 1):
+            r = client.recv()
+            assert r["cid"] == cid and r["error"] == 0
+            part = r["topics"][0]["partitions"][0]
+            assert part["error"] == 0 and part["records"] == expected, cid
+        sender.join(10)
+        assert not sender.is_alive()
+
+
+def test_unread_produce_answers_are_held_within_a_bound(broker: BrokerProcess) -> None:
+    """Produce requests of 5000 partitions of an unknown, long-named topic: each
+    answer is ~13 times its request (an error message per partition), so 400
+    unread ones are ~650 MB of answers unless the broker stops reading. It used
+    to grow by ~400 MiB within the 4 s held here, on both backends."""
+    requests, partitions = 400, 5000
+    topic = "n" * 200
+
+    def send_all(client: WireClient) -> None:
+        for cid in range(1, requests + 1):
+            client.send(
+                "Produce",
+                cid=cid,
+                acks=1,
+                timeout_ms=1000,
+                topics=[
+                    {
+                        "topic": topic,
+                        "partitions": [{"partition": i, "records": b""} for i in range(partitions)],
+                    }
+                ],
+            )
+
+    client, sender, growth = pipeline_without_reading(broker, send_all, hold_s=4.0)
+    with client:
+        assert growth < RSS_GROWTH_MAX_BYTES, f"broker grew {growth / MIB:.0f} MiB"
+        for cid in range(1, requests + 1):
+            r = client.recv()
+            assert r["cid"] == cid and r["error"] == 0
+            parts = r["topics"][0]["partitions"]
+            assert [p["partition"] for p in parts] == list(range(partitions))
+            assert {p["error"] for p in parts} == {ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        sender.join(10)
+        assert not sender.is_alive()
+
+
+def start_broker(tmp_path: Path, backend: str, settings: str) -> BrokerProcess:
+    conf = tmp_path / "broker.toml"
+    conf.write_text(settings)
+    return BrokerProcess(
+        tmp_path / "data", backend=backend, extra_args=["--config", str(conf)]
+    ).start()
+
+
+def test_a_trickled_request_closes_its_connection_only(tmp_path: Path, backend: str) -> None:
+    """One byte of an ApiVersions request every 100 ms (3 s for the whole frame)
+    against request_receive_timeout_ms=500: each byte used to reset the idle
+    timer, so the connection lived until the frame was whole and got its answer."""
+    broker = start_broker(tmp_path, backend, "request_receive_timeout_ms = 500\n")
+    try:
+        frame = encode_frame({"api": "ApiVersions", "v": 1, "cid": 1, "client_id": "trickler"})
+        assert len(frame) >= 30
+        with WireClient(broker.bootstrap) as trickler, WireClient(broker.bootstrap) as other:
+            trickler.sock.settimeout(0.1)
+            started = time.monotonic()
+            closed_after_s = None
+            for i, byte in enumerate(frame):
+                try:
+                    trickler.send_raw(bytes([byte]))
+                    if trickler.sock.recv(1 << 16) == b"":
+                        closed_after_s = time.monotonic() - started
+                        break
+                    raise AssertionError(f"the trickled request was answered, at byte {i}")
+                except TimeoutError:
+                    pass  # still open, nothing to read: trickle on
+                except (BrokenPipeError, ConnectionResetError):
+                    closed_after_s = time.monotonic() - started
+                    break
+                # Meanwhile a normal client on another connection is served at once.
+                t = time.monotonic()
+                assert other.call("ApiVersions")["error"] == 0
+                assert time.monotonic() - t < 0.5
+            assert closed_after_s is not None, "the trickled request got the time it wanted"
+            assert 0.4 < closed_after_s < 2.0, closed_after_s
+            assert other.call("ApiVersions")["error"] == 0
+        assert "request not received whole within request_receive_timeout_ms=500" in (
+            broker.log_text()
+        )
+    finally:
+        broker.kill()
+
+
+def test_time_between_requests_is_not_a_receive_timeout(tmp_path: Path, backend: str) -> None:
+    """The receive timeout starts at a request's first byte: a client that waits
+    longer than it between whole requests is kept (that is the idle timeout's job)."""
+    broker = start_broker(tmp_path, backend, "request_receive_timeout_ms = 300\n")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            for _ in range(3):
+                assert c.call("ApiVersions")["error"] == 0
+                time.sleep(0.6)
+            # Half a request, a pause within the bound, the rest: one answer.
+            frame = encode_frame({"api": "ApiVersions", "v": 1, "cid": 99})
+            c.send_raw(frame[:10])
+            time.sleep(0.1)
+            c.send_raw(frame[10:])
+            assert c.recv()["cid"] == 99
+    finally:
+        broker.kill()
+
+
+def test_a_huge_request_does_not_stall_other_connections(broker: BrokerProcess) -> None:
+    """A Metadata of 100k new topic names with auto-creation on, then a Fetch of
+    100k unknown topics, each well within max_frame_bytes: handled in one go they
+    used to hold the event loop for seconds (auto-creating 100k topics: minutes)."""
+    assert broker.proc is not None
+    names = [f"nope-{i:06d}" for i in range(100_000)]
+    with WireClient(broker.bootstrap, timeout_s=5) as c, WireClient(broker.bootstrap) as big:
+        assert c.create_topic("t") == 0
+        base = rss_bytes(broker.proc.pid)
+        answers: list[dict] = []
+
+        def send_and_read() -> None:
+            big.send("Metadata", cid=1, topics=names, allow_auto_create=True)
+            big.send(
+                "Fetch",
+                cid=2,
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=MIB,
+                isolation_level=0,
+                topics=[
+                    {
+                        "topic": name,
+                        "partitions": [
+                            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1024}
+                        ],
+                    }
+                    for name in names
+                ],
+            )
+            answers.extend([big.recv(), big.recv()])
+
+        worker = threading.Thread(target=send_and_read, daemon=True)
+        with PeakRss(broker.proc.pid) as rss:
+            worker.start()
+            slowest_s = 0.0
+            batch = values_batch([b"v"])
+            deadline = time.monotonic() + 30
+            while worker.is_alive() and time.monotonic() < deadline:
+                t = time.monotonic()
+                assert c.call("ApiVersions")["error"] == 0
+                assert c.produce("t", 0, batch)["error"] == 0
+                slowest_s = max(slowest_s, time.monotonic() - t)
+            worker.join(1)
+        assert not worker.is_alive(), "the big requests got no answers"
+        assert slowest_s < 2.0, f"another connection waited {slowest_s:.1f} s"
+        assert [(a["cid"], a["error"]) for a in answers] == [
+            (1, ErrorCode.INVALID_REQUEST),
+            (2, ErrorCode.INVALID_REQUEST),
+        ]
+        growth = rss.peak_bytes - base
+        assert growth < RSS_GROWTH_MAX_BYTES, f"broker grew {growth / MIB:.0f} MiB"
+        listed = c.call("Metadata", topics=None, allow_auto_create=False)["topics"]
+        assert [t["name"] for t in listed] == ["t"]
+
+
+def test_a_pipeline_of_costly_requests_takes_turns(broker: BrokerProcess) -> None:
+    """250 pipelined Metadata requests listing all 2000 partitions arrive in one
+    read, each a few ms of work: run back to back they held the event loop for
+    over a second; the reader now yields every 10 ms, so another client waits little."""
+    topics = [{"name": f"x{i}", "partitions": 20, "config": None} for i in range(100)]
+    with WireClient(broker.bootstrap, timeout_s=60) as c, WireClient(broker.bootstrap) as busy:
+        created = c.call("CreateTopics", topics=topics)["topics"]
+        assert {t["error"] for t in created} == {0}
+        requests = 250
+        busy.send_raw(
+            b"".join(
+                encode_frame({"api": "Metadata", "v": 1, "cid": cid, "topics": None})
+                for cid in range(1, requests + 1)
+            )
+        )
+        answered: list[int] = []
+
+        def read_all() -> None:
+            for _ in range(requests):
+                r = busy.recv()
+                assert len(r["topics"]) == len(topics)
+                answered.append(r["cid"])
+
+        reader = threading.Thread(target=read_all, daemon=True)
+        reader.start()
+        slowest_s = 0.0
+        while reader.is_alive():
+            t = time.monotonic()
+            assert c.call("ApiVersions")["error"] == 0
+            slowest_s = max(slowest_s, time.monotonic() - t)
+        assert answered == list(range(1, requests + 1))
+        assert slowest_s < 0.3, f"another connection waited {slowest_s:.2f} s"
