@@ -36,7 +36,6 @@ their defaults, so a client survives a newer broker adding fields.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, TypeVar, Union
 
 import msgspec
@@ -78,13 +77,16 @@ class RequestRefused(ProtocolError):
         self.api = api
 
 
-def _unique(names: Iterable[object], what: str) -> None:
-    """docs/protocol.md section 1: a list naming the same topic or partition twice is refused."""
-    seen: set[object] = set()
-    for name in names:
-        if name in seen:
-            raise ValueError(f"{what} {name!r} listed twice")
-        seen.add(name)
+def _unique(names: list[Any], what: str, where: object = None) -> None:
+    """docs/protocol.md section 1: a list naming the same topic or partition twice is refused.
+
+    On every decode of the hot path, so the common case costs one set and no
+    formatting: the message is built only for a refusal."""
+    if len(names) > 1 and len(set(names)) != len(names):
+        seen: set[object] = set()
+        twice = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+        place = "" if where is None else f" of topic {where!r}"
+        raise ValueError(f"{what} {twice!r}{place} listed twice")
 
 
 # --------------------------------------------------------------------------- requests
@@ -185,7 +187,7 @@ class CreateTopicsRequest(Request, tag="CreateTopics"):
     topics: list[CreatableTopic]
 
     def __post_init__(self) -> None:
-        _unique((t.name for t in self.topics), "topic")
+        _unique([t.name for t in self.topics], "topic")
 
     def entry_count(self) -> int:
         return len(self.topics)
@@ -214,7 +216,7 @@ class ProduceTopic(msgspec.Struct):
     partitions: list[ProducePartition]
 
     def __post_init__(self) -> None:
-        _unique((p.partition for p in self.partitions), f"partition of topic {self.topic!r}:")
+        _unique([p.partition for p in self.partitions], "partition", self.topic)
 
 
 class ProducePartitionResponse(msgspec.Struct):
@@ -244,7 +246,7 @@ class ProduceRequest(Request, tag="Produce"):
     transactional_id: str | None = None
 
     def __post_init__(self) -> None:
-        _unique((t.topic for t in self.topics), "topic")
+        _unique([t.topic for t in self.topics], "topic")
 
     def entry_count(self) -> int:
         return len(self.topics) + sum(len(t.partitions) for t in self.topics)
@@ -261,7 +263,7 @@ class FetchTopic(msgspec.Struct):
     partitions: list[FetchPartition]
 
     def __post_init__(self) -> None:
-        _unique((p.partition for p in self.partitions), f"partition of topic {self.topic!r}:")
+        _unique([p.partition for p in self.partitions], "partition", self.topic)
 
 
 class AbortedTransaction(msgspec.Struct):
@@ -297,7 +299,7 @@ class FetchRequest(Request, tag="Fetch"):
     isolation_level: Isolation = ISOLATION_READ_UNCOMMITTED
 
     def __post_init__(self) -> None:
-        _unique((t.topic for t in self.topics), "topic")
+        _unique([t.topic for t in self.topics], "topic")
 
     def entry_count(self) -> int:
         return len(self.topics) + sum(len(t.partitions) for t in self.topics)
@@ -313,7 +315,7 @@ class ListOffsetsTopic(msgspec.Struct):
     partitions: list[ListOffsetsPartition]
 
     def __post_init__(self) -> None:
-        _unique((p.partition for p in self.partitions), f"partition of topic {self.topic!r}:")
+        _unique([p.partition for p in self.partitions], "partition", self.topic)
 
 
 class ListOffsetsPartitionResponse(msgspec.Struct):
@@ -340,7 +342,7 @@ class ListOffsetsRequest(Request, tag="ListOffsets"):
     isolation_level: Isolation = ISOLATION_READ_UNCOMMITTED
 
     def __post_init__(self) -> None:
-        _unique((t.topic for t in self.topics), "topic")
+        _unique([t.topic for t in self.topics], "topic")
 
     def entry_count(self) -> int:
         return len(self.topics) + sum(len(t.partitions) for t in self.topics)
