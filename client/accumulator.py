@@ -47,7 +47,6 @@ from operator import itemgetter
 from typing import Any
 
 import anyio
-import msgpack
 
 from client.errors import (
     FENCING_CODES,
@@ -65,17 +64,14 @@ from protocol.batch import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     SEQUENCE_MODULUS,
-    assemble_batch,
+    encode_batch,
     with_sequence,
 )
-from protocol.compression import Compression, compress
+from protocol.compression import Compression
 from protocol.errors import RETRIABLE, ErrorCode
+from protocol.records import HEADER_OVERHEAD, RECORD_OVERHEAD, Headers, encode_rows
 
 log = logging.getLogger("client.producer")
-
-# Upper bound of a record's msgpack framing: fixarray, int64 delta, two bin headers, nil headers.
-RECORD_OVERHEAD = 21
-HEADER_OVERHEAD = 8
 
 _tuple_new = tuple.__new__
 _first = itemgetter(0)
@@ -83,7 +79,6 @@ _first = itemgetter(0)
 # Answers after which the batch may be in the log although the broker reported a failure.
 MAYBE_APPENDED = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.KAFKA_STORAGE_ERROR})
 
-Headers = Sequence[tuple[str, bytes]] | None
 DeliveryCallback = Callable[[BaseException | None, RecordMetadata], object]
 
 
@@ -186,17 +181,17 @@ class ProducerBatch:
             else:
                 self.encoded = None
         if self.encoded is None:
-            payload = self.payload
+            records = self.payload
             max_ts = self.base_ts
-            if payload is None:
-                payload = msgpack.packb(self.records, use_bin_type=True)
+            if records is None:
+                records = encode_rows(self.records)
                 max_ts += max(map(_first, self.records))
-            self.encoded = assemble_batch(
-                compress(compression, payload) if compression != Compression.NONE else payload,
+            self.encoded = encode_batch(
+                records,
                 record_count=self.record_count,
                 base_timestamp=self.base_ts,
                 max_timestamp=max_ts,
-                attributes=compression,
+                compression=compression,
                 producer_id=producer_id,
                 producer_epoch=producer_epoch,
                 base_sequence=sequence,
