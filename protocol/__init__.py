@@ -19,7 +19,7 @@ from protocol.batch import (
 from protocol.compression import Compression
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, FrameTooLarge, encode_frame
-from protocol.records import RecordColumns, encode_rows
+from protocol.records import RecordColumns, count_records, encode_rows
 
 __all__ = [
     "BatchError",
@@ -34,6 +34,7 @@ __all__ = [
     "RecordColumns",
     "build_batch",
     "build_batch_from_columns",
+    "count_records",
     "encode_batch",
     "encode_frame",
     "encode_rows",

@@ -18,7 +18,8 @@
 |    |      |                   | compressed as a whole when bits 0-2 say so             |
 
 All integers are big-endian. The same bytes lie on disk and travel on the wire:
-the broker validates and stamps ``base_offset`` but never re-encodes records. Every batch is made by
+the broker validates (decoding the records to count them) and stamps
+``base_offset`` but never re-encodes records. Every batch is made by
 `encode_batch` around an array from protocol/records.py.
 """
 
@@ -31,9 +32,9 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from protocol.compression import Compression, compress, decompress
+from protocol.compression import DECOMPRESSED_BYTES_MAX, Compression, compress, decompress
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.records import Headers, RecordColumns, encode_rows
+from protocol.records import Headers, RecordColumns, count_records, encode_rows
 
 MAGIC = 1
 HEADER = struct.Struct(">qiIBBiqqqhii")
@@ -234,7 +235,12 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
     """Check that `buf` is exactly one well-formed batch and return its header.
 
     Raises BatchError with the error code PROTOCOL.md section 2 assigns to
-    each failure, checked in the order listed there."""
+    each failure, checked in the order listed there. The records are decoded
+    strictly (protocol/records.py) and must be exactly record_count records: a
+    header that lies about its count would shift every later offset.
+    `max_bytes` bounds the batch and also its records once decompressed, so a
+    small body that inflates to gigabytes is refused before it is inflated."""
+    inflated_max = DECOMPRESSED_BYTES_MAX if max_bytes is None else max_bytes
     size = len(buf)
     if size < HEADER_BYTES:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"batch truncated: {size} bytes < header")
@@ -260,13 +266,18 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
         raise BatchError(
             ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"compression code {header.compression}"
         )
-    if header.compression == Compression.NONE:
-        declared = _array_length(buf, HEADER_BYTES)
-        if declared != header.record_count:
-            raise BatchError(
-                ErrorCode.INVALID_RECORD,
-                f"record_count {header.record_count} but the records array holds {declared}",
-            )
+    records = memoryview(buf)[HEADER_BYTES:]
+    try:
+        if header.compression != Compression.NONE:
+            records = memoryview(decompress(header.compression, records, inflated_max))
+        count = count_records(records)
+    except (ValueError, ProtocolError) as exc:
+        raise BatchError(ErrorCode.INVALID_RECORD, f"records undecodable: {exc}") from None
+    if count != header.record_count:
+        raise BatchError(
+            ErrorCode.INVALID_RECORD,
+            f"record_count {header.record_count} but the records array holds {count}",
+        )
     if (
         header.producer_id != NO_PRODUCER_ID
         and not header.is_control
@@ -282,21 +293,6 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
             ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes over message_max_bytes {max_bytes}"
         )
     return header
-
-
-def _array_length(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
-    """The element count of the msgpack array header at `pos`, without decoding the
-    elements: lets the broker check record_count on the hot path for free."""
-    if pos >= len(buf):
-        return None
-    tag = buf[pos]
-    if 0x90 <= tag <= 0x9F:
-        return tag & 0x0F
-    if tag == 0xDC and pos + 3 <= len(buf):
-        return int.from_bytes(buf[pos + 1 : pos + 3], "big")
-    if tag == 0xDD and pos + 5 <= len(buf):
-        return int.from_bytes(buf[pos + 1 : pos + 5], "big")
-    return None
 
 
 def scan_batches(

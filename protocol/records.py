@@ -14,6 +14,7 @@ Records are encoded here only: `encode_rows` for rows already in that shape
 (the producer's per-record path), `RecordColumns.encode` for whole columns that
 share one timestamp (send_batch, Spark, bench), which skips msgpack's per-record
 work in the common case. Both give the same bytes for the same records.
+`count_records` is the broker's strict check of what a client sent.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import msgpack
+import msgspec
 
 Headers = Sequence[tuple[str, bytes]] | None
 Row = tuple[int, bytes | None, bytes | None, Headers]
@@ -181,3 +183,18 @@ def _join(parts: list[Any], n: int) -> bytes:
     parts[0] = _array_header(n) + parts[0][1:]
     parts[-1] = _NIL
     return b"".join(parts)
+
+
+# bytes fields, although they copy: measured faster than memoryview fields (and than
+# array_like Structs) for 100-byte records, as fast for 1 KiB ones.
+_strict = msgspec.msgpack.Decoder(
+    list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]] | None]]
+)
+
+
+def count_records(records: bytes | memoryview) -> int:
+    """How many well-formed records the array `records` holds, nothing before or after it.
+
+    Raises ValueError (msgspec.DecodeError) on anything else: another type in a
+    field, a record that is not a 4-array, a header that is not [str, bin]."""
+    return len(_strict.decode(records))
