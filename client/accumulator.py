@@ -82,6 +82,11 @@ MAYBE_APPENDED = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.KAFKA_STORAGE
 DeliveryCallback = Callable[[BaseException | None, RecordMetadata], object]
 
 
+def monotonic_ms() -> float:
+    """The clock of the producer's deadlines: monotonic, in milliseconds."""
+    return time.monotonic() * 1000.0
+
+
 class BufferFull(Exception):
     """buffer_memory is used up; the caller blocks (up to max_block_ms) and retries."""
 
@@ -329,12 +334,11 @@ class RecordAccumulator:
         retry_backoff_max_ms: float = 1000,
         idempotent: bool = True,
         compression: int = Compression.NONE,
-        clock: Callable[[], float] = lambda: time.monotonic() * 1000.0,
+        clock: Callable[[], float] = monotonic_ms,
         wakeup: Callable[[], None] = lambda: None,
         on_batch_full: Callable[[str, int], None] = lambda topic, partition: None,
     ) -> None:
         self.lock = threading.Lock()
-        self._space = threading.Condition(self.lock)
         self.clock = clock
         self.batch_size = batch_size
         self.buffer_memory = buffer_memory
@@ -362,7 +366,6 @@ class RecordAccumulator:
         self._states: list[_PartitionState] = []
         self._drain_index = 0
         self._buffered = 0
-        self._space_waiters = 0
         self._incomplete: set[ProducerBatch] = set()
         self._in_flight = 0
         self._flushing = 0
@@ -492,24 +495,6 @@ class RecordAccumulator:
                 self._sender_wake_at = -math.inf
                 self.wakeup()
             return batch
-
-    def wait_for_space(self, size: int, timeout_s: float) -> None:
-        """Block the calling (non-I/O) thread until `size` bytes of buffer are free."""
-        with self.lock:
-            self._space_waiters += 1
-            try:
-                if not self._space.wait_for(
-                    lambda: (
-                        self._buffered + size <= self.buffer_memory or self._refused is not None
-                    ),
-                    timeout_s,
-                ):
-                    raise MinibrokerTimeoutError(
-                        f"no buffer space for {size} bytes within max_block_ms "
-                        f"(buffer_memory {self.buffer_memory})"
-                    )
-            finally:
-                self._space_waiters -= 1
 
     def _new_state(self, topic: str, partition: int) -> _PartitionState:
         state = _PartitionState(topic)
@@ -794,8 +779,6 @@ class RecordAccumulator:
             batch.record_count = len(batch.records)
         self._incomplete.discard(batch)
         self._buffered -= batch.reserved
-        if self._space_waiters:
-            self._space.notify_all()
         if error is None:
             self.metrics["records_sent"] += batch.record_count
             self.metrics["record_bytes_sent"] += batch.size
@@ -884,7 +867,6 @@ class RecordAccumulator:
             if self._refused is None:
                 self._refused = MinibrokerError("producer is closed")
             self._sender_wake_at = -math.inf
-            self._space.notify_all()
             self.wakeup()
 
     @property
