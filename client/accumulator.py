@@ -47,7 +47,6 @@ from operator import itemgetter
 from typing import Any
 
 import anyio
-import msgpack
 
 from client.errors import (
     FENCING_CODES,
@@ -65,17 +64,14 @@ from protocol.batch import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     SEQUENCE_MODULUS,
-    assemble_batch,
+    encode_batch,
     with_sequence,
 )
-from protocol.compression import Compression, compress
+from protocol.compression import Compression
 from protocol.errors import RETRIABLE, ErrorCode
+from protocol.records import HEADER_OVERHEAD, RECORD_OVERHEAD, Headers, encode_rows
 
 log = logging.getLogger(f"minibroker.{__name__}")
-
-# Upper bound of a record's msgpack framing: fixarray, int64 delta, two bin headers, nil headers.
-RECORD_OVERHEAD = 21
-HEADER_OVERHEAD = 8
 
 _tuple_new = tuple.__new__
 _first = itemgetter(0)
@@ -83,8 +79,12 @@ _first = itemgetter(0)
 # Answers after which the batch may be in the log although the broker reported a failure.
 MAYBE_APPENDED = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.KAFKA_STORAGE_ERROR})
 
-Headers = Sequence[tuple[str, bytes]] | None
 DeliveryCallback = Callable[[BaseException | None, RecordMetadata], object]
+
+
+def monotonic_ms() -> float:
+    """The clock of the producer's deadlines: monotonic, in milliseconds."""
+    return time.monotonic() * 1000.0
 
 
 class BufferFull(Exception):
@@ -186,17 +186,17 @@ class ProducerBatch:
             else:
                 self.encoded = None
         if self.encoded is None:
-            payload = self.payload
+            records = self.payload
             max_ts = self.base_ts
-            if payload is None:
-                payload = msgpack.packb(self.records, use_bin_type=True)
+            if records is None:
+                records = encode_rows(self.records)
                 max_ts += max(map(_first, self.records))
-            self.encoded = assemble_batch(
-                compress(compression, payload) if compression != Compression.NONE else payload,
+            self.encoded = encode_batch(
+                records,
                 record_count=self.record_count,
                 base_timestamp=self.base_ts,
                 max_timestamp=max_ts,
-                attributes=compression,
+                compression=compression,
                 producer_id=producer_id,
                 producer_epoch=producer_epoch,
                 base_sequence=sequence,
@@ -334,12 +334,11 @@ class RecordAccumulator:
         retry_backoff_max_ms: float = 1000,
         idempotent: bool = True,
         compression: int = Compression.NONE,
-        clock: Callable[[], float] = lambda: time.monotonic() * 1000.0,
+        clock: Callable[[], float] = monotonic_ms,
         wakeup: Callable[[], None] = lambda: None,
         on_batch_full: Callable[[str, int], None] = lambda topic, partition: None,
     ) -> None:
         self.lock = threading.Lock()
-        self._space = threading.Condition(self.lock)
         self.clock = clock
         self.batch_size = batch_size
         self.buffer_memory = buffer_memory
@@ -367,7 +366,6 @@ class RecordAccumulator:
         self._states: list[_PartitionState] = []
         self._drain_index = 0
         self._buffered = 0
-        self._space_waiters = 0
         self._incomplete: set[ProducerBatch] = set()
         self._in_flight = 0
         self._flushing = 0
@@ -497,24 +495,6 @@ class RecordAccumulator:
                 self._sender_wake_at = -math.inf
                 self.wakeup()
             return batch
-
-    def wait_for_space(self, size: int, timeout_s: float) -> None:
-        """Block the calling (non-I/O) thread until `size` bytes of buffer are free."""
-        with self.lock:
-            self._space_waiters += 1
-            try:
-                if not self._space.wait_for(
-                    lambda: (
-                        self._buffered + size <= self.buffer_memory or self._refused is not None
-                    ),
-                    timeout_s,
-                ):
-                    raise MinibrokerTimeoutError(
-                        f"no buffer space for {size} bytes within max_block_ms "
-                        f"(buffer_memory {self.buffer_memory})"
-                    )
-            finally:
-                self._space_waiters -= 1
 
     def _new_state(self, topic: str, partition: int) -> _PartitionState:
         state = _PartitionState(topic)
@@ -799,8 +779,6 @@ class RecordAccumulator:
             batch.record_count = len(batch.records)
         self._incomplete.discard(batch)
         self._buffered -= batch.reserved
-        if self._space_waiters:
-            self._space.notify_all()
         if error is None:
             self.metrics["records_sent"] += batch.record_count
             self.metrics["record_bytes_sent"] += batch.size
@@ -889,7 +867,6 @@ class RecordAccumulator:
             if self._refused is None:
                 self._refused = MinibrokerError("producer is closed")
             self._sender_wake_at = -math.inf
-            self._space.notify_all()
             self.wakeup()
 
     @property

@@ -10,6 +10,7 @@ from protocol.batch import (
     Record,
     build_batch,
     build_batch_from_columns,
+    encode_batch,
     iter_records,
     read_header,
     scan_batches,
@@ -18,6 +19,7 @@ from protocol.batch import (
 from protocol.compression import Compression
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, FrameTooLarge, encode_frame
+from protocol.records import RecordColumns, count_records, encode_rows
 
 __all__ = [
     "BatchError",
@@ -29,9 +31,13 @@ __all__ = [
     "FrameTooLarge",
     "ProtocolError",
     "Record",
+    "RecordColumns",
     "build_batch",
     "build_batch_from_columns",
+    "count_records",
+    "encode_batch",
     "encode_frame",
+    "encode_rows",
     "iter_records",
     "read_header",
     "scan_batches",

@@ -14,24 +14,27 @@
 | 46 |    2 | producer_epoch    | int16, -1 when not idempotent                          |
 | 48 |    4 | base_sequence     | int32, -1 when not idempotent                          |
 | 52 |    4 | record_count      | int32, >= 1                                            |
-| 56 |   .. | records           | msgpack array of [ts_delta, key, value, headers],      |
+| 56 |   .. | records           | msgpack array of record_count records (records.py),    |
 |    |      |                   | compressed as a whole when bits 0-2 say so             |
 
 All integers are big-endian. The same bytes lie on disk and travel on the wire:
-the broker validates and stamps ``base_offset`` but never re-encodes records.
+the broker validates (decoding the records to count them) and stamps
+``base_offset`` but never re-encodes records. Every batch is made by
+`encode_batch` around an array from protocol/records.py.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
 
-from protocol.compression import Compression, compress, decompress
+from protocol.compression import DECOMPRESSED_BYTES_MAX, Compression, compress, decompress
 from protocol.errors import ErrorCode, ProtocolError
+from protocol.records import Headers, RecordColumns, count_records, encode_rows
 
 MAGIC = 1
 HEADER = struct.Struct(">qiIBBiqqqhii")
@@ -119,29 +122,27 @@ class BatchError(ProtocolError):
     """A batch that fails validation; `code` is what the broker answers with."""
 
 
-def _attributes(compression: int, transactional: bool, control: bool) -> int:
-    return (
-        (compression & COMPRESSION_MASK)
-        | (TRANSACTIONAL_FLAG if transactional else 0)
-        | (CONTROL_FLAG if control else 0)
-    )
-
-
-def assemble_batch(
-    payload: bytes,
+def encode_batch(
+    records: bytes,
     *,
     record_count: int,
     base_timestamp: int,
     max_timestamp: int,
-    attributes: int,
-    producer_id: int,
-    producer_epoch: int,
-    base_sequence: int,
+    compression: int = Compression.NONE,
+    transactional: bool = False,
+    control: bool = False,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
 ) -> bytes:
-    """A whole batch around an already encoded (and compressed) records payload.
-
-    For clients that encode records their own way (the column encoders): the
-    header, lengths and CRC are then always right."""
+    """A whole batch around an encoded records array (protocol/records.py), compressed
+    here when `compression` says so: the header, lengths and CRC are then always right."""
+    payload = compress(compression, records) if compression != Compression.NONE else records
+    attributes = (
+        (compression & COMPRESSION_MASK)
+        | (TRANSACTIONAL_FLAG if transactional else 0)
+        | (CONTROL_FLAG if control else 0)
+    )
     body = HEADER.pack(
         0,
         HEADER_BYTES - LENGTH_PREFIX_BYTES + len(payload),
@@ -161,72 +162,41 @@ def assemble_batch(
 
 
 def build_batch(
-    records: Sequence[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes]] | None]],
-    *,
-    producer_id: int = NO_PRODUCER_ID,
-    producer_epoch: int = NO_PRODUCER_EPOCH,
-    base_sequence: int = NO_SEQUENCE,
-    compression: int = Compression.NONE,
-    transactional: bool = False,
-    control: bool = False,
+    records: Sequence[tuple[int, bytes | None, bytes | None, Headers]], **stamp: Any
 ) -> bytes:
-    """Encode `records` given as (timestamp_ms, key, value, headers) into one batch."""
+    """One batch of `records` given as (timestamp_ms, key, value, headers); `stamp` takes
+    encode_batch's keywords from `compression` on."""
     if not records:
         raise ValueError("a batch holds at least one record")
     base_timestamp = records[0][0]
-    max_timestamp = max(r[0] for r in records)
-    encoded = msgpack.packb(
-        [
-            [ts - base_timestamp, key, value, list(map(list, headers)) if headers else None]
-            for ts, key, value, headers in records
-        ],
-        use_bin_type=True,
-    )
-    return assemble_batch(
-        compress(compression, encoded),
+    return encode_batch(
+        encode_rows(
+            [(ts - base_timestamp, key, value, hs or None) for ts, key, value, hs in records]
+        ),
         record_count=len(records),
         base_timestamp=base_timestamp,
-        max_timestamp=max_timestamp,
-        attributes=_attributes(compression, transactional, control),
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
+        max_timestamp=max(r[0] for r in records),
+        **stamp,
     )
 
 
 def build_batch_from_columns(
-    values: Sequence[bytes | None],
-    keys: Sequence[bytes | None] | None,
+    values: list[bytes | None],
+    keys: list[bytes | None] | None,
     timestamp_ms: int,
     *,
-    headers: Sequence[Sequence[tuple[str, bytes]] | None] | None = None,
-    producer_id: int = NO_PRODUCER_ID,
-    producer_epoch: int = NO_PRODUCER_EPOCH,
-    base_sequence: int = NO_SEQUENCE,
-    compression: int = Compression.NONE,
-    transactional: bool = False,
+    headers: list[Headers] | None = None,
+    **stamp: Any,
 ) -> bytes:
-    """Encode whole columns that share one timestamp, with no Python call per record
-    beyond what msgpack does in C: the bulk path that `send_batch` and Spark use."""
-    count = len(values)
-    if count == 0:
+    """One batch of whole columns that share one timestamp, through the column fast path."""
+    if not values:
         raise ValueError("a batch holds at least one record")
-    if keys is None:
-        keys = (None,) * count
-    if headers is None:
-        headers = (None,) * count
-    zeros = (0,) * count
-    # msgpack packs tuples as arrays: the same bytes as lists, built twice as fast.
-    encoded = msgpack.packb(list(zip(zeros, keys, values, headers, strict=True)), use_bin_type=True)
-    return assemble_batch(
-        compress(compression, encoded),
-        record_count=count,
+    return encode_batch(
+        RecordColumns(values, keys, headers).encode(),
+        record_count=len(values),
         base_timestamp=timestamp_ms,
         max_timestamp=timestamp_ms,
-        attributes=_attributes(compression, transactional, False),
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
+        **stamp,
     )
 
 
@@ -265,7 +235,12 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
     """Check that `buf` is exactly one well-formed batch and return its header.
 
     Raises BatchError with the error code PROTOCOL.md section 2 assigns to
-    each failure, checked in the order listed there."""
+    each failure, checked in the order listed there. The records are decoded
+    strictly (protocol/records.py) and must be exactly record_count records: a
+    header that lies about its count would shift every later offset.
+    `max_bytes` bounds the batch and also its records once decompressed, so a
+    small body that inflates to gigabytes is refused before it is inflated."""
+    inflated_max = DECOMPRESSED_BYTES_MAX if max_bytes is None else max_bytes
     size = len(buf)
     if size < HEADER_BYTES:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"batch truncated: {size} bytes < header")
@@ -291,13 +266,18 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
         raise BatchError(
             ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"compression code {header.compression}"
         )
-    if header.compression == Compression.NONE:
-        declared = _array_length(buf, HEADER_BYTES)
-        if declared != header.record_count:
-            raise BatchError(
-                ErrorCode.INVALID_RECORD,
-                f"record_count {header.record_count} but the records array holds {declared}",
-            )
+    records = memoryview(buf)[HEADER_BYTES:]
+    try:
+        if header.compression != Compression.NONE:
+            records = memoryview(decompress(header.compression, records, inflated_max))
+        count = count_records(records)
+    except (ValueError, ProtocolError) as exc:
+        raise BatchError(ErrorCode.INVALID_RECORD, f"records undecodable: {exc}") from None
+    if count != header.record_count:
+        raise BatchError(
+            ErrorCode.INVALID_RECORD,
+            f"record_count {header.record_count} but the records array holds {count}",
+        )
     if (
         header.producer_id != NO_PRODUCER_ID
         and not header.is_control
@@ -315,24 +295,9 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
     return header
 
 
-def _array_length(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
-    """The element count of the msgpack array header at `pos`, without decoding the
-    elements: lets the broker check record_count on the hot path for free."""
-    if pos >= len(buf):
-        return None
-    tag = buf[pos]
-    if 0x90 <= tag <= 0x9F:
-        return tag & 0x0F
-    if tag == 0xDC and pos + 3 <= len(buf):
-        return int.from_bytes(buf[pos + 1 : pos + 3], "big")
-    if tag == 0xDD and pos + 5 <= len(buf):
-        return int.from_bytes(buf[pos + 1 : pos + 5], "big")
-    return None
-
-
 def scan_batches(
     buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = True
-) -> Iterator[tuple[int, BatchHeader]]:
+) -> Generator[tuple[int, BatchHeader], None, None]:
     """Yield (position, header) of each whole, valid batch in a byte run.
 
     Stops silently at the first truncated or invalid batch: a fetch response's

@@ -6,6 +6,7 @@ gzip comes from the standard library; zstd and lz4 from the `zstandard` and
 
 from __future__ import annotations
 
+import threading
 import zlib
 from enum import IntEnum
 
@@ -44,7 +45,18 @@ class Compression(IntEnum):
 
 
 _KNOWN = frozenset(int(c) for c in Compression)
-_zstd_compressor = zstandard.ZstdCompressor(level=3)
+
+
+class _ZstdContexts(threading.local):
+    """zstd contexts per thread: they may not be shared between threads, and making one
+    costs more than decompressing a 16 KiB batch (about 8 µs against 2)."""
+
+    def __init__(self) -> None:
+        self.compressor = zstandard.ZstdCompressor(level=3)
+        self.decompressor = zstandard.ZstdDecompressor()
+
+
+_zstd = _ZstdContexts()
 
 
 def compress(codec: int, data: bytes) -> bytes:
@@ -54,29 +66,38 @@ def compress(codec: int, data: bytes) -> bytes:
         c = zlib.compressobj(6, zlib.DEFLATED, GZIP_WBITS)
         return c.compress(data) + c.flush()
     if codec == Compression.ZSTD:
-        return _zstd_compressor.compress(data)
+        return _zstd.compressor.compress(data)
     if codec == Compression.LZ4:
         compressed: bytes = lz4.frame.compress(data)
         return compressed
     raise ProtocolError(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"compression code {codec}")
 
 
-def decompress(codec: int, data: bytes | memoryview) -> bytes:
-    """Inflate a payload, refusing one that would grow past DECOMPRESSED_BYTES_MAX."""
+def decompress(
+    codec: int, data: bytes | memoryview, max_bytes: int = DECOMPRESSED_BYTES_MAX
+) -> bytes:
+    """Inflate a payload, refusing one that is cut short or would grow past `max_bytes`.
+
+    The bound holds whatever the payload claims: a zstd frame that declares its
+    size is checked before anything is allocated, and gzip and lz4 stop at it."""
     try:
         if codec == Compression.GZIP:
-            d = zlib.decompressobj(GZIP_WBITS)
-            out = d.decompress(data, DECOMPRESSED_BYTES_MAX)
-            if d.unconsumed_tail:
-                raise ProtocolError(ErrorCode.CORRUPT_MESSAGE, "gzip payload too large")
+            gz = zlib.decompressobj(GZIP_WBITS)
+            out = gz.decompress(data, max_bytes)
+            if not gz.eof:
+                raise ProtocolError(ErrorCode.CORRUPT_MESSAGE, _cut_or_over(max_bytes))
             return out
         if codec == Compression.ZSTD:
-            return zstandard.ZstdDecompressor().decompress(
-                data, max_output_size=DECOMPRESSED_BYTES_MAX
-            )
+            declared = zstandard.frame_content_size(data)
+            if declared > max_bytes:
+                raise ProtocolError(ErrorCode.CORRUPT_MESSAGE, _cut_or_over(max_bytes))
+            return _zstd.decompressor.decompress(data, max_output_size=max_bytes)
         if codec == Compression.LZ4:
-            decompressed: bytes = lz4.frame.decompress(data)
-            return decompressed
+            lz = lz4.frame.LZ4FrameDecompressor()
+            inflated: bytes = lz.decompress(data, max_length=max_bytes)
+            if not lz.eof:
+                raise ProtocolError(ErrorCode.CORRUPT_MESSAGE, _cut_or_over(max_bytes))
+            return inflated
     except ProtocolError:
         raise
     except Exception as exc:  # each codec raises its own error types
@@ -84,3 +105,7 @@ def decompress(codec: int, data: bytes | memoryview) -> bytes:
     if codec == Compression.NONE:
         return bytes(data)
     raise ProtocolError(ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"compression code {codec}")
+
+
+def _cut_or_over(max_bytes: int) -> str:
+    return f"payload truncated or larger than {max_bytes} bytes decompressed"

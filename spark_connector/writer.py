@@ -223,8 +223,12 @@ class MinibrokerWriter(DataSourceArrowWriter):
             strict=True,
         ):
             take = indices.values
+            topic = topic if topic is not None else self.options.topic
+            if topic is None:
+                # Planning checked that a topic column or option exists, not every row.
+                raise ValueError("a row's 'topic' is null and no 'topic' option is set")
             yield (
-                topic if topic is not None else self.options.topic,
+                topic,
                 partition,
                 pc.take(values, take),
                 None if keys is None else pc.take(keys, take),

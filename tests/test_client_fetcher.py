@@ -12,10 +12,10 @@ from client.fetcher import FetchedRecords
 from protocol.batch import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
-    assemble_batch,
     build_batch,
     build_batch_from_columns,
     build_control_batch,
+    encode_batch,
 )
 from protocol.compression import Compression
 from protocol.messages import AbortedTransaction
@@ -112,16 +112,7 @@ def test_crc_mismatch_names_topic_partition_and_offset_after_the_good_records() 
 
 def test_records_that_do_not_match_a_valid_header_are_corrupt() -> None:
     payload = msgpack.packb([[0, None, b"a", None], [0, None, b"b", None]])
-    batch = assemble_batch(
-        payload,
-        record_count=3,
-        base_timestamp=0,
-        max_timestamp=0,
-        attributes=0,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-    )
+    batch = encode_batch(payload, record_count=3, base_timestamp=0, max_timestamp=0)
     with pytest.raises(CorruptRecordError, match="t-0 at offset 5"):
         FetchedRecords("t", 0, at(5, batch), 5).take(10)
 
