@@ -1,4 +1,4 @@
-"""API semantics: each request in, its response map out (PROTOCOL.md section 4).
+"""API semantics: each request in, its response map out (docs/protocol.md section 4).
 
 Handlers run on the event loop and do their log work synchronously, so the
 requests of one connection take effect strictly in arrival order. `handle`

@@ -72,7 +72,7 @@ class SplicedFrame:
 
 @dataclass(frozen=True, slots=True)
 class CloseConnection:
-    """The request cannot be answered at all: close (PROTOCOL.md section 1)."""
+    """The request cannot be answered at all: close (docs/protocol.md section 1)."""
 
     reason: str
 

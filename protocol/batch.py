@@ -234,7 +234,7 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
 def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = None) -> BatchHeader:
     """Check that `buf` is exactly one well-formed batch and return its header.
 
-    Raises BatchError with the error code PROTOCOL.md section 2 assigns to
+    Raises BatchError with the error code docs/protocol.md section 2 assigns to
     each failure, checked in the order listed there. The records are decoded
     strictly (protocol/records.py) and must be exactly record_count records: a
     header that lies about its count would shift every later offset.

@@ -2,7 +2,7 @@
 
 Everything runs on a fake clock (plain numbers passed as now_ms); nothing sleeps.
 The last tests drive the accumulator against a model of the broker's
-idempotence rules (PROTOCOL.md section 3) with random faults and check that
+idempotence rules (docs/protocol.md section 3) with random faults and check that
 every record lands exactly once, in order.
 """
 
@@ -351,7 +351,7 @@ class _ProducerEntry:
 
 
 class ModelBroker:
-    """The idempotence rules of PROTOCOL.md section 3, in memory."""
+    """The idempotence rules of docs/protocol.md section 3, in memory."""
 
     def __init__(self) -> None:
         self.logs: dict[tuple[str, int], list[bytes]] = defaultdict(list)

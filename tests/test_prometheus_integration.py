@@ -396,8 +396,14 @@ def test_prometheus_scrapes_the_broker_under_load(
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
     assert len(rules) >= 5
+    # DiskNearlyFull watches the machine's real filesystem: below 40% free, the test's
+    # own writes are a trend to full, and the alert is right to be pending.
+    usage = shutil.disk_usage(broker.data_dir)
+    machine_disk_low = usage.free / usage.total < 0.40
     for rule in rules:
         assert rule["health"] == "ok", rule
+        if rule["name"] == "DiskNearlyFull" and machine_disk_low:
+            continue
         assert rule["state"] == "inactive", rule
 
     # Every expression of the dashboard parses and runs (Grafana's variables filled in).
