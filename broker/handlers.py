@@ -194,7 +194,7 @@ class Handlers:
             max_frame_bytes=self.config.max_frame_bytes,
         )
 
-    def metadata(self, req: m.MetadataRequest) -> m.MetadataResponse:
+    async def metadata(self, req: m.MetadataRequest) -> m.MetadataResponse:
         registry = self.topics
         names = sorted(registry.topics) if req.topics is None else req.topics
         out: list[m.TopicMetadata] = []
@@ -206,6 +206,10 @@ class Handlers:
                 except TopicError as exc:
                     out.append(m.TopicMetadata(name, exc.code))
                     continue
+                finally:
+                    # A creation is milliseconds of file work: thousands of them in
+                    # one request must take turns with the other connections.
+                    await anyio.lowlevel.checkpoint()
             if topic is None:
                 out.append(m.TopicMetadata(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
@@ -222,7 +226,7 @@ class Handlers:
         host, port = self.advertised
         return m.MetadataResponse(brokers=[m.BrokerMetadata(BROKER_ID, host, port)], topics=out)
 
-    def create_topics(self, req: m.CreateTopicsRequest) -> m.CreateTopicsResponse:
+    async def create_topics(self, req: m.CreateTopicsRequest) -> m.CreateTopicsResponse:
         results = []
         for t in req.topics:
             try:
@@ -230,6 +234,7 @@ class Handlers:
                 results.append(m.CreateTopicResult(t.name))
             except TopicError as exc:
                 results.append(m.CreateTopicResult(t.name, exc.code, exc.message))
+            await anyio.lowlevel.checkpoint()  # as in metadata: creations take turns
         return m.CreateTopicsResponse(topics=results)
 
     def init_producer_id(self, req: m.InitProducerIdRequest) -> m.InitProducerIdResponse:

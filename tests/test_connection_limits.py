@@ -273,6 +273,43 @@ def test_a_huge_request_does_not_stall_other_connections(broker: BrokerProcess) 
         assert [t["name"] for t in listed] == ["t"]
 
 
+def test_auto_creating_thousands_of_topics_takes_turns(broker: BrokerProcess) -> None:
+    """A Metadata naming 1,500 new topics with auto-creation on (under
+    max_entries_per_request): each creation is milliseconds of file work, and done
+    back to back they held every other connection for many seconds."""
+    names = [f"auto-{i:05d}" for i in range(1500)]
+    with (
+        WireClient(broker.bootstrap, timeout_s=5) as c,
+        WireClient(broker.bootstrap, timeout_s=120) as big,
+    ):
+        assert c.create_topic("t") == 0
+        answers: list[dict] = []
+
+        def send_and_read() -> None:
+            big.send("Metadata", cid=1, topics=names, allow_auto_create=True)
+            answers.append(big.recv())
+
+        worker = threading.Thread(target=send_and_read, daemon=True)
+        worker.start()
+        slowest_s = 0.0
+        batch = values_batch([b"v"])
+        deadline = time.monotonic() + 120
+        while worker.is_alive() and time.monotonic() < deadline:
+            t = time.monotonic()
+            assert c.produce("t", 0, batch)["error"] == 0
+            slowest_s = max(slowest_s, time.monotonic() - t)
+        worker.join(1)
+        assert not worker.is_alive(), "the big Metadata got no answer"
+        assert slowest_s < 2.0, f"another connection waited {slowest_s:.1f} s"
+        (answer,) = answers
+        assert answer["error"] == 0
+        assert [(t["name"], t["error"], len(t["partitions"])) for t in answer["topics"]] == [
+            (name, 0, 1) for name in names
+        ]
+        listed = c.call("Metadata", topics=None, allow_auto_create=False)["topics"]
+        assert sorted(t["name"] for t in listed) == sorted([*names, "t"])
+
+
 def test_a_pipeline_of_costly_requests_takes_turns(broker: BrokerProcess) -> None:
     """250 pipelined Metadata requests listing all 2000 partitions arrive in one
     read, each a few ms of work: run back to back they held the event loop for
