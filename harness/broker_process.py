@@ -119,3 +119,24 @@ class BrokerProcess:
 
     def log_text(self) -> str:
         return "\n".join(self.log_lines)
+
+
+def serve_once(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m broker serve` on `data_dir` in the foreground, for a start that must fail."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+            "--metrics-port",
+            "-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )

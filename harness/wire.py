@@ -11,7 +11,7 @@ import socket
 import struct
 from typing import Any
 
-from protocol.batch import build_batch
+from protocol.batch import build_batch, iter_records, scan_batches
 from protocol.framing import FrameDecoder, encode_frame
 
 TIMEOUT_S = 15.0
@@ -143,3 +143,13 @@ def values_batch(
 def frame_of_length(length: int) -> bytes:
     """Just a length prefix: what a hostile client sends to make the broker allocate."""
     return struct.pack(">I", length)
+
+
+def fetched_values(records: bytes, from_offset: int = 0) -> list[tuple[int, bytes | None]]:
+    """(offset, value) of every record at or after `from_offset` in fetched bytes."""
+    out = []
+    for pos, header in scan_batches(records):
+        for r in iter_records(records, pos, header):
+            if r.offset >= from_offset:
+                out.append((r.offset, r.value))
+    return out

@@ -12,18 +12,9 @@ import msgpack
 
 from broker.fileio import unseal
 from harness.broker_process import BrokerProcess
-from harness.wire import WireClient, frame_of_length, values_batch
-from protocol.batch import iter_records, scan_batches, validate
+from harness.wire import WireClient, fetched_values, frame_of_length, values_batch
+from protocol.batch import scan_batches, validate
 from protocol.errors import ErrorCode
-
-
-def fetched_values(records: bytes, from_offset: int = 0) -> list[tuple[int, bytes]]:
-    out = []
-    for pos, header in scan_batches(records):
-        for r in iter_records(records, pos, header):
-            if r.offset >= from_offset:
-                out.append((r.offset, r.value))
-    return out
 
 
 def test_api_versions_lists_the_v1_apis(broker: BrokerProcess) -> None:

@@ -13,17 +13,14 @@ What is tried, each on both backends:
 from __future__ import annotations
 
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from harness.broker_process import BrokerProcess
-from harness.wire import WireClient, values_batch
+from harness.broker_process import BrokerProcess, serve_once
+from harness.wire import WireClient, fetched_values, values_batch
 from protocol.errors import ErrorCode
-from tests.test_broker_api import fetched_values
 
 
 def produce_seq(
@@ -169,31 +166,10 @@ def test_disk_full_answers_storage_error_and_leaves_nothing_half_written(
         broker.kill()
 
 
-def _serve_once(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m broker serve` on `data_dir` in the foreground, for a start that must fail."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            "--metrics-port",
-            "-1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
 def test_second_broker_on_same_data_dir_refuses(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data").start()
     try:
-        second = _serve_once(tmp_path / "data")
+        second = serve_once(tmp_path / "data")
         assert second.returncode == 3
         assert "locked by another running broker" in second.stderr
     finally:
@@ -204,7 +180,7 @@ def test_refuses_incompatible_format_version(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "format_version").write_text("99\n")
-    r = _serve_once(data)
+    r = serve_once(data)
     assert r.returncode == 3 and "format version" in r.stderr
 
 

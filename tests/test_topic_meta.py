@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import os
 import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness.broker_process import BrokerProcess
-from harness.wire import WireClient, values_batch
+from harness.broker_process import BrokerProcess, serve_once
+from harness.wire import WireClient, fetched_values, values_batch
 from protocol.errors import ErrorCode
-from tests.test_broker_api import fetched_values
 
 PARTITIONS = 3
 
@@ -97,23 +94,7 @@ def test_unrecoverable_topic_meta_refuses_to_start_and_names_the_file(tmp_path: 
     (topic / "topic.meta").unlink()
     os.rename(topic / "1", topic / "7")  # partitions 0, 2, 7: how many were there?
     before = sorted(os.listdir(topic))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--metrics-port",
-            "-1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = serve_once(tmp_path / "data")
     assert r.returncode == 3, r.stderr
     assert "event=refused_to_start" in r.stderr and str(topic / "topic.meta") in r.stderr
     assert "Traceback" not in r.stderr

@@ -14,10 +14,9 @@ import pytest
 from broker import fileio, segment
 from broker.config import BrokerConfig
 from broker.topics import META_FILE, TopicError, TopicMetaError, TopicRegistry, decode_meta
-from harness.wire import values_batch
+from harness.wire import fetched_values, values_batch
 from protocol.batch import validate
 from protocol.errors import ErrorCode
-from tests.test_broker_api import fetched_values
 
 NOW_MS = 1_700_000_000_000
 
