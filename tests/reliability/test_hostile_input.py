@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -432,9 +431,3 @@ def test_abusive_requests_get_an_error_or_a_close(
 def _records(c: WireClient) -> list[Any]:
     data = c.fetch("real", 0, 0)["records"]
     return [r for pos, h in scan_batches(data) for r in iter_records(data, pos, h)]
-
-
-def test_data_dir_is_where_the_broker_writes(tmp_path: Path) -> None:
-    """The tree snapshot above is meaningful: the tmp dir holds nothing but what the test made."""
-    os.mkdir(tmp_path / "abs")
-    assert tree(tmp_path, tmp_path / "data") == {"abs"}
