@@ -27,13 +27,14 @@ test-reliability: $(STAMP)
 # Crash inputs land in tests/reliability/crashes/ and are replayed by the suite.
 FUZZ_SECONDS ?= 300
 fuzz: $(STAMP)
-	@$(PY) -m pip install --quiet -e '.[fuzz]' || { \
+	@if ! $(PY) -m pip install --quiet -e '.[fuzz]'; then \
 	  echo "make fuzz: atheris did not build or install here (it needs clang/libFuzzer); skipped"; \
-	  exit 0; }
-	$(PY) -m tests.reliability.make_corpus
-	mkdir -p .fuzz-corpus tests/reliability/crashes
-	$(PY) -m tests.reliability.fuzz .fuzz-corpus tests/reliability/corpus \
-	  -artifact_prefix=tests/reliability/crashes/ -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048
+	else \
+	  $(PY) -m tests.reliability.make_corpus && \
+	  mkdir -p .fuzz-corpus tests/reliability/crashes && \
+	  $(PY) -m tests.reliability.fuzz .fuzz-corpus tests/reliability/corpus \
+	    -artifact_prefix=tests/reliability/crashes/ -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048; \
+	fi
 
 # Mixed load with a broker restart every minute; writes soak-out/soak.csv and soak.png.
 SOAK_SECONDS ?= 600
