@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench clean check-java check-promtool
+.PHONY: run test lint format bench clean check-java check-promtool test-reliability fuzz soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,29 @@ run: $(STAMP)
 
 test: $(STAMP) check-java check-promtool lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The reliability suite at full sizes (tests/reliability; `make test` runs its quick sizes).
+test-reliability: $(STAMP)
+	MINIBROKER_RELIABILITY=full $(PY) -m pytest -q -s tests/reliability $(PYTEST_ARGS)
+
+# Coverage-guided fuzzing of the frame, request and batch decoders (atheris).
+# Crash inputs land in tests/reliability/crashes/ and are replayed by the suite.
+FUZZ_SECONDS ?= 300
+fuzz: $(STAMP)
+	@if ! $(PY) -m pip install --quiet -e '.[fuzz]'; then \
+	  echo "make fuzz: atheris did not build or install here (it needs clang/libFuzzer); skipped"; \
+	else \
+	  $(PY) -m tests.reliability.make_corpus && \
+	  mkdir -p .fuzz-corpus tests/reliability/crashes && \
+	  $(PY) -m tests.reliability.fuzz .fuzz-corpus tests/reliability/corpus \
+	    -artifact_prefix=tests/reliability/crashes/ -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048; \
+	fi
+
+# Mixed load with a broker restart every minute; writes soak-out/soak.csv and soak.png.
+SOAK_SECONDS ?= 600
+soak: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[soak]'
+	SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m tests.reliability.soak
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -77,10 +77,13 @@ class DataDir:
                 )
             write_atomic(version_file, f"{FORMAT_VERSION}\n".encode())
             return
-        text = version_file.read_text().strip()
+        try:
+            text = version_file.read_bytes().decode("ascii").strip()
+        except UnicodeDecodeError:
+            text = "<damaged: not text>"
         if text != str(FORMAT_VERSION):
             raise DataDirError(
-                f"data dir {self.path} has format version {text!r}; this broker reads version "
+                f"{version_file} says format version {text!r}; this broker reads version "
                 f"{FORMAT_VERSION}. Use a matching minibroker release or a new data dir."
             )
 

@@ -23,7 +23,7 @@ import anyio
 from broker import __version__ as BROKER_VERSION
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
-from broker.log import FileSpan, OffsetOutOfRange
+from broker.log import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.metrics import BrokerMetrics
 from broker.partition import Partition
 from broker.producer_ids import ProducerIdManager
@@ -498,6 +498,16 @@ class Handlers:
                             )
                     except OffsetOutOfRange:
                         error = ErrorCode.OFFSET_OUT_OF_RANGE
+                        errored = True
+                    except CorruptBatchError as exc:
+                        # Damage at rest: said, logged, never sent on.
+                        log.error(
+                            "event=corrupt_batch topic=%s partition=%d reason=%r",
+                            topic,
+                            p.index,
+                            str(exc),
+                        )
+                        error = ErrorCode.KAFKA_STORAGE_ERROR
                         errored = True
                 used += size
                 if size:

@@ -30,6 +30,7 @@ from broker.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
+    CorruptBatchError,
     Segment,
     StorageError,
     file_name,
@@ -37,6 +38,7 @@ from broker.segment import (
 from protocol.batch import BatchHeader
 
 __all__ = [
+    "CorruptBatchError",
     "LogConfig",
     "OffsetOutOfRange",
     "PartitionLog",
@@ -162,9 +164,9 @@ class PartitionLog:
             truncated_bytes += size_bytes - scan.valid_bytes
             segments_scanned += 1
             batches_scanned += scan.batch_count
-            if next_base is not None and (
-                scan.valid_bytes < size_bytes or scan.next_offset != next_base
-            ):
+            # Later segments go only when this one no longer reaches them: bytes cut
+            # after its last whole batch (junk, a torn copy) cost no offsets.
+            if next_base is not None and scan.next_offset != next_base:
                 for later in base_offsets[i + 1 :]:
                     for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
                         (directory / file_name(later, suffix)).unlink(missing_ok=True)

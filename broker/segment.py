@@ -49,6 +49,10 @@ class StorageError(Exception):
     write was undone, so nothing half-written is visible."""
 
 
+class CorruptBatchError(Exception):
+    """A stored batch failed its CRC when read: damage at rest. It is never served."""
+
+
 def file_name(offset: int, suffix: str) -> str:
     return f"{offset:020d}{suffix}"
 
@@ -61,6 +65,7 @@ class Segment:
 
     __slots__ = (
         "base_offset",
+        "checked_from",
         "directory",
         "fd",
         "first_append_ms",
@@ -88,6 +93,10 @@ class Segment:
         self.index_interval_bytes = index_interval_bytes
         self.segment_index_bytes = segment_index_bytes
         self.size_bytes = os.fstat(fd).st_size
+        # Batches at or past this position had their CRC checked by this process (a
+        # recovery scan, or validation before they were appended); reads below it check
+        # what they serve, so damage at rest from before the start is never sent on.
+        self.checked_from = self.size_bytes
         self.next_offset = base_offset
         self.index = self._empty_index()
         self.index_dirty = True  # the files do not match `index` until written or loaded
@@ -229,12 +238,12 @@ class Segment:
         tail_start = offsets.last_position
         if tail_start + HEADER_BYTES > self.size_bytes:
             return False
-        if next_offset is None:
-            next_offset = self._walk_tail(offsets.last_offset, tail_start, times.last_timestamp)
-            if next_offset is None:
-                return False
-        elif self._read_header(tail_start).base_offset != offsets.last_offset:
+        # Every segment's tail is walked, not only the last one's: bytes after its last
+        # batch (junk appended, a torn copy) would otherwise be served as a batch.
+        walked = self._walk_tail(offsets.last_offset, tail_start, times.last_timestamp)
+        if walked is None or next_offset not in (None, walked):
             return False
+        next_offset = walked
         first_time, last_time = times.first_offset, times.last_offset
         if first_time is None or last_time is None:
             return False  # a segment with data always has its final time entry
@@ -274,6 +283,7 @@ class Segment:
         if scan.valid_bytes < self.size_bytes:
             os.ftruncate(self.fd, scan.valid_bytes)
         self.size_bytes = scan.valid_bytes
+        self.checked_from = 0
         self.next_offset = scan.next_offset
         self.index = scan.index
         self.index_dirty = True
@@ -331,7 +341,23 @@ class Segment:
             if end + header.size_bytes > size or header.base_offset >= upper_offset:
                 break
             end += header.size_bytes
+        if position < self.checked_from:
+            end = self._intact_bytes(position, data[:end])
         return data if end == size else data[:end]
+
+    def _intact_bytes(self, position: int, data: bytes) -> int:
+        """How many bytes of the whole batches in `data` (read at `position`) pass their
+        CRC; CorruptBatchError when the first does not, for nothing could be served."""
+        intact = 0
+        for at, header in scan_batches(data):
+            if position + at >= self.checked_from:
+                return len(data)  # checked before: validated when appended
+            intact = at + header.size_bytes
+        if intact == 0:
+            raise CorruptBatchError(
+                f"{self._path(LOG_SUFFIX)}: the batch at position {position} fails its CRC"
+            )
+        return intact
 
     def span(self, offset: int, max_bytes: int, upper_offset: int) -> tuple[int, int, int]:
         """(position, length, record count) of the batches `read` would return, found
@@ -347,6 +373,15 @@ class Segment:
                 break
             length += header.size_bytes
             records += header.record_count
+        if length and position < self.checked_from:
+            # Below the checked mark the bytes are read once to check them; above it (all
+            # that this process appended) the send stays zero-copy.
+            intact = self._intact_bytes(position, self._read_at(position, length))
+            if intact < length:
+                records = sum(
+                    h.record_count for _, h in scan_batches(self._read_at(position, intact))
+                )
+                length = intact
         return position, length, records
 
     def batches(self, position: int) -> Iterator[tuple[BatchHeader, bytes]]:

@@ -463,6 +463,13 @@ class Broker:
         except ProtocolError as exc:
             self.metrics.observe_request(api, exc.code, time.perf_counter() - started)
             return frame(encode_response(error_response(exc.code, exc.message), cid))
+        except OSError as exc:
+            # A file the request had to write (producer ids, a topic) could not be: the
+            # disk's trouble, said as Kafka says it, not an internal error.
+            log.error("event=storage_error api=%s peer=%s error=%r", api, conn.peer, str(exc))
+            code = ErrorCode.KAFKA_STORAGE_ERROR
+            self.metrics.observe_request(api, code, time.perf_counter() - started)
+            return frame(encode_response(error_response(code, f"storage: {exc}"), cid))
         except Exception:
             log.exception("event=request_failed api=%s peer=%s", api, conn.peer)
             self.metrics.observe_request(

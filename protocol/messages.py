@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, TypeVar, Union
 
+import msgpack
 import msgspec
 
 from protocol.errors import ErrorCode, ProtocolError
@@ -53,7 +54,12 @@ ISOLATION_READ_COMMITTED = 1
 TIMESTAMP_LATEST = -1
 TIMESTAMP_EARLIEST = -2
 
+IDENTIFIER_CHARS_MAX = 255
 Cid = Annotated[int, msgspec.Meta(ge=0, le=CID_MAX)]
+# A client's and a transactional id are kept and logged by the broker: bounded, as Kafka's
+# topic names are, so one request cannot make the broker store a megabyte of name.
+ClientId = Annotated[str, msgspec.Meta(max_length=IDENTIFIER_CHARS_MAX)]
+TransactionalId = Annotated[str, msgspec.Meta(min_length=1, max_length=IDENTIFIER_CHARS_MAX)]
 Isolation = Annotated[int, msgspec.Meta(ge=ISOLATION_READ_UNCOMMITTED, le=ISOLATION_READ_COMMITTED)]
 
 
@@ -98,7 +104,7 @@ class Request(msgspec.Struct, tag_field="api", kw_only=True):
     response: ClassVar[type[Response]]
     cid: Cid = NO_CID
     v: int = ABSENT_VERSION
-    client_id: str | None = None
+    client_id: ClientId | None = None
 
     @property
     def api(self) -> str:
@@ -200,7 +206,7 @@ class InitProducerIdResponse(Response):
 
 class InitProducerIdRequest(Request, tag="InitProducerId"):
     response = InitProducerIdResponse
-    transactional_id: str | None = None
+    transactional_id: TransactionalId | None = None
     transaction_timeout_ms: int | None = None
     producer_id: int = -1
     producer_epoch: int = -1
@@ -243,7 +249,7 @@ class ProduceRequest(Request, tag="Produce"):
     acks: int
     topics: list[ProduceTopic]
     timeout_ms: int = 30_000
-    transactional_id: str | None = None
+    transactional_id: TransactionalId | None = None
 
     def __post_init__(self) -> None:
         _unique([t.topic for t in self.topics], "topic")
@@ -364,6 +370,9 @@ REQUEST_TYPES: dict[str, type[Request]] = {
 }
 APIS: tuple[str, ...] = tuple(REQUEST_TYPES)
 
+# What a typed decode raises for hostile bytes: bad types, bad msgpack, too deep,
+# invalid UTF-8 in a str.
+_UNDECODABLE = (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError)
 _request_decoder = msgspec.msgpack.Decoder(Union[REQUEST_CLASSES])  # noqa: UP007  (a runtime tuple of types)
 _encoder = msgspec.msgpack.Encoder()
 R = TypeVar("R", bound=Response)
@@ -379,7 +388,7 @@ def decode_request(body: bytes | memoryview) -> Request:
     a second, generic decode to find out which answer docs/protocol.md gives."""
     try:
         request: Request = _request_decoder.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+    except _UNDECODABLE as exc:
         raise _classify(body, exc) from None
     if request.cid == NO_CID:
         raise FrameError("request has no cid")
@@ -396,8 +405,12 @@ def _version_error(api: str, version: object) -> ProtocolError:
 
 def _classify(body: bytes | memoryview, exc: Exception) -> Exception:
     try:
-        message = msgspec.msgpack.decode(body)
-    except Exception as undecodable:  # msgspec raises several types for hostile bytes
+        # msgpack, not msgspec: it can carry on past invalid UTF-8, so a request with a
+        # cid still gets its INVALID_REQUEST answer.
+        message = msgpack.unpackb(
+            body, raw=False, strict_map_key=False, unicode_errors="surrogateescape"
+        )
+    except Exception as undecodable:  # msgpack raises several types for hostile bytes
         return FrameError(f"frame body is not msgpack: {undecodable}")
     cid = request_cid(message)
     if cid is None:
@@ -445,7 +458,7 @@ def decode_response(body: bytes | memoryview, kind: type[R]) -> R:
         decoder = _response_decoders[kind] = msgspec.msgpack.Decoder(kind)
     try:
         response: R = decoder.decode(body)
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+    except _UNDECODABLE as exc:
         raise FrameError(f"response is not a {kind.__name__}: {exc}") from None
     return response
 

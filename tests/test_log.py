@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.log import LogConfig, OffsetOutOfRange, PartitionLog, StorageError
+from broker.log import CorruptBatchError, LogConfig, OffsetOutOfRange, PartitionLog, StorageError
 from broker.offset_index import OffsetIndex, SegmentIndex, TimeIndex
 from protocol.batch import BatchHeader, build_batch, iter_records, scan_batches, validate
 
@@ -362,3 +362,35 @@ def test_batch_larger_than_a_segment_or_a_read_chunk(tmp_path: Path) -> None:
     assert segment_bases(tmp_path) == [0, 1, 2]
     assert [data for _, data in log.batches_from(0)] == [small, stamp(1, big), stamp(2, small)]
     assert log.read(1, 10) == stamp(1, big)
+
+
+def test_damage_at_rest_is_never_served(tmp_path: Path) -> None:
+    """Tried: a clean stop, then one byte flipped inside the second batch of a trusted
+    segment (below the recovery point, so no recovery scan looks at it). Reads and
+    zero-copy spans serve the intact batch before it, then refuse, naming the file;
+    what this process appends after the restart is served as usual."""
+    every_batch_indexed = LogConfig(index_interval_bytes=1)
+    log = PartitionLog.open(tmp_path, every_batch_indexed, clean_shutdown=False, now_ms=T0_MS)
+    sizes = [append(log, make_batch([T0_MS], tag=i)) for i in range(3)]
+    first_size = validate(make_batch([T0_MS], tag=0)).size_bytes
+    log.close()
+    segment = tmp_path / "00000000000000000000.log"
+    data = bytearray(segment.read_bytes())
+    data[first_size + 60] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+    log = PartitionLog.open(tmp_path, every_batch_indexed, clean_shutdown=True, now_ms=T0_MS)
+    served = log.read(0, 1 << 20)
+    assert [h.base_offset for h in headers(served)] == [0]
+    span = log.span(0, 1 << 20)
+    assert span is not None and (span.length, span.record_count) == (first_size, 1)
+    os.close(span.fd)
+    with pytest.raises(CorruptBatchError, match=r"00000000000000000000\.log"):
+        log.read(1, 1 << 20)
+    with pytest.raises(CorruptBatchError):
+        log.span(1, 1 << 20)
+    assert [h.base_offset for h in headers(log.read(2, 1 << 20))] == [2]  # intact after it
+    assert sizes == [0, 1, 2]
+    assert append(log, make_batch([T0_MS], tag=9)) == 3
+    assert [r[0] for r in records(log.read(3, 1 << 20))] == [3]
+    log.close()
