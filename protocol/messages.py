@@ -36,6 +36,7 @@ their defaults, so a client survives a newer broker adding fields.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any, ClassVar, TypeVar, Union
 
 import msgpack
@@ -89,8 +90,7 @@ def _unique(names: list[Any], what: str, where: object = None) -> None:
     On every decode of the hot path, so the common case costs one set and no
     formatting: the message is built only for a refusal."""
     if len(names) > 1 and len(set(names)) != len(names):
-        seen: set[object] = set()
-        twice = next(n for n in names if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+        twice = next(name for name, count in Counter(names).items() if count > 1)
         place = "" if where is None else f" of topic {where!r}"
         raise ValueError(f"{what} {twice!r}{place} listed twice")
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -366,19 +365,7 @@ def send_abuse(bootstrap: str, abuse: dict[str, Any] | Raw, cid: int) -> dict[st
     raise AssertionError("no answer in 10,000 reads")
 
 
-@pytest.fixture
-def hostile_broker(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
-    broker = BrokerProcess(tmp_path / "data", backend=backend).start()
-    try:
-        yield broker
-    finally:
-        broker.kill()
-
-
-def test_abusive_requests_get_an_error_or_a_close(
-    hostile_broker: BrokerProcess, tmp_path: Path
-) -> None:
-    broker = hostile_broker
+def test_abusive_requests_get_an_error_or_a_close(broker: BrokerProcess, tmp_path: Path) -> None:
     (tmp_path / "abs").mkdir()
     with WireClient(broker.bootstrap) as c:
         assert c.create_topic("real", 1) == 0
