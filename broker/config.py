@@ -286,6 +286,60 @@ class BrokerConfig:
         min=1,
         max=INT32_MAX,
     )
+    transaction_max_timeout_ms: int = _setting(
+        15 * 60_000,
+        "Largest transaction_timeout_ms a producer may ask for (Kafka's "
+        "transaction.max.timeout.ms).",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
+        reloadable=True,
+    )
+    transaction_max_prepared_ms: int = _setting(
+        DAY_MS,
+        "Largest prepared_timeout_ms of a PrepareTxn: how long a prepared transaction may "
+        "wait for its decision.",
+        unit="ms",
+        min=1,
+        max=INT64_MAX,
+        reloadable=True,
+    )
+    transactional_id_expiration_ms: int = _setting(
+        7 * DAY_MS,
+        "Forget a transactional id whose last transaction ended this long ago.",
+        unit="ms",
+        min=1,
+        max=INT64_MAX,
+        reloadable=True,
+    )
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = _setting(
+        10_000,
+        "How often the coordinator looks for transactions past their deadline.",
+        unit="ms",
+        min=10,
+        max=INT32_MAX,
+    )
+    max_transactional_ids: int = _setting(
+        1_000_000,
+        "Transactional ids held; a new id beyond this evicts the least recently used ended "
+        "one, or is refused with CONCURRENT_TRANSACTIONS when every id is open.",
+        min=1,
+        max=INT32_MAX,
+    )
+    max_partitions_per_transaction: int = _setting(
+        10_000,
+        "Partitions one transaction may write to; a batch for one more is INVALID_TXN_STATE.",
+        min=1,
+        max=INT32_MAX,
+    )
+    transaction_log_max_bytes: int = _setting(
+        64 * 1024 * 1024,
+        "The transaction log is compacted into one snapshot record when it grows past this "
+        "(and past twice its last compacted size).",
+        unit="bytes",
+        min=4096,
+        max=INT64_MAX,
+    )
     auto_create_topics: bool = _setting(True, "Create a topic on Metadata with allow_auto_create.")
     default_partitions: int = _setting(
         1, "Partitions of an auto-created topic.", min=1, max=PARTITIONS_MAX

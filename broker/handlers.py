@@ -30,7 +30,7 @@ from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicError, TopicRegistry
 from protocol import messages as m
 from protocol.batch import BatchError, scan_batches, validate
-from protocol.errors import ErrorCode
+from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import splice_frame
 
 log = logging.getLogger(f"minibroker.{__name__}")
@@ -176,7 +176,10 @@ class Handlers:
 
     async def handle(self, request: Any) -> Outcome:
         """Run one parsed request and say how the connection answers it."""
-        result = self._table[request.api](request)
+        handler = self._table.get(request.api)
+        if handler is None:
+            raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION, f"{request.api} is not served yet")
+        result = handler(request)
         if isinstance(result, Awaitable):
             result = await result
         if result is None:

@@ -1,4 +1,4 @@
-"""Typed requests and responses of wire contract version 1 (docs/protocol.md section 4).
+"""Typed requests and responses of wire contract version 1 (docs/protocol.md sections 4-5).
 
 Each message is declared once, below, as a `msgspec.Struct`: its fields, types,
 defaults and bounds. Encoding, decoding and validation all derive from these
@@ -23,6 +23,16 @@ and the client share a single codec and never touch raw maps.
 | ListOffsets    | isolation_level, topics [{topic,          | topics [{topic, partitions    |
 |                | partitions [{partition, timestamp}]}]     | [{partition, error, offset,   |
 |                |                                           | timestamp}]}]                 |
+| EndTxn         | transactional_id, producer_id,            | producer_id, producer_epoch   |
+|                | producer_epoch, committed                 | (the next transaction's)      |
+| PrepareTxn     | transactional_id, producer_id,            | -                             |
+|                | producer_epoch, prepared_timeout_ms       |                               |
+| CommitTxns     | transactions [{transactional_id,          | already_committed,            |
+|                | producer_id, producer_epoch}], committed, | txn_app_version, transactions |
+|                | txn_app_id, txn_app_version               | [{transactional_id, error}]   |
+| ListTransactions | transactional_id_prefix, states         | transactions [{...state...}]  |
+| DescribeTxnApps | txn_app_ids (nil: all)                   | apps [{txn_app_id,            |
+|                |                                           | txn_app_version, committed_ms}] |
 
 The classes below are the whole truth; this table is their summary.
 Every request also carries `api` (the struct's tag), `v` and `cid`, and may carry
@@ -354,6 +364,130 @@ class ListOffsetsRequest(Request, tag="ListOffsets"):
         return len(self.topics) + sum(len(t.partitions) for t in self.topics)
 
 
+# --------------------------------------------------------------------------- transactions
+
+TXN_STATES = (
+    "EMPTY",
+    "ONGOING",
+    "PREPARED",
+    "PREPARE_COMMIT",
+    "PREPARE_ABORT",
+    "COMPLETE_COMMIT",
+    "COMPLETE_ABORT",
+)
+"""States a transactional id can be in (docs/protocol.md section 5); PREPARE_COMMIT and
+PREPARE_ABORT are decided transactions whose markers are still being written."""
+TxnState = Annotated[str, msgspec.Meta(pattern="^(" + "|".join(TXN_STATES) + ")$")]
+
+
+class EndTxnResponse(Response):
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+class EndTxnRequest(Request, tag="EndTxn"):
+    """Commit or abort the producer's transaction; answered with the next pid and epoch."""
+
+    response = EndTxnResponse
+    transactional_id: TransactionalId
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+
+
+class PrepareTxnResponse(Response):
+    pass
+
+
+class PrepareTxnRequest(Request, tag="PrepareTxn"):
+    """The writer is done: the transaction waits, up to prepared_timeout_ms, to be ended."""
+
+    response = PrepareTxnResponse
+    transactional_id: TransactionalId
+    producer_id: int
+    producer_epoch: int
+    prepared_timeout_ms: int
+
+
+class TxnRef(msgspec.Struct):
+    transactional_id: TransactionalId
+    producer_id: int
+    producer_epoch: int
+
+
+class TxnResult(msgspec.Struct):
+    transactional_id: str
+    error: int = ErrorCode.NONE
+    message: str | None = None
+
+
+class CommitTxnsResponse(Response):
+    already_committed: bool = False
+    txn_app_version: int = -1
+    transactions: list[TxnResult] = []
+
+
+class CommitTxnsRequest(Request, tag="CommitTxns"):
+    """End many transactions with one durable decision, optionally recording an app version."""
+
+    response = CommitTxnsResponse
+    transactions: list[TxnRef]
+    committed: bool
+    txn_app_id: TransactionalId | None = None
+    txn_app_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+    def __post_init__(self) -> None:
+        _unique([t.transactional_id for t in self.transactions], "transactional_id")
+        if (self.txn_app_id is None) != (self.txn_app_version is None):
+            raise ValueError("txn_app_id and txn_app_version go together")
+
+    def entry_count(self) -> int:
+        return len(self.transactions)
+
+
+class TxnTopicPartitions(msgspec.Struct):
+    topic: str
+    partitions: list[int]
+
+
+class TransactionListing(msgspec.Struct):
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    started_ms: int = -1
+    timeout_ms: int = -1
+    partitions: list[TxnTopicPartitions] = []
+
+
+class ListTransactionsResponse(Response):
+    transactions: list[TransactionListing] = []
+
+
+class ListTransactionsRequest(Request, tag="ListTransactions"):
+    response = ListTransactionsResponse
+    transactional_id_prefix: str | None = None
+    states: list[TxnState] | None = None
+
+
+class TxnApp(msgspec.Struct):
+    txn_app_id: str
+    txn_app_version: int
+    committed_ms: int
+
+
+class DescribeTxnAppsResponse(Response):
+    apps: list[TxnApp] = []
+
+
+class DescribeTxnAppsRequest(Request, tag="DescribeTxnApps"):
+    response = DescribeTxnAppsResponse
+    txn_app_ids: list[str] | None = None
+
+    def entry_count(self) -> int:
+        return len(self.txn_app_ids or ())
+
+
 # --------------------------------------------------------------------------- the codec
 
 REQUEST_CLASSES: tuple[type[Request], ...] = (
@@ -364,6 +498,11 @@ REQUEST_CLASSES: tuple[type[Request], ...] = (
     ProduceRequest,
     FetchRequest,
     ListOffsetsRequest,
+    EndTxnRequest,
+    PrepareTxnRequest,
+    CommitTxnsRequest,
+    ListTransactionsRequest,
+    DescribeTxnAppsRequest,
 )
 REQUEST_TYPES: dict[str, type[Request]] = {
     str(cls.__struct_config__.tag): cls for cls in REQUEST_CLASSES

@@ -265,6 +265,18 @@ REQUESTS = [
         isolation_level=1,
     ),
     m.ListOffsetsRequest(topics=[m.ListOffsetsTopic("t", [m.ListOffsetsPartition(0, -2)])]),
+    m.EndTxnRequest(transactional_id="tx", producer_id=3, producer_epoch=1, committed=True),
+    m.PrepareTxnRequest(
+        transactional_id="tx", producer_id=3, producer_epoch=1, prepared_timeout_ms=60_000
+    ),
+    m.CommitTxnsRequest(
+        transactions=[m.TxnRef("a", 1, 0), m.TxnRef("b", 2, 5)],
+        committed=True,
+        txn_app_id="sink",
+        txn_app_version=4,
+    ),
+    m.ListTransactionsRequest(transactional_id_prefix="spark-", states=["ONGOING", "PREPARED"]),
+    m.DescribeTxnAppsRequest(txn_app_ids=["sink"]),
 ]
 
 
@@ -308,3 +320,38 @@ def test_spliced_frame_equals_the_plain_frame(lengths: list[int]) -> None:
     real = {"cid": 3, "parts": [{"records": p, "n": i} for i, p in enumerate(payloads)]}
     assert spliced == encode_frame(real)
     assert FrameDecoder().feed(spliced) == [real]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"txn_app_id": "sink"},  # a version must come with the app id
+        {"txn_app_version": 3},
+        {"txn_app_id": "sink", "txn_app_version": -1},
+    ],
+)
+def test_commit_txns_app_fields_go_together(fields: dict[str, object]) -> None:
+    body = msgpack.packb(
+        {
+            "api": "CommitTxns",
+            "v": 1,
+            "cid": 9,
+            "committed": True,
+            "transactions": [
+                {"transactional_id": "a", "producer_id": 1, "producer_epoch": 0},
+            ],
+            **fields,
+        }
+    )
+    with pytest.raises(m.RequestRefused) as refused:
+        m.decode_request(body)
+    assert refused.value.code == ErrorCode.INVALID_REQUEST and refused.value.cid == 9
+
+
+def test_list_transactions_refuses_an_unknown_state() -> None:
+    body = msgpack.packb(
+        {"api": "ListTransactions", "v": 1, "cid": 1, "states": ["ONGOING", "RUNNING"]}
+    )
+    with pytest.raises(m.RequestRefused) as refused:
+        m.decode_request(body)
+    assert refused.value.code == ErrorCode.INVALID_REQUEST
