@@ -397,3 +397,97 @@ def _wait(condition: Any, timeout_s: float = 15.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
+
+
+def test_limits_on_ids_and_partitions_per_transaction(tmp_path: Path, backend: str) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        extra_args=config_file(
+            tmp_path, "max_transactional_ids = 2\nmax_partitions_per_transaction = 2\n"
+        ),
+    ).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 3) == 0
+            a = Txn(c, "a")
+            assert a.send("t", 0, [b"0"])["error"] == 0
+            assert a.send("t", 1, [b"1"])["error"] == 0
+            r = a.send("t", 2, [b"2"])
+            assert r["error"] == ErrorCode.INVALID_TXN_STATE and "max_partitions" in r["message"]
+            b = Txn(c, "b")
+            assert b.send("t", 2, [b"b"])["error"] == 0
+            # Both ids hold open transactions: a third id cannot be held.
+            full = c.call("InitProducerId", transactional_id="c")
+            assert full["error"] == ErrorCode.CONCURRENT_TRANSACTIONS, full
+            assert a.end(committed=True)["error"] == 0
+            # Now `a` has ended: it is the one forgotten to make room.
+            Txn(c, "c")
+            ids = {t["transactional_id"] for t in c.call("ListTransactions")["transactions"]}
+            assert ids == {"b", "c"}
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"0"]
+    finally:
+        broker.kill()
+
+
+def test_aborted_index_survives_restart_and_goes_with_its_segment(
+    tmp_path: Path, backend: str
+) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        extra_args=config_file(tmp_path, "segment_bytes = 1024\n"),
+    ).start()
+    partition_dir = tmp_path / "data" / "topics" / "t" / "0"
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 1) == 0
+            tx = Txn(c)
+            kept = []
+            for i in range(12):
+                value = b"%02d-" % i + b"v" * 200
+                assert tx.send("t", 0, [value])["error"] == 0
+                assert tx.end(committed=i % 2 == 0)["error"] == 0
+                if i % 2 == 0:
+                    kept.append(value)
+            assert len(list(partition_dir.glob("*.txnindex"))) >= 2
+
+            def everything() -> list[bytes]:
+                out, offset = [], 0
+                while True:
+                    f = c.fetch("t", 0, offset, isolation_level=1)
+                    if not f["records"]:
+                        return out
+                    out += committed_view(f)
+                    offset = [h for _, h in scan_batches(f["records"])][-1].next_offset
+
+            assert everything() == kept
+        # kill -9: the active segment's aborted list was never written; replay rebuilds it.
+        broker.restart(kill=True)
+        with WireClient(broker.bootstrap) as c:
+            assert everything() == kept
+        # A damaged .txnindex: the whole log is replayed to rebuild every list.
+        broker.kill()
+        victim = sorted(partition_dir.glob("*.txnindex"))[0]
+        victim.write_bytes(b"junk")
+        broker.start(broker.port)
+        with WireClient(broker.bootstrap) as c:
+            assert everything() == kept
+        assert "txnindex_ignored" in broker.log_text()
+        # Retention deletes old segments, and their aborted lists with them.
+        broker.kill()
+        config_file(
+            tmp_path,
+            "segment_bytes = 1024\nretention_bytes = 1\nretention_check_interval_ms = 50\n",
+        )
+        broker.start(broker.port)
+        _wait(lambda: len(list(partition_dir.glob("*.log"))) == 1)
+        logs = {p.stem for p in partition_dir.glob("*.log")}
+        assert {p.stem for p in partition_dir.glob("*.txnindex")} <= logs
+        with WireClient(broker.bootstrap) as c:
+            start = c.fetch("t", 0, 0, isolation_level=1)["log_start_offset"]
+            f = c.fetch("t", 0, start, isolation_level=1)
+            assert all(a["first_offset"] >= 0 for a in f["aborted_transactions"])
+            assert set(committed_view(f)) <= set(kept)
+    finally:
+        broker.kill()
