@@ -299,6 +299,12 @@ class TransactionCoordinator:
             if who is Identity.LAST_ENDED:
                 last = entry.last_ended
                 assert last is not None
+                if last.committed != req.committed and not last.by_client:
+                    raise CoordinatorError(
+                        ErrorCode.INVALID_PRODUCER_EPOCH,
+                        "the broker aborted the transaction (its timeout passed); this epoch "
+                        "is fenced",
+                    )
                 if last.committed != req.committed:
                     raise CoordinatorError(
                         ErrorCode.INVALID_TXN_STATE,
@@ -450,7 +456,10 @@ class TransactionCoordinator:
     ) -> list[TxnEntry]:
         """Decide `entries` in one durable record (with `app`), then complete them."""
         stamp = now_ms()
-        decisions = [decided(e, committed, self._next_ids(e), stamp) for e in entries]
+        decisions = [
+            decided(e, committed, self._next_ids(e), stamp, by_client=cause == "client")
+            for e in entries
+        ]
         await self._persist(decisions, [] if app is None else [app])
         crash_point("txn_decided")
         for before in entries:

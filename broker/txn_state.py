@@ -51,6 +51,9 @@ class Ended:
     committed: bool
     next_producer_id: int
     next_producer_epoch: int
+    by_client: bool = True
+    """False when the broker aborted it (timeout, fencing): the producer's commit
+    then learns that its epoch is fenced, not that it asked twice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class TxnEntry:
                 last.committed,
                 last.next_producer_id,
                 last.next_producer_epoch,
+                last.by_client,
             ],
         ]
 
@@ -207,11 +211,18 @@ def prepared(entry: TxnEntry, deadline_ms: int, now_ms: int) -> TxnEntry:
     )
 
 
-def decided(entry: TxnEntry, committed: bool, next_ids: tuple[int, int], now_ms: int) -> TxnEntry:
+def decided(
+    entry: TxnEntry,
+    committed: bool,
+    next_ids: tuple[int, int],
+    now_ms: int,
+    *,
+    by_client: bool = True,
+) -> TxnEntry:
     """The decision: the entry moves to the next pid/epoch at once. An open transaction
     is PREPARE_* until its markers are written; one that wrote nothing is complete."""
     assert entry.state in OPEN or entry.state in ENDED, entry
-    ended = Ended(entry.producer_id, entry.producer_epoch, committed, *next_ids)
+    ended = Ended(entry.producer_id, entry.producer_epoch, committed, *next_ids, by_client)
     pid, epoch = next_ids
     if entry.state in OPEN and entry.partitions:
         state = PREPARE_COMMIT if committed else PREPARE_ABORT

@@ -379,6 +379,7 @@ def test_timeouts_abort_and_free_the_stable_offset(tmp_path: Path, backend: str)
             started = time.monotonic()
             _wait(lambda: c.fetch("t", 0, 0, isolation_level=1)["last_stable_offset"] == 2)
             assert short.send("t", 0, [b"more"])["error"] == ErrorCode.INVALID_PRODUCER_EPOCH
+            assert short.end(committed=True)["error"] == ErrorCode.INVALID_PRODUCER_EPOCH
             assert c.fetch("t", 1, 0, isolation_level=1)["last_stable_offset"] == 0
             _wait(lambda: c.fetch("t", 1, 0, isolation_level=1)["last_stable_offset"] == 2)
             assert time.monotonic() - started >= 1.0
