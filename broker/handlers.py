@@ -480,6 +480,14 @@ class Handlers:
         if self.producer_ids.fenced(pid, epoch):
             self.metrics.producer_event("fenced")
             return ErrorCode.INVALID_PRODUCER_EPOCH, f"epoch {epoch} of producer {pid} is fenced"
+        if not header.is_transactional:
+            owner = self.coordinator.owner_of(pid)
+            if owner is not None:
+                return (
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"producer {pid} belongs to transactional id {owner!r}: its batches are "
+                    "transactional",
+                )
         return ErrorCode.NONE, None
 
     def _count_rejection(self, code: ErrorCode) -> None:

@@ -9,12 +9,13 @@ the map older versions kept here once, through `legacy_transactional`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
 
-from broker.fileio import seal, unseal, write_atomic
+from broker.fileio import fsync_dir, seal, unseal, write_atomic
 from broker.producer_state import PRODUCER_EPOCH_MAX
 from protocol.errors import ErrorCode
 
@@ -69,6 +70,13 @@ class ProducerIdManager:
             raise ProducerIdStateError(f"{self._txn_path} fails its CRC")
         raw = msgpack.unpackb(body, raw=False)
         return {tid: (pid, epoch) for tid, (pid, epoch) in raw.items()}
+
+    def retire_legacy(self) -> None:
+        """The coordinator holds the legacy map now: keep the file, under a name that is
+        not read again (a later empty transaction log must not import old epochs)."""
+        if self._txn_path.exists():
+            os.replace(self._txn_path, self._txn_path.with_name(TXN_FILE + ".imported"))
+            fsync_dir(self._txn_path.parent)
 
     def allocate(self) -> int:
         """A producer id never handed out before, durably so."""

@@ -46,6 +46,7 @@ from broker.txn_state import (
     PREPARE_COMMIT,
     PREPARED,
     AppVersion,
+    Ended,
     Identity,
     TxnEntry,
     TxnStateError,
@@ -102,6 +103,7 @@ class TransactionCoordinator:
         # Called after markers are written: long-polling read_committed fetches look again.
         self.on_markers: Callable[[], None] = lambda: None
         self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        self._pids: dict[int, str] = {}  # producer id -> its transactional id
 
     # ------------------------------------------------------------------ state
 
@@ -117,8 +119,7 @@ class TransactionCoordinator:
                     app = AppVersion.decode(item)
                     self.apps[app.txn_app_id] = app
                 for tid in removed:
-                    self.entries.pop(tid, None)
-                    self.apps.pop(tid, None)
+                    self._forget(tid)
             except (TxnStateError, TypeError, ValueError) as exc:
                 raise TxnLogError(f"{self.log.path}: {exc}") from exc
         legacy = {} if bodies else self.producer_ids.legacy_transactional()
@@ -127,12 +128,29 @@ class TransactionCoordinator:
             entry = initialized(None, tid, pid, epoch, DEFAULT_TIMEOUT_MS, now_ms())
             self.log.append_now([[entry.encode()], [], []])
             self._install(entry)
+        if legacy:
+            self.producer_ids.retire_legacy()
         for entry in self.entries.values():
             self.producer_ids.remember(entry.producer_id, entry.producer_epoch)
 
     def _install(self, entry: TxnEntry) -> None:
-        self.entries[entry.transactional_id] = entry
-        self.entries.move_to_end(entry.transactional_id)
+        tid = entry.transactional_id
+        old = self.entries.get(tid)
+        if old is not None and old.producer_id != entry.producer_id:
+            self._pids.pop(old.producer_id, None)
+        self.entries[tid] = entry
+        self.entries.move_to_end(tid)
+        self._pids[entry.producer_id] = tid
+
+    def _forget(self, transactional_id: str) -> None:
+        entry = self.entries.pop(transactional_id, None)
+        if entry is not None:
+            self._pids.pop(entry.producer_id, None)
+
+    def owner_of(self, producer_id: int) -> str | None:
+        """The transactional id `producer_id` is bound to, if any: its batches must be
+        transactional, or they would slip past the last stable offset."""
+        return self._pids.get(producer_id)
 
     async def _persist(
         self,
@@ -144,8 +162,7 @@ class TransactionCoordinator:
         entries, apps, removed = list(entries), list(apps), list(removed)
         await self.log.append([[e.encode() for e in entries], [a.encode() for a in apps], removed])
         for tid in removed:
-            self.entries.pop(tid, None)
-            self.apps.pop(tid, None)
+            self._forget(tid)
         for entry in entries:
             self._install(entry)
             self.producer_ids.remember(entry.producer_id, entry.producer_epoch)
@@ -299,17 +316,7 @@ class TransactionCoordinator:
             if who is Identity.LAST_ENDED:
                 last = entry.last_ended
                 assert last is not None
-                if last.committed != req.committed and not last.by_client:
-                    raise CoordinatorError(
-                        ErrorCode.INVALID_PRODUCER_EPOCH,
-                        "the broker aborted the transaction (its timeout passed); this epoch "
-                        "is fenced",
-                    )
-                if last.committed != req.committed:
-                    raise CoordinatorError(
-                        ErrorCode.INVALID_TXN_STATE,
-                        "the transaction already ended the other way",
-                    )
+                _same_end_or_raise(last, req.committed)
                 if entry.state in DECIDED:
                     await self._complete([entry])
                 return m.EndTxnResponse(
@@ -335,7 +342,8 @@ class TransactionCoordinator:
             who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
             assert entry is not None
             if who is Identity.LAST_ENDED:
-                raise CoordinatorError(ErrorCode.INVALID_TXN_STATE, "the transaction already ended")
+                assert entry.last_ended is not None
+                _same_end_or_raise(entry.last_ended, None)
             if entry.state == PREPARED:
                 return m.PrepareTxnResponse()
             if entry.state in DECIDED:
@@ -380,11 +388,7 @@ class TransactionCoordinator:
                     if who is Identity.LAST_ENDED:
                         last = entry.last_ended
                         assert last is not None
-                        if last.committed != req.committed:
-                            raise CoordinatorError(
-                                ErrorCode.INVALID_TXN_STATE,
-                                "the transaction already ended the other way",
-                            )
+                        _same_end_or_raise(last, req.committed)
                         if entry.state in DECIDED:
                             to_finish.append(entry)
                     elif entry.state in DECIDED:
@@ -520,8 +524,10 @@ class TransactionCoordinator:
             )
             try:
                 await self.sweep(now_ms())
-            except OSError as exc:
-                log.error("event=txn_sweep_failed error=%r", str(exc))
+            except Exception:
+                # A disk that fails under a marker must not stop the sweeps: the
+                # decided transactions stay decided and the next sweep tries again.
+                log.exception("event=txn_sweep_failed")
 
     async def sweep(self, stamp: int) -> None:
         for tid, entry in list(self.entries.items()):
@@ -536,18 +542,18 @@ class TransactionCoordinator:
                     elif current.deadline_ms is not None and current.deadline_ms <= stamp:
                         log.info("event=txn_timed_out id=%r state=%s", tid, current.state)
                         await self._end([current], False, "timeout")
+        # App versions never expire: forgetting one would let a re-run micro-batch
+        # commit a second time. There are as many as there are streaming apps.
         expiration = self.config.transactional_id_expiration_ms
+        busy = self._locks_held()
         expired = [
             tid
             for tid, e in self.entries.items()
-            if e.state in ENDED
-            and e.updated_ms + expiration < stamp
-            and tid not in self._locks_held()
+            if e.state in ENDED and e.updated_ms + expiration < stamp and tid not in busy
         ]
-        old_apps = [a for a, v in self.apps.items() if v.committed_ms + expiration < stamp]
-        if expired or old_apps:
-            await self._persist([], removed=expired + old_apps)
-            log.info("event=txn_ids_expired ids=%d apps=%d", len(expired), len(old_apps))
+        if expired:
+            await self._persist([], removed=expired)
+            log.info("event=txn_ids_expired ids=%d", len(expired))
         if self.log.wants_compaction():
             self.log.compact(self._whole_state())
 
@@ -646,6 +652,23 @@ class TransactionCoordinator:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _same_end_or_raise(last: Ended, committed: bool | None) -> None:
+    """A request naming the transaction that just ended is a retry when it asks the
+    same end (`committed`; None asks none). Else: 47 when the broker ended it (its
+    timeout passed), so the producer learns it is fenced; 48 when the client did."""
+    if committed is not None and last.committed == committed:
+        return
+    if not last.by_client:
+        raise CoordinatorError(
+            ErrorCode.INVALID_PRODUCER_EPOCH,
+            "the broker aborted the transaction (its timeout passed); this epoch is fenced",
+        )
+    raise CoordinatorError(
+        ErrorCode.INVALID_TXN_STATE,
+        f"the transaction already ended ({'commit' if last.committed else 'abort'})",
+    )
 
 
 def _fencing_message(

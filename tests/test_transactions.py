@@ -248,6 +248,12 @@ def test_fencing_errors_name_the_case(c: WireClient) -> None:
     )
     assert c.produce("t", 0, wrong, transactional_id=TXN)["error"] == ErrorCode.INVALID_TXN_STATE
     assert c.produce("t", 0, wrong)["error"] == ErrorCode.INVALID_TXN_STATE
+    # The transactional producer's own id on a plain batch would slip past the stable offset.
+    current = Txn(c, "own")
+    sneaky = values_batch(
+        [b"s"], producer_id=current.pid, producer_epoch=current.epoch, base_sequence=0
+    )
+    assert c.produce("t", 0, sneaky)["error"] == ErrorCode.INVALID_TXN_STATE
     timeout = c.call("InitProducerId", transactional_id="slow", transaction_timeout_ms=10**9)
     assert timeout["error"] == ErrorCode.INVALID_TRANSACTION_TIMEOUT
     assert c.fetch("t", 0, 0)["records"] == b""
