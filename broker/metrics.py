@@ -17,6 +17,8 @@ label          values
 ``topic``      topic names (created by operators or by auto-creation)
 ``partition``  partition numbers of those topics
 ``kind``       the fixed producer-state event kinds (`PRODUCER_EVENT_KINDS`)
+``state``      the transaction states (`TXN_STATES`)
+``cause``      the causes of an abort (`TXN_ABORT_CAUSES`)
 =============  ===================================================================
 
 Producer ids, transactional ids, client ids and connection addresses are never
@@ -41,7 +43,11 @@ methods are empty, so a disabled call costs one plain method call.
 
 Per topic-partition state (offsets, size, active producers) is not pushed on
 every append: the broker registers a callable with `set_partition_source`, and
-the collector asks it for a snapshot at scrape time.
+the collector asks it for a snapshot at scrape time. The transaction coordinator's
+state (transactions by state, commits, aborts by cause, the oldest open transaction
+per partition) comes the same way, from `set_transaction_source`. A source that
+raises costs its own families for that scrape, never the whole of /metrics: it is
+counted in ``minibroker_metrics_collect_errors_total`` and logged.
 
 ``python -m bench.bench_metrics`` measures the hot-path methods per call.
 """
@@ -52,6 +58,7 @@ import logging
 import math
 import os
 import shutil
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
@@ -77,8 +84,11 @@ __all__ = [
     "CONTENT_TYPE",
     "KNOWN_APIS",
     "PRODUCER_EVENT_KINDS",
+    "TXN_ABORT_CAUSES",
+    "TXN_STATES",
     "BrokerMetrics",
     "PartitionStats",
+    "TxnStats",
 ]
 
 log = logging.getLogger(f"minibroker.{__name__}")
@@ -103,6 +113,28 @@ PRODUCER_EVENT_KINDS: tuple[str, ...] = (
     "expired",  # state forgotten after producer_id_expiration_ms idle
     "evicted",  # state forgotten (LRU) because a partition held max_producers_per_partition
 )
+
+TXN_STATES: tuple[str, ...] = (
+    "EMPTY",  # initialised (InitProducerId), no transaction yet
+    "ONGOING",  # open: batches admitted, not decided
+    "PREPARED",  # open: PrepareTxn done, waiting for EndTxn / CommitTxns or its deadline
+    "PREPARE_COMMIT",  # decided to commit, markers being written
+    "PREPARE_ABORT",  # decided to abort, markers being written
+    "COMPLETE_COMMIT",
+    "COMPLETE_ABORT",
+)
+"""The states of broker/txn_state.py: each gets a `minibroker_transactions` series,
+0 when no transactional id is in it."""
+
+TXN_ABORT_CAUSES: tuple[str, ...] = (
+    "client",  # EndTxn(committed=false), CommitTxns(committed=false), or an app version
+    # already committed (the re-run's transactions are aborted)
+    "timeout",  # ONGOING past transaction_timeout_ms, PREPARED past its prepared timeout
+    "fenced",  # a new instance's InitProducerId aborted the old one's open transaction
+    "recovery",  # at start: transactional data no transaction claims, closed with ABORT
+)
+"""Why a transaction was aborted: each gets a `minibroker_transactions_aborted_total`
+series, 0 until it happens."""
 
 # Request latency: a local produce with acks=1 takes tens of microseconds, an
 # fsync'd one about a millisecond, a long-polling Fetch up to its max_wait_ms.
@@ -228,6 +260,9 @@ class BrokerMetrics:
         self._forgotten_source: Callable[[], tuple[int, int]] | None = None
         self._data_dir: str | None = None
         self._version = __version__
+        # Wall clock for the age of open transactions (their start is epoch ms); tests
+        # may replace it.
+        self._clock: Callable[[], float] = time.time
 
         # api -> latency histogram (its count is the requests_total of that api)
         self._requests: dict[str, _Histogram] = {}
@@ -332,7 +367,8 @@ class BrokerMetrics:
         self._forgotten_source = source
 
     def set_transaction_source(self, source: Callable[[], TxnStats]) -> None:
-        """`source()` is called at every scrape, like the partition source."""
+        """`source()` is called at every scrape, like the partition source (same thread,
+        same rules), and gives the transaction families their samples."""
         self._transaction_source = source
 
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
@@ -534,13 +570,16 @@ class _BrokerCollector(Collector):
         yield conns_open
         yield conns
 
-        # ---- per topic-partition, asked for at scrape time
+        # ---- per topic-partition and transactions, asked for at scrape time
         yield from self._partition_families(samples)
+        yield from self._transaction_families(samples)
         yield from self._disk_families(samples)
 
+        # Last: a source that failed above is already counted in this scrape.
         errors_fam = CounterMetricFamily(
             f"{ns}_metrics_collect_errors",
-            "Scrapes where the per-partition statistics could not be collected.",
+            "Failures to read a statistics source at scrape time (partitions, "
+            "transactions, the data dir's filesystem); the broker logs each one.",
         )
         if samples:
             errors_fam.add_metric([], m._collect_errors)
@@ -596,6 +635,61 @@ class _BrokerCollector(Collector):
             # metrics are what an operator needs to see then.
             m._collect_errors += 1
             log.exception("event=metrics_partition_source_failed")
+            return
+        yield from families
+
+    def _transaction_families(self, samples: bool) -> Iterator[Metric]:
+        m = self._m
+        ns = NAMESPACE
+        by_state = GaugeMetricFamily(
+            f"{ns}_transactions",
+            "Transactional ids held by the coordinator, by the state of their transaction.",
+            labels=["state"],
+        )
+        committed = CounterMetricFamily(
+            f"{ns}_transactions_committed", "Transactions committed since start."
+        )
+        aborted = CounterMetricFamily(
+            f"{ns}_transactions_aborted",
+            "Transactions aborted since start, by cause: client (EndTxn, CommitTxns), timeout, "
+            "fenced (a new instance of the transactional id), recovery (at start).",
+            labels=["cause"],
+        )
+        oldest = GaugeMetricFamily(
+            f"{ns}_oldest_open_transaction_age_seconds",
+            "Age of the oldest open (or decided, markers not yet written) transaction on "
+            "the partition: how long read_committed consumers have been held at the last "
+            "stable offset. No series for a partition without an open transaction.",
+            labels=["topic", "partition"],
+        )
+        families = [by_state, committed, aborted, oldest]
+        if not samples:
+            yield from families
+            return
+        source = m._transaction_source
+        if source is None:
+            return
+        try:
+            stats = source()
+            now_ms = m._clock() * 1000.0
+            # Every known state and cause, 0 when absent, so rate() and the alert rules
+            # have a series from the start; one the source adds is shown too.
+            states = dict.fromkeys(TXN_STATES, 0)
+            states.update(stats.states)
+            causes = dict.fromkeys(TXN_ABORT_CAUSES, 0)
+            causes.update(stats.aborts)
+            for state, n in states.items():
+                by_state.add_metric([state], n)
+            committed.add_metric([], stats.commits)
+            for cause, n in causes.items():
+                aborted.add_metric([cause], n)
+            for (topic, partition), started_ms in sorted(stats.oldest_open_ms.items()):
+                # A wall clock stepped back must not show a negative age.
+                age = max(0.0, (now_ms - started_ms) / 1000.0)
+                oldest.add_metric([topic, str(partition)], age)
+        except Exception:
+            m._collect_errors += 1
+            log.exception("event=metrics_transaction_source_failed")
             return
         yield from families
 

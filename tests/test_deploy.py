@@ -12,12 +12,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker.metrics import PRODUCER_EVENT_KINDS, BrokerMetrics, PartitionStats
+from broker.metrics import PRODUCER_EVENT_KINDS, BrokerMetrics, PartitionStats, TxnStats
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -65,6 +67,15 @@ def exercised_metrics(data_dir: Path) -> BrokerMetrics:
             PartitionStats("orders", 1, 0, 0, 0, 0, 0),
             PartitionStats("weird.topic-name_1", 0, 5, 0, 5, 100, 1),
         ]
+    )
+    now_ms = int(time.time() * 1000)
+    m.set_transaction_source(
+        lambda: TxnStats(
+            states=Counter({"ONGOING": 1, "COMPLETE_COMMIT": 3, "COMPLETE_ABORT": 1}),
+            commits=3,
+            aborts={"client": 1},
+            oldest_open_ms={("orders", 0): now_ms - 5_000},
+        )
     )
     return m
 
@@ -141,6 +152,8 @@ def test_every_alert_is_tested_and_documented() -> None:
         "DiskNearlyFull",
         "PartitionLsoStuck",
         "ProducerIdCapNearLimit",
+        "TransactionOpenTooLong",
+        "TransactionsTimingOut",
     } <= set(alerts)
     tested = set(re.findall(r"alertname: (\w+)", (DEPLOY / "alerts_test.yml").read_text()))
     assert set(alerts) <= tested
@@ -199,6 +212,23 @@ def test_dashboard_parses_and_queries_only_exported_metrics(tmp_path: Path) -> N
     }
     missing = exported_families - families - {"minibroker_metrics_collect_errors_total"}
     assert not missing, f"metrics without a dashboard panel: {missing}"
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    """Grafana would push an overlapping panel somewhere else, silently; rows sit between
+    their panels, in the order of the panel list."""
+    dashboard = json.loads((DEPLOY / "grafana" / "dashboard.json").read_text())
+    cells: dict[tuple[int, int], str] = {}
+    last_y = -1
+    for p in dashboard["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, p["title"]
+        assert g["y"] >= last_y, f"{p['title']} is listed after a panel below it"
+        last_y = g["y"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
 
 
 def test_grafana_provisioning_points_at_the_dashboard_and_datasource() -> None:

@@ -7,6 +7,7 @@ import threading
 import timeit
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 
 import anyio
@@ -18,9 +19,15 @@ from broker.metrics import (
     CONTENT_TYPE,
     PRODUCER_EVENT_KINDS,
     REQUEST_BUCKETS,
+    TXN_ABORT_CAUSES,
+    TXN_STATES,
     BrokerMetrics,
     PartitionStats,
+    TxnStats,
 )
+
+NOW_S = 1_700_000_000.0
+"""The wall clock of the metrics in these tests (`BrokerMetrics._clock`)."""
 
 
 def samples(m: BrokerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -58,6 +65,18 @@ def exercise(m: BrokerMetrics) -> None:
             PartitionStats("orders", 0, 15, 0, 12, 4096, 3),
             PartitionStats("orders", 1, 0, 0, 0, 0, frozenset()),  # type: ignore[arg-type]
         ]
+    )
+    m._clock = lambda: NOW_S
+    m.set_transaction_source(
+        lambda: TxnStats(
+            states=Counter({"ONGOING": 2, "PREPARED": 1, "COMPLETE_COMMIT": 4}),
+            commits=7,
+            aborts={"client": 2, "timeout": 1},
+            oldest_open_ms={
+                ("orders", 0): int(NOW_S * 1000) - 90_500,
+                ("orders", 1): int(NOW_S * 1000) - 250,
+            },
+        )
     )
 
 
@@ -105,9 +124,30 @@ def test_every_metric_has_the_expected_value(tmp_path) -> None:
 
     assert s[("minibroker_connections_open", ())] == 1
     assert s[("minibroker_connections_accepted_total", ())] == 2
-    # No family for transactions until the broker has them.
-    assert not any(name.startswith("minibroker_transactions") for name, _ in s)
     assert s[("minibroker_recovery_duration_seconds", ())] == 1.25
+
+    # Transactions: every state and cause has a series, 0 when nothing is in it.
+    assert {
+        labels[0][1]: v for (name, labels), v in s.items() if name == "minibroker_transactions"
+    } == {
+        "EMPTY": 0,
+        "ONGOING": 2,
+        "PREPARED": 1,
+        "PREPARE_COMMIT": 0,
+        "PREPARE_ABORT": 0,
+        "COMPLETE_COMMIT": 4,
+        "COMPLETE_ABORT": 0,
+    }
+    assert s[("minibroker_transactions_committed_total", ())] == 7
+    assert {
+        labels[0][1]: v
+        for (name, labels), v in s.items()
+        if name == "minibroker_transactions_aborted_total"
+    } == {"client": 2, "timeout": 1, "fenced": 0, "recovery": 0}
+    age = "minibroker_oldest_open_transaction_age_seconds"
+    assert s[(age, (("partition", "0"), ("topic", "orders")))] == 90.5
+    assert s[(age, (("partition", "1"), ("topic", "orders")))] == 0.25
+    assert len([name for name, _ in s if name == age]) == 2
 
     p0 = (("partition", "0"), ("topic", "orders"))
     p1 = (("partition", "1"), ("topic", "orders"))
@@ -144,7 +184,10 @@ def test_names_follow_prometheus_conventions() -> None:
         if family.type == "counter":
             assert all(s.name.endswith("_total") for s in family.samples), family.name
         for s in family.samples:
-            assert set(s.labels) <= {"api", "error", "topic", "partition", "kind", "version", "le"}
+            assert set(s.labels) <= {
+                *("api", "error", "topic", "partition", "kind", "version", "le"),
+                *("state", "cause"),
+            }
 
 
 def test_unknown_api_names_do_not_grow_the_series_set() -> None:
@@ -171,6 +214,52 @@ def test_series_read_zero_before_anything_happens() -> None:
     # Not exported until the broker says what they are.
     assert ("minibroker_producer_ids_max", ()) not in s
     assert not any(name == "minibroker_log_end_offset" for name, _ in s)
+    # No transaction family before the broker registers its coordinator.
+    assert not any("transaction" in name for name, _ in s)
+
+
+def test_transaction_series_read_zero_for_a_coordinator_with_nothing_yet() -> None:
+    m = BrokerMetrics()
+    m.set_transaction_source(lambda: TxnStats(Counter(), 0, {}, {}))
+    s = samples(m)
+    for state in TXN_STATES:
+        assert s[("minibroker_transactions", (("state", state),))] == 0
+    assert s[("minibroker_transactions_committed_total", ())] == 0
+    for cause in TXN_ABORT_CAUSES:
+        assert s[("minibroker_transactions_aborted_total", (("cause", cause),))] == 0
+    assert not any(name == "minibroker_oldest_open_transaction_age_seconds" for name, _ in s)
+
+
+def test_transaction_states_and_causes_are_the_coordinators() -> None:
+    from broker.txn_coordinator import ABORT_CAUSES
+    from broker.txn_state import STATES
+
+    assert set(TXN_STATES) == STATES
+    assert len(TXN_STATES) == len(STATES)
+    assert TXN_ABORT_CAUSES == ABORT_CAUSES
+
+
+def test_open_transaction_age_follows_the_clock_and_never_goes_negative() -> None:
+    m = BrokerMetrics()
+    clock = [NOW_S]
+    m._clock = lambda: clock[0]
+    started = int(NOW_S * 1000) - 1_000
+    m.set_transaction_source(lambda: TxnStats({}, 0, {}, {("t", 3): started}))
+    key = ("minibroker_oldest_open_transaction_age_seconds", (("partition", "3"), ("topic", "t")))
+    assert samples(m)[key] == 1.0
+    clock[0] += 299
+    assert samples(m)[key] == 300.0
+    clock[0] = NOW_S - 60  # the wall clock was stepped back
+    assert samples(m)[key] == 0.0
+
+
+def test_a_state_or_cause_the_list_lacks_is_still_shown() -> None:
+    m = BrokerMetrics()
+    m.set_transaction_source(lambda: TxnStats({"NEW_STATE": 1}, 0, {"new_cause": 2}, {}))
+    s = samples(m)
+    assert s[("minibroker_transactions", (("state", "NEW_STATE"),))] == 1
+    assert s[("minibroker_transactions_aborted_total", (("cause", "new_cause"),))] == 2
+    assert s[("minibroker_transactions", (("state", "EMPTY"),))] == 0
 
 
 def test_unknown_event_kinds_are_refused() -> None:
@@ -189,6 +278,32 @@ def test_a_failing_partition_source_does_not_break_the_scrape() -> None:
     s = samples(m)
     assert s[("minibroker_metrics_collect_errors_total", ())] == 1
     assert ("minibroker_requests_total", (("api", "unknown"),)) in s
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(lambda: 1 / 0, id="raises"),
+        pytest.param(lambda: TxnStats({"ONGOING": 1}, 0, {}, None), id="bad-snapshot"),
+        pytest.param(lambda: TxnStats({}, 0, {}, {("t", 0): "soon"}), id="bad-age"),
+    ],
+)
+def test_a_failing_transaction_source_does_not_break_the_scrape(
+    source: Callable[[], TxnStats], caplog: pytest.LogCaptureFixture
+) -> None:
+    m = BrokerMetrics()
+    m.set_partition_source(lambda: [PartitionStats("orders", 0, 5, 0, 5, 100, 1)])
+    m.set_transaction_source(source)
+    s = samples(m)
+    assert s[("minibroker_metrics_collect_errors_total", ())] == 1
+    # None of the transaction families, not even the part built before the failure ...
+    assert not any("transaction" in name for name, _ in s)
+    # ... and everything else as usual.
+    assert s[("minibroker_log_end_offset", (("partition", "0"), ("topic", "orders")))] == 5
+    assert ("minibroker_requests_total", (("api", "unknown"),)) in s
+    assert "event=metrics_transaction_source_failed" in caplog.text
+    # Each scrape tries again, and counts again.
+    assert samples(m)[("minibroker_metrics_collect_errors_total", ())] == 2
 
 
 def test_registries_are_private() -> None:

@@ -7,6 +7,9 @@ address and the intervals. The load speaks the wire contract with raw frames.
 The test asks Prometheus's HTTP API for the target's health, for the
 `minibroker_` series that the load moved, and evaluates every expression of the
 alert rules and of the Grafana dashboard, which must parse and run.
+
+The transaction metrics are checked on the broker's own /metrics, after real
+transactions over the wire that commit, abort, get fenced, time out or stay open.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.broker_process import BrokerProcess
+from harness.wire import WireClient, values_batch
 from protocol.batch import build_batch
 from protocol.framing import LENGTH, decode_body, encode_frame
 
@@ -511,3 +516,134 @@ def test_alert_inputs_are_exported(tmp_path: Path) -> None:
         "the broker must call metrics.set_data_dir(config.data_path)"
     )
     assert re.search(r"^minibroker_data_dir_capacity_bytes \d", body, re.M)
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def scrape(metrics_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the broker's /metrics, keyed by (name, sorted labels)."""
+    status, body = http_get(metrics_port, "/metrics")
+    assert status == 200
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+
+
+def by_label(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> dict:
+    return {labels[0][1]: v for (n, labels), v in samples.items() if n == name}
+
+
+class TxnProducer:
+    """A transactional producer over the raw wire (as tests/test_transactions.py's Txn)."""
+
+    def __init__(self, c: WireClient, transactional_id: str, timeout_ms: int = 60_000) -> None:
+        self.c = c
+        self.id = transactional_id
+        self.pid, self.epoch = c.init_producer(
+            transactional_id=transactional_id, transaction_timeout_ms=timeout_ms
+        )
+
+    def send(self, topic: str, partition: int) -> None:
+        # One batch per partition and transaction here: its sequence is always 0.
+        batch = values_batch(
+            [b"v"],
+            producer_id=self.pid,
+            producer_epoch=self.epoch,
+            base_sequence=0,
+            transactional=True,
+        )
+        r = self.c.produce(topic, partition, batch, acks=-1, transactional_id=self.id)
+        assert r["error"] == 0, r
+
+    def end(self, committed: bool) -> None:
+        r = self.c.call(
+            "EndTxn",
+            transactional_id=self.id,
+            producer_id=self.pid,
+            producer_epoch=self.epoch,
+            committed=committed,
+        )
+        assert r["error"] == 0, r
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_transaction_metrics_of_a_real_broker(backend: str, tmp_path: Path) -> None:
+    """Commits, aborts by cause (client, fenced, timeout), the state gauge and the age of
+    an open transaction, as /metrics shows them after real transactions."""
+    config = tmp_path / "broker.toml"
+    config.write_text("transaction_abort_timed_out_transaction_cleanup_interval_ms = 50\n")
+    broker = BrokerProcess(tmp_path / "data", backend=backend, extra_args=["--config", str(config)])
+    broker.start()
+    try:
+        assert broker.metrics_port, broker.log_text()
+        s = scrape(broker.metrics_port)
+        assert set(by_label(s, "minibroker_transactions").values()) == {0}
+        assert s[("minibroker_transactions_committed_total", ())] == 0
+        assert set(by_label(s, "minibroker_transactions_aborted_total").values()) == {0}
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("tx", 3) == 0
+            committed = TxnProducer(c, "committed")
+            committed.send("tx", 0)
+            committed.send("tx", 1)
+            committed.end(committed=True)
+            aborted = TxnProducer(c, "aborted")
+            aborted.send("tx", 0)
+            aborted.end(committed=False)
+            zombie = TxnProducer(c, "zombie")
+            zombie.send("tx", 1)
+            TxnProducer(c, "zombie")  # a new instance: the old one's transaction is aborted
+            TxnProducer(c, "slow", timeout_ms=200).send("tx", 1)
+            TxnProducer(c, "idle")
+            opened_s = time.time()
+            TxnProducer(c, "open").send("tx", 2)
+            sent_s = time.time()
+
+            # The coordinator aborts "slow" past its 200 ms within a cleanup interval;
+            # by then "open" is a visible age old.
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                before_s = time.time()
+                s = scrape(broker.metrics_port)
+                after_s = time.time()
+                aborts = by_label(s, "minibroker_transactions_aborted_total")
+                states = by_label(s, "minibroker_transactions")
+                if (
+                    aborts["timeout"] == 1
+                    and states["COMPLETE_ABORT"] == 2
+                    and before_s - sent_s >= 0.3
+                ):
+                    break
+                assert time.monotonic() < deadline, (aborts, states, broker.log_text())
+                time.sleep(0.1)
+    finally:
+        broker.kill()
+
+    assert s[("minibroker_transactions_committed_total", ())] == 1
+    assert aborts == {"client": 1, "timeout": 1, "fenced": 1, "recovery": 0}
+    assert states == {
+        "EMPTY": 2,  # "zombie" after its new InitProducerId, and "idle"
+        "ONGOING": 1,  # "open"
+        "PREPARED": 0,
+        "PREPARE_COMMIT": 0,
+        "PREPARE_ABORT": 0,
+        "COMPLETE_COMMIT": 1,  # "committed"
+        "COMPLETE_ABORT": 2,  # "aborted" by its client, "slow" by the timeout
+    }
+    # Only tx-2 holds an open transaction; its age is the time from its first batch's
+    # admission (in epoch ms, by the broker's clock: this machine's) to the scrape.
+    ages = {
+        labels: v
+        for (name, labels), v in s.items()
+        if name == "minibroker_oldest_open_transaction_age_seconds"
+    }
+    assert list(ages) == [(("partition", "2"), ("topic", "tx"))]
+    (age,) = ages.values()
+    # (1 ms of slack: the start is truncated to whole milliseconds.)
+    assert before_s - sent_s - 0.001 <= age <= after_s - opened_s + 0.001, (
+        age,
+        before_s - sent_s,
+        after_s - opened_s,
+    )
