@@ -78,7 +78,7 @@ from prometheus_client.registry import Collector
 
 from broker import __version__
 from protocol.errors import ErrorCode
-from protocol.messages import REQUEST_TYPES
+from protocol.messages import REQUEST_TYPES, TXN_STATES
 
 __all__ = [
     "CONTENT_TYPE",
@@ -113,18 +113,6 @@ PRODUCER_EVENT_KINDS: tuple[str, ...] = (
     "expired",  # state forgotten after producer_id_expiration_ms idle
     "evicted",  # state forgotten (LRU) because a partition held max_producers_per_partition
 )
-
-TXN_STATES: tuple[str, ...] = (
-    "EMPTY",  # initialised (InitProducerId), no transaction yet
-    "ONGOING",  # open: batches admitted, not decided
-    "PREPARED",  # open: PrepareTxn done, waiting for EndTxn / CommitTxns or its deadline
-    "PREPARE_COMMIT",  # decided to commit, markers being written
-    "PREPARE_ABORT",  # decided to abort, markers being written
-    "COMPLETE_COMMIT",
-    "COMPLETE_ABORT",
-)
-"""The states of broker/txn_state.py: each gets a `minibroker_transactions` series,
-0 when no transactional id is in it."""
 
 TXN_ABORT_CAUSES: tuple[str, ...] = (
     "client",  # EndTxn(committed=false), CommitTxns(committed=false), or an app version

@@ -31,7 +31,7 @@ import anyio
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
 from broker.group_commit import FlushFailed, GroupCommitter
-from broker.metrics import TxnStats
+from broker.metrics import TXN_ABORT_CAUSES, TxnStats
 from broker.partition import Partition, StorageError
 from broker.producer_ids import ProducerIdManager
 from broker.producer_state import PRODUCER_EPOCH_MAX
@@ -63,7 +63,6 @@ from protocol.errors import ErrorCode, ProtocolError
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
-ABORT_CAUSES = ("client", "timeout", "fenced", "recovery")
 TopicPartition = tuple[str, int]
 
 
@@ -80,7 +79,9 @@ class TxnCounters:
     """Transactions ended since start: commits, and aborts by cause."""
 
     commits: int = 0
-    aborts: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(ABORT_CAUSES, 0)))
+    aborts: Counter[str] = field(
+        default_factory=lambda: Counter(dict.fromkeys(TXN_ABORT_CAUSES, 0))
+    )
 
 
 class TransactionCoordinator:

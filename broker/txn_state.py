@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any
 
 from protocol.errors import ErrorCode
+from protocol.messages import TXN_STATES
 
 EMPTY = "EMPTY"
 ONGOING = "ONGOING"
@@ -34,7 +35,8 @@ COMPLETE_ABORT = "COMPLETE_ABORT"
 OPEN = frozenset({ONGOING, PREPARED})
 DECIDED = frozenset({PREPARE_COMMIT, PREPARE_ABORT})
 ENDED = frozenset({EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT})
-STATES = OPEN | DECIDED | ENDED
+STATES = frozenset(TXN_STATES)
+assert OPEN | DECIDED | ENDED == STATES
 DEFAULT_TIMEOUT_MS = 60_000  # Kafka's transaction.timeout.ms default
 
 

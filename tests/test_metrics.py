@@ -230,15 +230,6 @@ def test_transaction_series_read_zero_for_a_coordinator_with_nothing_yet() -> No
     assert not any(name == "minibroker_oldest_open_transaction_age_seconds" for name, _ in s)
 
 
-def test_transaction_states_and_causes_are_the_coordinators() -> None:
-    from broker.txn_coordinator import ABORT_CAUSES
-    from broker.txn_state import STATES
-
-    assert set(TXN_STATES) == STATES
-    assert len(TXN_STATES) == len(STATES)
-    assert TXN_ABORT_CAUSES == ABORT_CAUSES
-
-
 def test_open_transaction_age_follows_the_clock_and_never_goes_negative() -> None:
     m = BrokerMetrics()
     clock = [NOW_S]
