@@ -277,8 +277,8 @@ async def abort_transaction_async(
     """Abort the open (ONGOING or PREPARED) transaction of `transactional_id`, for an
     operator clearing one that holds back read_committed consumers; returns what it
     aborted, or None when the id has no open transaction. The producer that owns it
-    is fenced only for that transaction: its next one starts at the new epoch after
-    init_transactions()."""
+    learns at its commit (TransactionAbortableError) and goes on after
+    abort_transaction()."""
     for listing in await list_transactions_async(
         bootstrap, transactional_id, list(OPEN_TXN_STATES)
     ):
