@@ -124,9 +124,9 @@ class Sender:
         returned in the answer, for the caller to classify."""
         cfg = self.config
         attempts = 0
+        cause: object = "no answer"  # of the last attempt that failed, for the timeout
         while True:
             remaining_s = (deadline_ms - monotonic_ms()) / 1000
-            cause: object = "no answer"
             if remaining_s > 0:
                 try:
                     with anyio.fail_after(remaining_s):
@@ -134,7 +134,8 @@ class Sender:
                         assert conn is not None
                         response = await conn.request(request, cfg.request_timeout_ms / 1000)
                 except TimeoutError:
-                    cause = self._connector.last_error or "no answer"
+                    if self._conn is None or self._conn.closed:
+                        cause = self._connector.last_error or cause
                 except ConnectionLostError as exc:
                     cause = exc
                 else:
