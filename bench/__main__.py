@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-SUITES = ("broker", "codec", "metrics", "client", "spark")
+SUITES = ("broker", "codec", "metrics", "client", "txn", "spark")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -124,6 +124,16 @@ def client_targets(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def txn_targets(rows: list[dict[str, Any]]) -> list[str]:
+    plain = _value(rows, "send() idempotent, no transaction", "records_per_s")
+    thousand = _value(rows, "send() in transactions of 1,000 records", "records_per_s")
+    return [
+        f"- transactions of 1,000 records: {thousand:,.0f} records/s, "
+        f"{1 - thousand / plain:+.1%} slower than idempotent-only {plain:,.0f} "
+        f"(at most 10% wanted): {_verdict(thousand >= 0.9 * plain)}.",
+    ]
+
+
 def spark_targets(rows: list[dict[str, Any]]) -> list[str]:
     ours = _value(rows, "spark write minibroker", "rows_per_s")
     ceiling = _value(rows, "spark write discard-only Python Arrow writer", "rows_per_s")
@@ -167,6 +177,14 @@ def run_suite(name: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
             f"python -m bench --suites client --client-records {args.client_records}",
             client_targets,
         )
+    if name == "txn":
+        from bench import bench_txn
+
+        return (
+            bench_txn.run(args.txn_records),
+            f"python -m bench --suites txn --txn-records {args.txn_records}",
+            txn_targets,
+        )
     from bench import bench_spark
 
     return (
@@ -197,6 +215,7 @@ def main() -> None:
     parser.add_argument("--codec-number", type=int, default=100_000)
     parser.add_argument("--metrics-number", type=int, default=200_000)
     parser.add_argument("--client-records", type=int, default=1_000_000)
+    parser.add_argument("--txn-records", type=int, default=20_000)
     parser.add_argument("--spark-rows", type=int, default=5_000_000)
     args = parser.parse_args()
     suites = [s for s in args.suites.split(",") if s]

@@ -28,8 +28,9 @@ from broker.metrics import BrokerMetrics
 from broker.partition import Partition
 from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicError, TopicRegistry
+from broker.txn_coordinator import TransactionCoordinator
 from protocol import messages as m
-from protocol.batch import BatchError, scan_batches, validate
+from protocol.batch import BatchError, BatchHeader, scan_batches, validate
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import splice_frame
 
@@ -132,6 +133,9 @@ Outcome = Answer | DurableReply | SplicedReply | NoAnswer
 """What a request comes to: answer now, answer once durable, answer from the
 log files, or no answer."""
 
+Checked = tuple[Partition, BatchHeader] | m.ProducePartitionResponse
+"""A produced batch after the broker-wide checks: where to append it, or its refusal."""
+
 FetchLook = tuple[
     m.FetchResponse, int, bool, list[tuple[FileSpan, bytes]], list[tuple[str, int, int]]
 ]
@@ -150,6 +154,7 @@ class Handlers:
         topics: TopicRegistry,
         producer_ids: ProducerIdManager,
         committer: GroupCommitter,
+        coordinator: TransactionCoordinator,
         metrics: BrokerMetrics,
         advertised: tuple[str, int],
     ) -> None:
@@ -157,6 +162,8 @@ class Handlers:
         self.topics = topics
         self.producer_ids = producer_ids
         self.committer = committer
+        self.coordinator = coordinator
+        coordinator.on_markers = self._wake_fetchers
         self.metrics = metrics
         self.advertised = advertised
         self._appended = anyio.Event()
@@ -171,6 +178,11 @@ class Handlers:
             "Produce": self.produce,
             "Fetch": self.fetch,
             "ListOffsets": self.list_offsets,
+            "EndTxn": coordinator.end_txn,
+            "PrepareTxn": coordinator.prepare_txn,
+            "CommitTxns": coordinator.commit_txns,
+            "ListTransactions": coordinator.list_transactions,
+            "DescribeTxnApps": coordinator.describe_apps,
         }
         self.apis = frozenset(self._table)
 
@@ -240,11 +252,14 @@ class Handlers:
             await anyio.lowlevel.checkpoint()  # as in metadata: creations take turns
         return m.CreateTopicsResponse(topics=results)
 
-    def init_producer_id(self, req: m.InitProducerIdRequest) -> m.InitProducerIdResponse:
+    async def init_producer_id(self, req: m.InitProducerIdRequest) -> m.InitProducerIdResponse:
         ids = self.producer_ids
         if req.transactional_id is not None:
-            grant = ids.init_transactional(req.transactional_id)
-        elif req.producer_id >= 0:
+            pid, epoch = await self.coordinator.init_producer(
+                req.transactional_id, req.transaction_timeout_ms
+            )
+            return m.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+        if req.producer_id >= 0:
             known = [
                 e
                 for p in self.topics.all_partitions()
@@ -271,7 +286,12 @@ class Handlers:
                         m.ListOffsetsPartitionResponse(index, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
                     )
                 elif timestamp == m.TIMESTAMP_LATEST:
-                    out.append(m.ListOffsetsPartitionResponse(index, offset=self._stable_end(p)))
+                    latest = (
+                        p.last_stable_offset
+                        if req.isolation_level == m.ISOLATION_READ_COMMITTED
+                        else p.log.log_end_offset
+                    )
+                    out.append(m.ListOffsetsPartitionResponse(index, offset=latest))
                 elif timestamp == m.TIMESTAMP_EARLIEST:
                     out.append(m.ListOffsetsPartitionResponse(index, offset=p.log.log_start_offset))
                 else:
@@ -284,18 +304,14 @@ class Handlers:
             topics.append(m.ListOffsetsTopicResponse(t.topic, out))
         return m.ListOffsetsResponse(topics=topics)
 
-    @staticmethod
-    def _stable_end(p: Partition) -> int:
-        # Without open transactions the last stable offset is the log end.
-        return p.log.log_end_offset
-
     # ----------------------------------------------------------------- produce
 
-    def produce(self, req: m.ProduceRequest) -> m.ProduceResponse | DurableReply | None:
+    def produce(
+        self, req: m.ProduceRequest
+    ) -> (
+        m.ProduceResponse | DurableReply | Awaitable[m.ProduceResponse | DurableReply | None] | None
+    ):
         acks = req.acks
-        stamp = now_ms()
-        results: list[m.ProduceTopicResponse] = []
-        durable: list[tuple[Partition, int]] = []
         if acks not in (-1, 0, 1):
             return m.ProduceResponse(
                 topics=[
@@ -311,17 +327,69 @@ class Handlers:
                     for t in req.topics
                 ]
             )
-        for t in req.topics:
+        checked = [
+            [
+                self._check_batch(t.topic, p.partition, p.records, req.transactional_id)
+                for p in t.partitions
+            ]
+            for t in req.topics
+        ]
+        if req.transactional_id is not None:
+            return self._produce_transactional(req, req.transactional_id, checked)
+        return self._append_checked(req, checked)
+
+    async def _produce_transactional(
+        self, req: m.ProduceRequest, transactional_id: str, checked: list[list[Checked]]
+    ) -> m.ProduceResponse | DurableReply | None:
+        """The coordinator admits the batches (the transaction durably holds their
+        partitions) and, under the same lock, they are appended."""
+        async with self.coordinator.locked(transactional_id):
+            admitted = [
+                ((t.topic, c[0].index), c[1])
+                for t, row in zip(req.topics, checked, strict=True)
+                for c in row
+                if isinstance(c, tuple)
+            ]
+            refused = await self.coordinator.admit(transactional_id, admitted)
+            if refused:
+                checked = [
+                    [
+                        c
+                        if not isinstance(c, tuple) or (t.topic, c[0].index) not in refused
+                        else m.ProducePartitionResponse(
+                            c[0].index,
+                            refused[t.topic, c[0].index][0],
+                            message=refused[t.topic, c[0].index][1],
+                        )
+                        for c in row
+                    ]
+                    for t, row in zip(req.topics, checked, strict=True)
+                ]
+                for code, _ in refused.values():
+                    self._count_rejection(code)
+            return self._append_checked(req, checked)
+
+    def _append_checked(
+        self, req: m.ProduceRequest, checked: list[list[Checked]]
+    ) -> m.ProduceResponse | DurableReply | None:
+        stamp = now_ms()
+        results: list[m.ProduceTopicResponse] = []
+        durable: list[tuple[Partition, int]] = []
+        for t, row in zip(req.topics, checked, strict=True):
             out = []
-            for p in t.partitions:
-                response, partition, last_offset = self._produce_one(
-                    t.topic, p.partition, p.records, stamp
+            for c, p in zip(row, t.partitions, strict=True):
+                if not isinstance(c, tuple):
+                    out.append(c)
+                    continue
+                partition, header = c
+                response, last_offset = self._append_one(
+                    t.topic, partition, p.records, header, stamp
                 )
                 out.append(response)
-                if partition is not None and acks == -1 and last_offset >= 0:
+                if req.acks == -1 and last_offset >= 0:
                     durable.append((partition, last_offset))
             results.append(m.ProduceTopicResponse(t.topic, out))
-        if acks == 0:
+        if req.acks == 0:
             return None
         if durable:
             # Start the fsync round now rather than when the reply writer reaches
@@ -331,27 +399,30 @@ class Handlers:
             return self._await_durable(req.timeout_ms, results, durable)
         return m.ProduceResponse(topics=results)
 
-    def _produce_one(
-        self, topic: str, index: int, records: bytes, stamp: int
-    ) -> tuple[m.ProducePartitionResponse, Partition | None, int]:
+    def _check_batch(
+        self, topic: str, index: int, records: bytes, transactional_id: str | None
+    ) -> Checked:
+        """The partition and header of a batch that may be appended, or the refusal."""
         partition = self.topics.partition(topic, index)
         if partition is None:
-            return (
-                m.ProducePartitionResponse(
-                    index,
-                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                    message=f"unknown topic-partition {topic}-{index}",
-                ),
-                None,
-                -1,
+            return m.ProducePartitionResponse(
+                index,
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                message=f"unknown topic-partition {topic}-{index}",
             )
         try:
             header = validate(records, max_bytes=self.config.message_max_bytes)
         except BatchError as exc:
-            return m.ProducePartitionResponse(index, exc.code, message=exc.message), None, -1
-        error, message = self._refuse_batch(header)
+            return m.ProducePartitionResponse(index, exc.code, message=exc.message)
+        error, message = self._refuse_batch(header, transactional_id)
         if error:
-            return m.ProducePartitionResponse(index, error, message=message), None, -1
+            return m.ProducePartitionResponse(index, error, message=message)
+        return partition, header
+
+    def _append_one(
+        self, topic: str, partition: Partition, records: bytes, header: BatchHeader, stamp: int
+    ) -> tuple[m.ProducePartitionResponse, int]:
+        index = partition.index
         result = partition.append(records, header, stamp)
         plog = partition.log
         if result.error:
@@ -363,16 +434,13 @@ class Handlers:
                     log_start_offset=plog.log_start_offset,
                     message=result.message,
                 ),
-                None,
                 -1,
             )
         if result.duplicate:
             self.metrics.producer_event("duplicate")
         else:
             self.metrics.record_produce(topic, len(records), header.record_count)
-            if self._fetch_waiters:
-                self._appended.set()
-                self._appended = anyio.Event()
+            self._wake_fetchers()
         return (
             m.ProducePartitionResponse(
                 index,
@@ -382,16 +450,27 @@ class Handlers:
                 plog.log_start_offset,
                 result.duplicate,
             ),
-            partition,
             result.last_offset,
         )
 
-    def _refuse_batch(self, header: Any) -> tuple[ErrorCode, str | None]:
+    def _wake_fetchers(self) -> None:
+        if self._fetch_waiters:
+            self._appended.set()
+            self._appended = anyio.Event()
+
+    def _refuse_batch(
+        self, header: BatchHeader, transactional_id: str | None
+    ) -> tuple[ErrorCode, str | None]:
         """Broker-wide checks before the partition's producer state is consulted."""
         if header.is_control:
             return ErrorCode.INVALID_RECORD, "clients may not write control batches"
-        if header.is_transactional:
-            return ErrorCode.INVALID_TXN_STATE, "no ongoing transaction for this producer"
+        if header.is_transactional and transactional_id is None:
+            return ErrorCode.INVALID_TXN_STATE, "a transactional batch needs transactional_id"
+        if transactional_id is not None and not header.is_transactional:
+            return (
+                ErrorCode.INVALID_TXN_STATE,
+                "a Produce with transactional_id carries transactional batches only",
+            )
         if not header.is_idempotent:
             return ErrorCode.NONE, None
         pid, epoch = header.producer_id, header.producer_epoch
@@ -474,10 +553,12 @@ class Handlers:
                     continue
                 plog = p.log
                 high_watermark = plog.log_end_offset
-                stable = self._stable_end(p)
-                upper = stable if req.isolation_level == m.ISOLATION_READ_COMMITTED else None
+                stable = p.last_stable_offset
+                committed = req.isolation_level == m.ISOLATION_READ_COMMITTED
+                upper = stable if committed else None
                 records = b""
                 size = count = 0
+                end_offset = fp.fetch_offset
                 error = ErrorCode.NONE
                 # Kafka's rule: the first non-empty partition may exceed the budget by one
                 # batch so a consumer always progresses; the rest stay within it.
@@ -493,12 +574,14 @@ class Handlers:
                                 records = os.urandom(12) + len(spans).to_bytes(4, "big")
                                 spans.append((span, records))
                                 size, count = span.length, span.record_count
+                                end_offset = span.next_offset
                         else:
                             records = plog.read(fp.fetch_offset, max(room, 1), upper)
                             size = len(records)
-                            count = sum(
-                                h.record_count for _, h in scan_batches(records, check_crc=False)
-                            )
+                            headers = [h for _, h in scan_batches(records, check_crc=False)]
+                            count = sum(h.record_count for h in headers)
+                            if headers:
+                                end_offset = headers[-1].next_offset
                     except OffsetOutOfRange:
                         error = ErrorCode.OFFSET_OUT_OF_RANGE
                         errored = True
@@ -522,7 +605,12 @@ class Handlers:
                         high_watermark,
                         stable,
                         plog.log_start_offset,
-                        [] if req.isolation_level == m.ISOLATION_READ_COMMITTED else None,
+                        [
+                            m.AbortedTransaction(pid, first)
+                            for pid, first in p.aborted.overlapping(fp.fetch_offset, end_offset)
+                        ]
+                        if committed
+                        else None,
                         records,
                     )
                 )
@@ -540,7 +628,7 @@ class Handlers:
         """Retention and producer expiry, run every retention_check_interval_ms."""
         stamp = now_ms()
         for p in self.topics.all_partitions():
-            deleted = p.log.apply_retention(stamp)
+            deleted = p.apply_retention(stamp)
             if deleted:
                 log.info(
                     "event=retention topic=%s partition=%d segments_deleted=%d log_start_offset=%d",

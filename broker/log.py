@@ -3,6 +3,7 @@
     <base_offset:020d>.log        batches as produced, base_offset stamped; never re-encoded
     <base_offset:020d>.index      sparse (relative offset u32, position u32), see offset_index.py
     <base_offset:020d>.timeindex  sparse (max timestamp so far i64, offset i64)
+    <base_offset:020d>.txnindex   aborted transactions whose marker lies in the segment
     <offset:020d>.snapshot        producer-state snapshots, opaque bytes to the log
     recovery-point                offset below which everything was fsynced, with a CRC
 
@@ -27,9 +28,9 @@ from broker.fileio import TMP_SUFFIX, write_atomic
 from broker.offset_index import UINT32_MAX
 from broker.recovery import RecoveryReport, decode_recovery_point, encode_recovery_point
 from broker.segment import (
-    INDEX_SUFFIX,
+    INDEX_SUFFIXES,
     LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
+    SEGMENT_SUFFIXES,
     CorruptBatchError,
     Segment,
     StorageError,
@@ -85,6 +86,7 @@ class FileSpan(NamedTuple):
     position: int
     length: int
     record_count: int
+    next_offset: int
 
 
 class OffsetOutOfRange(ValueError):
@@ -136,7 +138,7 @@ class PartitionLog:
         for leftover in directory.glob("*" + TMP_SUFFIX):
             leftover.unlink()
         base_offsets = sorted(_offsets_of(directory, LOG_SUFFIX))
-        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in INDEX_SUFFIXES:
             for orphan in set(_offsets_of(directory, suffix)) - set(base_offsets):
                 (directory / file_name(orphan, suffix)).unlink()
 
@@ -168,7 +170,7 @@ class PartitionLog:
             # after its last whole batch (junk, a torn copy) cost no offsets.
             if next_base is not None and scan.next_offset != next_base:
                 for later in base_offsets[i + 1 :]:
-                    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                    for suffix in SEGMENT_SUFFIXES:
                         (directory / file_name(later, suffix)).unlink(missing_ok=True)
                     segments_deleted += 1
                 break
@@ -208,6 +210,11 @@ class PartitionLog:
     @property
     def log_start_offset(self) -> int:
         return self._base_offsets[0]
+
+    @property
+    def segment_bases(self) -> list[int]:
+        """Base offsets of the segments, oldest first (a copy)."""
+        return list(self._base_offsets)
 
     # -- append path ----------------------------------------------------------------------
 
@@ -279,10 +286,10 @@ class PartitionLog:
         segment, limit = self._segment_for_read(fetch_offset, upper_offset)
         if segment is None:
             return None
-        position, length, records = segment.span(fetch_offset, max_bytes, limit)
+        position, length, records, next_offset = segment.span(fetch_offset, max_bytes, limit)
         if not length:
             return None
-        return FileSpan(os.dup(segment.fd), position, length, records)
+        return FileSpan(os.dup(segment.fd), position, length, records, next_offset)
 
     def _segment_for_read(
         self, fetch_offset: int, upper_offset: int | None

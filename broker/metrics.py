@@ -53,7 +53,7 @@ import math
 import os
 import shutil
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -145,6 +145,18 @@ FSYNC_BUCKETS: tuple[float, ...] = (
 GROUP_COMMIT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
+class TxnStats(NamedTuple):
+    """The transaction coordinator's state, taken when Prometheus scrapes."""
+
+    states: Mapping[str, int]
+    """Transactional ids held, by state."""
+    commits: int
+    aborts: Mapping[str, int]
+    """Aborted transactions by cause: client, timeout, fenced, recovery."""
+    oldest_open_ms: Mapping[tuple[str, int], int]
+    """Per (topic, partition) with an open transaction: when the oldest one started."""
+
+
 class PartitionStats(NamedTuple):
     """A snapshot of one topic-partition, taken when Prometheus scrapes."""
 
@@ -212,6 +224,7 @@ class BrokerMetrics:
         self.enabled = enabled
         self.registry = CollectorRegistry(auto_describe=True)
         self._partition_source: Callable[[], Iterable[PartitionStats]] | None = None
+        self._transaction_source: Callable[[], TxnStats] | None = None
         self._forgotten_source: Callable[[], tuple[int, int]] | None = None
         self._data_dir: str | None = None
         self._version = __version__
@@ -318,6 +331,10 @@ class BrokerMetrics:
         scrape time: eviction happens inside every append, where counting costs."""
         self._forgotten_source = source
 
+    def set_transaction_source(self, source: Callable[[], TxnStats]) -> None:
+        """`source()` is called at every scrape, like the partition source."""
+        self._transaction_source = source
+
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
         """`source()` is called at every scrape, on the thread that renders (the event
         loop's, with `serve_http`); it must be quick and must not block."""
@@ -369,6 +386,9 @@ class _DisabledMetrics(BrokerMetrics):
         pass
 
     def set_forgotten_source(self, source: Callable[[], tuple[int, int]]) -> None:
+        pass
+
+    def set_transaction_source(self, source: Callable[[], TxnStats]) -> None:
         pass
 
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:

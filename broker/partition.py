@@ -4,6 +4,11 @@ The idempotence decision (docs/protocol.md section 3) and the append happen here
 in one synchronous step, so no other request can slip between the check and
 the write. Producer state is snapshotted on every segment roll and on close,
 and rebuilt on open from the newest valid snapshot plus a replay of the log.
+
+Transactions (section 5) leave two things here: each producer's open
+transaction (in the producer state, so in its snapshots), whose oldest first
+offset is the last stable offset, and the aborted-transaction index, written
+per segment on roll and close and rebuilt by the same replay.
 """
 
 from __future__ import annotations
@@ -13,9 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.fileio import write_atomic
 from broker.log import LogConfig, PartitionLog, StorageError
 from broker.producer_state import PartitionProducerState, SnapshotError
-from protocol.batch import BatchHeader
+from broker.segment import TXN_INDEX_SUFFIX, file_name
+from broker.txn_index import AbortedIndex, AbortedTxn, TxnIndexError, decode_entries, encode_entries
+from protocol.batch import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    BatchHeader,
+    build_control_batch,
+    control_type,
+    read_header,
+)
 from protocol.errors import ErrorCode
 
 log = logging.getLogger(f"minibroker.{__name__}")
@@ -44,12 +59,14 @@ class Partition:
         log_: PartitionLog,
         producers: PartitionProducerState,
         limits: ProducerLimits,
+        aborted: AbortedIndex,
     ) -> None:
         self.topic = topic
         self.index = index
         self.log = log_
         self.producers = producers
         self.limits = limits
+        self.aborted = aborted
         # Set by the server: queues a background fsync of the segment just rolled.
         self.on_rolled: Callable[[Partition], None] | None = None
         log_.on_roll = self._rolled
@@ -67,12 +84,33 @@ class Partition:
         now_ms: int,
     ) -> Partition:
         plog = PartitionLog.open(directory, config, clean_shutdown=clean_shutdown, now_ms=now_ms)
-        producers, replay_from = cls._load_snapshot(plog, limits)
+        try:
+            aborted = _load_aborted(plog)
+            producers, replay_from = cls._load_snapshot(plog, limits)
+        except TxnIndexError as exc:
+            # Without a segment's aborted list, only a replay of the whole log rebuilds it.
+            log.warning(
+                "event=txnindex_ignored topic=%s partition=%d reason=%r", topic, index, str(exc)
+            )
+            aborted = AbortedIndex()
+            producers = PartitionProducerState(
+                max_producers=limits.max_producers, expiration_ms=limits.expiration_ms
+            )
+            replay_from = plog.log_start_offset
+        aborted.drop_from(replay_from)
         producers.restarted(now_ms)
         replayed = 0
-        for header, _ in plog.batches_from(replay_from):
-            if header.base_offset < replay_from or not header.is_idempotent or header.is_control:
+        for header, batch in plog.batches_from(replay_from):
+            if header.base_offset < replay_from or not header.is_idempotent:
                 continue
+            replayed += 1
+            if header.is_control:
+                first = producers.end_txn(header.producer_id)
+                if first is not None and control_type(batch, 0, header) == CONTROL_ABORT:
+                    aborted.add(header.producer_id, first, header.base_offset)
+                continue
+            if header.is_transactional:
+                producers.begin_txn(header.producer_id, header.base_offset)
             # Replayed producers count as seen at restart, like those of the snapshot.
             producers.apply(
                 header.producer_id,
@@ -83,7 +121,6 @@ class Partition:
                 header.max_timestamp,
                 now_ms,
             )
-            replayed += 1
         if replayed:
             log.info(
                 "event=producer_state_replayed topic=%s partition=%d from_offset=%d batches=%d",
@@ -92,7 +129,12 @@ class Partition:
                 replay_from,
                 replayed,
             )
-        return cls(topic, index, plog, producers, limits)
+        partition = cls(topic, index, plog, producers, limits, aborted)
+        bases = plog.segment_bases
+        for i, base in enumerate(bases):
+            if i + 1 == len(bases) or bases[i + 1] > replay_from:
+                partition._write_aborted(base, bases[i + 1] if i + 1 < len(bases) else None)
+        return partition
 
     @staticmethod
     def _load_snapshot(
@@ -118,9 +160,25 @@ class Partition:
         return fresh, plog.log_start_offset
 
     def _rolled(self, offset: int) -> None:
+        # The finished segment's aborted list is durable before the snapshot that lets
+        # a recovery skip replaying the segment.
+        bases = self.log.segment_bases
+        self._write_aborted(bases[-2], offset)
         self._snapshot_at(offset)
         if self.on_rolled is not None:
             self.on_rolled(self)
+
+    def _write_aborted(self, base_offset: int, next_base: int | None) -> None:
+        """Write the `.txnindex` of the segment [base_offset, next_base) whole; none when
+        it holds no ABORT marker and never had a file."""
+        entries = self.aborted.between(base_offset, 2**63 if next_base is None else next_base)
+        path = self.log.directory / file_name(base_offset, TXN_INDEX_SUFFIX)
+        if not entries and not path.exists():
+            return
+        try:
+            write_atomic(path, encode_entries(entries))
+        except OSError as exc:
+            raise StorageError(f"txnindex {path}: {exc}") from exc
 
     def _snapshot_at(self, offset: int) -> None:
         assert offset == self.log.log_end_offset
@@ -155,6 +213,8 @@ class Partition:
             )
             return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(exc))
         if header.is_idempotent:
+            if header.is_transactional:
+                producers.begin_txn(header.producer_id, base_offset)
             producers.apply(
                 header.producer_id,
                 header.producer_epoch,
@@ -168,10 +228,58 @@ class Partition:
             ErrorCode.NONE, base_offset, False, base_offset + header.last_offset_delta
         )
 
+    def append_marker(
+        self, producer_id: int, producer_epoch: int, committed: bool, now_ms: int
+    ) -> int:
+        """Append the COMMIT or ABORT marker ending `producer_id`'s transaction here and
+        return its offset; StorageError (nothing changed) when the write fails."""
+        batch = build_control_batch(
+            CONTROL_COMMIT if committed else CONTROL_ABORT,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            timestamp_ms=now_ms,
+        )
+        offset = self.log.append(batch, read_header(batch), now_ms)
+        first = self.producers.end_txn(producer_id)
+        if first is not None and not committed:
+            self.aborted.add(producer_id, first, offset)
+        return offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below it every transaction has ended: what read_committed may see."""
+        first = self.producers.first_unstable_offset()
+        return self.log.log_end_offset if first is None else first
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete segments past retention (their `.txnindex` with them); return how many."""
+        deleted = self.log.apply_retention(now_ms)
+        if deleted:
+            self.aborted.drop_before(self.log.log_start_offset)
+        return deleted
+
     def close(self) -> None:
         """Flush the log and leave a snapshot at its end, so the next start replays nothing."""
+        self._write_aborted(self.log.segment_bases[-1], None)
         self._snapshot_at(self.log.log_end_offset)
         self.log.close()
+
+
+def _load_aborted(plog: PartitionLog) -> AbortedIndex:
+    """The aborted transactions of every segment's `.txnindex`; TxnIndexError if one is bad."""
+    bases = plog.segment_bases
+    entries: list[AbortedTxn] = []
+    for i, base in enumerate(bases):
+        path = plog.directory / file_name(base, TXN_INDEX_SUFFIX)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        try:
+            entries += decode_entries(data, base, bases[i + 1] if i + 1 < len(bases) else None)
+        except TxnIndexError as exc:
+            raise TxnIndexError(f"{path}: {exc}") from exc
+    return AbortedIndex([e for e in entries if e.last_offset < plog.log_end_offset])
 
 
 __all__ = ["AppendResult", "Partition", "ProducerLimits", "StorageError"]

@@ -2,8 +2,9 @@
 
 Ids are handed out from blocks whose upper bound is made durable before the
 first id of the block is used, so after any crash the next start resumes past
-every id ever issued: ids are never reused. The transactional_id -> (pid,
-epoch) map is persisted on every change, since fencing depends on it.
+every id ever issued: ids are never reused. Transactional ids and their epochs
+belong to the transaction coordinator (broker/txn_coordinator.py), which reads
+the map older versions kept here once, through `legacy_transactional`.
 """
 
 from __future__ import annotations
@@ -45,9 +46,6 @@ class ProducerIdManager:
         # Newest epoch handed out per id, for fencing. Bounded: ids that fall out
         # are checked against the partitions' producer state instead.
         self._epochs: dict[int, int] = {}
-        self._transactional: dict[str, tuple[int, int]] = self._load_transactional()
-        for pid, epoch in self._transactional.values():
-            self._epochs[pid] = epoch
 
     def _load_block_end(self) -> int:
         if not self._block_path.exists():
@@ -62,7 +60,8 @@ class ProducerIdManager:
         assert isinstance(value, int) and value >= 0
         return value
 
-    def _load_transactional(self) -> dict[str, tuple[int, int]]:
+    def legacy_transactional(self) -> dict[str, tuple[int, int]]:
+        """transactional_id -> (pid, epoch) as brokers before the coordinator kept them."""
         if not self._txn_path.exists():
             return {}
         body = unseal(self._txn_path.read_bytes())
@@ -71,7 +70,8 @@ class ProducerIdManager:
         raw = msgpack.unpackb(body, raw=False)
         return {tid: (pid, epoch) for tid, (pid, epoch) in raw.items()}
 
-    def _allocate(self) -> int:
+    def allocate(self) -> int:
+        """A producer id never handed out before, durably so."""
         if self._next_id >= self._block_end:
             block_end = self._next_id + ID_BLOCK_SIZE
             # Durable before any id of the block is used: a failed write hands out none.
@@ -82,7 +82,8 @@ class ProducerIdManager:
         assert pid < self._block_end
         return pid
 
-    def _remember(self, pid: int, epoch: int) -> None:
+    def remember(self, pid: int, epoch: int) -> None:
+        """`epoch` is the newest of `pid`: older ones are fenced from now on."""
         epochs = self._epochs
         epochs[pid] = epoch
         if len(epochs) > EPOCHS_REMEMBERED_MAX:
@@ -98,8 +99,8 @@ class ProducerIdManager:
         return newest is not None and producer_epoch < newest
 
     def new_producer(self) -> Grant:
-        pid = self._allocate()
-        self._remember(pid, 0)
+        pid = self.allocate()
+        self.remember(pid, 0)
         return Grant(ErrorCode.NONE, pid, 0)
 
     def bump(self, producer_id: int, producer_epoch: int, known_epoch: int | None) -> Grant:
@@ -116,18 +117,5 @@ class ProducerIdManager:
             return Grant(ErrorCode.INVALID_PRODUCER_EPOCH)
         if current >= PRODUCER_EPOCH_MAX:
             return self.new_producer()
-        self._remember(producer_id, current + 1)
+        self.remember(producer_id, current + 1)
         return Grant(ErrorCode.NONE, producer_id, current + 1)
-
-    def init_transactional(self, transactional_id: str) -> Grant:
-        """Same id for a name, epoch + 1 each call: the older instance is fenced."""
-        entry = self._transactional.get(transactional_id)
-        if entry is None or entry[1] >= PRODUCER_EPOCH_MAX:
-            pid, epoch = self._allocate(), 0
-        else:
-            pid, epoch = entry[0], entry[1] + 1
-        mapping = {**self._transactional, transactional_id: (pid, epoch)}
-        write_atomic(self._txn_path, seal(msgpack.packb(mapping, use_bin_type=True)))
-        self._transactional = mapping
-        self._remember(pid, epoch)
-        return Grant(ErrorCode.NONE, pid, epoch)

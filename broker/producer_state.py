@@ -21,17 +21,25 @@ cache whenever a batch does not continue the newest one) and are packed into
 one bytes object, 24 bytes per batch, because a broker may hold a million
 producers (10,000 per partition, 100 partitions).
 
+The state also knows each producer's open transaction on the partition: the
+offset of its first batch, until its COMMIT or ABORT marker. The oldest of them
+is the partition's last stable offset. They are kept apart from the idempotence
+entries, so expiring or evicting a producer never forgets an open transaction.
+
 Snapshot layout, all big-endian:
 
 | size | field                                                            |
 |-----:|------------------------------------------------------------------|
 |    4 | magic b"MBPS"                                                    |
-|    2 | version, uint16, 1                                               |
+|    2 | version, uint16, 2 (1: no open-transaction list; still read)     |
 |    8 | offset, int64: the log end offset the snapshot was taken at      |
 |    4 | body_length, uint32                                              |
-|    n | msgpack body: [[producer_id, epoch, last_seen_ms, [[first_seq,   |
-|      |   last_seq, base_offset, last_offset_delta, max_timestamp] ...]] |
-|      |   ...], producers least recently used first, batches oldest first |
+|    n | msgpack body: [producers, open_transactions]; producers is       |
+|      |   [[producer_id, epoch, last_seen_ms, [[first_seq, last_seq,     |
+|      |   base_offset, last_offset_delta, max_timestamp] ...]] ...],     |
+|      |   least recently used first, batches oldest first;               |
+|      |   open_transactions is [[producer_id, first_offset] ...], oldest |
+|      |   first (version 1: the body is producers alone)                 |
 |    4 | crc32 (zlib) of every byte before it                             |
 """
 
@@ -62,7 +70,8 @@ _DELTAS = [struct.Struct(">" + "4xi16x" * count) for count in range(CACHED_BATCH
 _CACHE_BYTES_MAX = CACHED_BATCHES * _CACHED_BYTES
 
 SNAPSHOT_MAGIC = b"MBPS"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSIONS_READ = (1, 2)
 _SNAPSHOT_HEAD = struct.Struct(">4sHqI")
 _SNAPSHOT_CRC = struct.Struct(">I")
 
@@ -141,7 +150,14 @@ class _Producer:
 class PartitionProducerState:
     """The idempotence state of one partition: producers in least-recently-used order."""
 
-    __slots__ = ("_producers", "evicted_total", "expiration_ms", "expired_total", "max_producers")
+    __slots__ = (
+        "_open_txns",
+        "_producers",
+        "evicted_total",
+        "expiration_ms",
+        "expired_total",
+        "max_producers",
+    )
 
     def __init__(self, *, max_producers: int, expiration_ms: int) -> None:
         if max_producers < 1:
@@ -153,10 +169,38 @@ class PartitionProducerState:
         self.expired_total = 0
         self.evicted_total = 0
         self._producers: OrderedDict[int, _Producer] = OrderedDict()
+        # producer id -> first offset of its open transaction, oldest first: a batch
+        # opens one at the log end, so insertion order is offset order.
+        self._open_txns: dict[int, int] = {}
 
     def __len__(self) -> int:
         """Producer ids held, including idle ones `expire` has not swept yet."""
         return len(self._producers)
+
+    def begin_txn(self, producer_id: int, offset: int) -> None:
+        """A transactional batch of `producer_id` now lies at `offset`: its transaction
+        is open here from its first such batch on."""
+        if producer_id not in self._open_txns:
+            assert all(first < offset for first in self._open_txns.values()), offset
+            self._open_txns[producer_id] = offset
+
+    def end_txn(self, producer_id: int) -> int | None:
+        """A marker ended `producer_id`'s transaction here: its first offset, or None
+        when it wrote no batch to this partition."""
+        return self._open_txns.pop(producer_id, None)
+
+    def in_txn(self, producer_id: int) -> bool:
+        """True while `producer_id` has a transaction open here (a marker is due)."""
+        return producer_id in self._open_txns
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest open transaction: the last stable offset."""
+        return next(iter(self._open_txns.values()), None)
+
+    @property
+    def open_txns(self) -> dict[int, int]:
+        """producer id -> first offset of each open transaction (a copy)."""
+        return dict(self._open_txns)
 
     def epoch_of(self, producer_id: int) -> int | None:
         entry = self._producers.get(producer_id)
@@ -290,7 +334,9 @@ class PartitionProducerState:
             ]
             assert batches[-1][2] + batches[-1][3] < offset, "snapshot offset below a batch"
             producers.append([pid, entry.epoch, entry.last_seen_ms, batches])
-        body: bytes = msgpack.packb(producers, use_bin_type=True)
+        assert all(first < offset for first in self._open_txns.values()), offset
+        open_txns = [[pid, first] for pid, first in self._open_txns.items()]
+        body: bytes = msgpack.packb([producers, open_txns], use_bin_type=True)
         head = _SNAPSHOT_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, offset, len(body))
         crc = zlib.crc32(body, zlib.crc32(head))
         return head + body + _SNAPSHOT_CRC.pack(crc)
@@ -315,17 +361,25 @@ class PartitionProducerState:
         (crc,) = _SNAPSHOT_CRC.unpack_from(data, body_end)
         if zlib.crc32(memoryview(data)[:body_end]) != crc:
             raise SnapshotError("snapshot CRC mismatch")
-        if version != SNAPSHOT_VERSION:
-            raise SnapshotError(f"snapshot version {version} is not {SNAPSHOT_VERSION}")
+        if version not in SNAPSHOT_VERSIONS_READ:
+            raise SnapshotError(
+                f"snapshot version {version} is not one of {SNAPSHOT_VERSIONS_READ}"
+            )
         if offset < 0:
             raise SnapshotError(f"snapshot offset {offset} is negative")
         try:
-            producers = msgpack.unpackb(memoryview(data)[_SNAPSHOT_HEAD.size : body_end])
+            body = msgpack.unpackb(memoryview(data)[_SNAPSHOT_HEAD.size : body_end])
         except Exception as exc:  # msgpack raises several unrelated types for bad input
             raise SnapshotError(f"snapshot body is not msgpack: {exc}") from exc
-        if not isinstance(producers, list):
-            raise SnapshotError("snapshot body is not an array")
+        if version == 1:
+            body = [body, []]
+        if not (
+            isinstance(body, list) and len(body) == 2 and all(isinstance(b, list) for b in body)
+        ):
+            raise SnapshotError("snapshot body is not [producers, open_transactions]")
+        producers, open_txns = body
         state = cls(max_producers=max_producers, expiration_ms=expiration_ms)
+        state._open_txns = _decode_open_txns(open_txns, offset)
         for item in producers:
             pid, entry = _decode_producer(item, offset)
             if pid in state._producers:
@@ -401,6 +455,19 @@ def _decode_producer(item: Any, offset: int) -> tuple[int, _Producer]:
         next_seq = (last + 1) % SEQUENCE_MODULUS
         next_offset = base_offset + delta + 1
     return pid, _Producer(epoch, last_seen_ms, bytes(packed))
+
+
+def _decode_open_txns(items: list[Any], offset: int) -> dict[int, int]:
+    open_txns: dict[int, int] = {}
+    previous = -1
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 2 and all(map(_is_int, item))):
+            raise SnapshotError(f"open transaction is not [producer_id, first_offset]: {item!r}")
+        pid, first = item
+        if not (0 <= pid < 2**63 and previous < first < offset) or pid in open_txns:
+            raise SnapshotError(f"inconsistent open transaction {item!r}")
+        open_txns[pid] = previous = first
+    return open_txns
 
 
 def _newest_last_offset(entry: _Producer) -> int:

@@ -38,6 +38,9 @@ from protocol.batch import (
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"  # aborted transactions, written by broker/partition.py
+INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+SEGMENT_SUFFIXES = (LOG_SUFFIX, *INDEX_SUFFIXES)
 
 # Header walks read this much per pread: several small batches' headers in one call.
 _HEADER_WINDOW_BYTES = 4096
@@ -359,13 +362,15 @@ class Segment:
             )
         return intact
 
-    def span(self, offset: int, max_bytes: int, upper_offset: int) -> tuple[int, int, int]:
-        """(position, length, record count) of the batches `read` would return, found
-        from their headers alone: what a zero-copy send needs, without the bytes."""
+    def span(self, offset: int, max_bytes: int, upper_offset: int) -> tuple[int, int, int, int]:
+        """(position, length, record count, next offset) of the batches `read` would
+        return, found from their headers alone: what a zero-copy send needs, without
+        the bytes."""
         position, first = self.locate(offset)
         length = records = 0
+        next_offset = first.base_offset
         if first.base_offset >= upper_offset:
-            return position, 0, 0
+            return position, 0, 0, next_offset
         for _, header in self._headers(position):
             if header.base_offset >= upper_offset or (
                 length and length + header.size_bytes > max_bytes
@@ -373,16 +378,17 @@ class Segment:
                 break
             length += header.size_bytes
             records += header.record_count
+            next_offset = header.next_offset
         if length and position < self.checked_from:
             # Below the checked mark the bytes are read once to check them; above it (all
             # that this process appended) the send stays zero-copy.
             intact = self._intact_bytes(position, self._read_at(position, length))
             if intact < length:
-                records = sum(
-                    h.record_count for _, h in scan_batches(self._read_at(position, intact))
-                )
+                kept = [h for _, h in scan_batches(self._read_at(position, intact))]
+                records = sum(h.record_count for h in kept)
+                next_offset = kept[-1].next_offset
                 length = intact
-        return position, length, records
+        return position, length, records, next_offset
 
     def batches(self, position: int) -> Iterator[tuple[BatchHeader, bytes]]:
         """Each batch from `position` to the end, read a chunk of many batches at a time."""
@@ -430,5 +436,5 @@ class Segment:
         """Close and remove the files, the log first: a crash in between leaves only index
         files without a log, which opening the partition removes."""
         self.close()
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in SEGMENT_SUFFIXES:
             self._path(suffix).unlink(missing_ok=True)

@@ -33,7 +33,10 @@ from broker.handlers import Answer, DurableReply, Handlers, NoAnswer, SplicedRep
 from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.producer_ids import ProducerIdManager
+from broker.segment import StorageError
 from broker.topics import TopicRegistry
+from broker.txn_coordinator import TransactionCoordinator
+from broker.txn_log import TxnLog
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, frame
 from protocol.messages import (
@@ -117,6 +120,7 @@ class Broker:
         self.ready = False
         self.connections: set[Connection] = set()
         self.handlers: Handlers | None = None
+        self.coordinator: TransactionCoordinator | None = None
         self.topics: TopicRegistry | None = None
         self.port = config.port
         self._stopping = False
@@ -165,17 +169,20 @@ class Broker:
                     committer = GroupCommitter(self.metrics)
                     assert self.topics is not None
                     self.topics.set_on_rolled(committer.request_flush)
+                    tg.start_soon(committer.run)
+                    coordinator = await self._recover_transactions(producer_ids, committer)
                     self.handlers = Handlers(
                         config,
                         self.topics,
                         producer_ids,
                         committer,
+                        coordinator,
                         self.metrics,
                         (config.host, self.port),
                     )
                     self.data_dir.begin_run()
                     self.ready = True
-                    tg.start_soon(committer.run)
+                    tg.start_soon(coordinator.run)
                     tg.start_soon(self._housekeeping)
                     serve_scope = anyio.CancelScope()
                     # Connections run outside the listener's scope: stopping accepting
@@ -224,6 +231,25 @@ class Broker:
             clean,
         )
 
+    async def _recover_transactions(
+        self, producer_ids: ProducerIdManager, committer: GroupCommitter
+    ) -> TransactionCoordinator:
+        """Load the transaction log and finish what a crash left decided, before any
+        partition serves a read."""
+        assert self.topics is not None
+        coordinator = TransactionCoordinator(
+            self.config,
+            self.topics,
+            producer_ids,
+            committer,
+            TxnLog(self.config.data_path, self.config.transaction_log_max_bytes),
+        )
+        self.coordinator = coordinator
+        coordinator.load()
+        await coordinator.recover()
+        self.metrics.set_transaction_source(coordinator.stats)
+        return coordinator
+
     def _partition_stats(self) -> list[PartitionStats]:
         assert self.topics is not None
         return [
@@ -232,7 +258,7 @@ class Broker:
                 p.index,
                 p.log.log_end_offset,
                 p.log.log_start_offset,
-                p.log.log_end_offset,
+                p.last_stable_offset,
                 p.log.size_bytes,
                 len(p.producers),
             )
@@ -281,6 +307,7 @@ class Broker:
         assert self.topics is not None and self.handlers is not None
         self.topics.apply_settings(self.config)
         self.handlers.config = self.config
+        self.handlers.coordinator.config = self.config
         self.handlers.housekeeping()
         log.info(
             "event=reloaded applied=%s needs_restart=%s",
@@ -309,6 +336,8 @@ class Broker:
             log.warning("event=drain_timeout connections=%d", len(self.connections))
 
     def _close_storage(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.close()
         if self.topics is not None:
             self.topics.close()
         self.data_dir.mark_clean_shutdown()
@@ -463,7 +492,7 @@ class Broker:
         except ProtocolError as exc:
             self.metrics.observe_request(api, exc.code, time.perf_counter() - started)
             return frame(encode_response(error_response(exc.code, exc.message), cid))
-        except OSError as exc:
+        except (OSError, StorageError) as exc:
             # A file the request had to write (producer ids, a topic) could not be: the
             # disk's trouble, said as Kafka says it, not an internal error.
             log.error("event=storage_error api=%s peer=%s error=%r", api, conn.peer, str(exc))

@@ -81,12 +81,19 @@ class WireClient:
         return r["producer_id"], r["producer_epoch"]
 
     def produce(
-        self, topic: str, partition: int, batch: bytes, acks: int = 1, timeout_ms: int = 10_000
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes,
+        acks: int = 1,
+        timeout_ms: int = 10_000,
+        transactional_id: str | None = None,
     ) -> dict[str, Any]:
         r = self.call(
             "Produce",
             acks=acks,
             timeout_ms=timeout_ms,
+            transactional_id=transactional_id,
             topics=[{"topic": topic, "partitions": [{"partition": partition, "records": batch}]}],
         )
         return r["topics"][0]["partitions"][0]
@@ -131,12 +138,14 @@ def values_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     timestamp_ms: int = 1_700_000_000_000,
+    transactional: bool = False,
 ) -> bytes:
     return build_batch(
         [(timestamp_ms, None, v, None) for v in values],
         producer_id=producer_id,
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
+        transactional=transactional,
     )
 
 

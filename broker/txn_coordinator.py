@@ -1,0 +1,652 @@
+"""The transaction coordinator: InitProducerId for transactional ids, transactional
+Produce admission, EndTxn, PrepareTxn, CommitTxns, timeouts and recovery
+(docs/protocol.md section 5, docs/transactions.md).
+
+The transitions themselves are pure (broker/txn_state.py); this module orders the
+IO around them. Every change is written to the transaction log and fdatasynced
+(broker/txn_log.py) before it is installed in memory and answered. Ending a
+transaction is three steps, each durable before the next: the decision (the
+entry moves to the next epoch at once, fencing the old one), the COMMIT or ABORT
+marker on every partition of the transaction, then COMPLETE. A crash between
+them is finished by `recover` before the listener opens.
+
+Requests for one transactional id are serialised by a lock per id (CommitTxns
+takes the locks of all its ids, in sorted order, and of its app id), so a
+decision never interleaves with an admission of the same transaction, while
+different ids proceed in parallel and share the log's fsync rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from broker.config import BrokerConfig
+from broker.crash_points import crash_point
+from broker.group_commit import FlushFailed, GroupCommitter
+from broker.metrics import TxnStats
+from broker.partition import Partition, StorageError
+from broker.producer_ids import ProducerIdManager
+from broker.producer_state import PRODUCER_EPOCH_MAX
+from broker.topics import TopicRegistry
+from broker.txn_log import TxnLog, TxnLogError
+from broker.txn_state import (
+    DECIDED,
+    DEFAULT_TIMEOUT_MS,
+    ENDED,
+    ONGOING,
+    OPEN,
+    PREPARE_COMMIT,
+    PREPARED,
+    AppVersion,
+    Identity,
+    TxnEntry,
+    TxnStateError,
+    completed,
+    decided,
+    identify,
+    initialized,
+    prepared,
+    with_partitions,
+)
+from protocol import messages as m
+from protocol.batch import BatchHeader
+from protocol.errors import ErrorCode, ProtocolError
+
+log = logging.getLogger(f"minibroker.{__name__}")
+
+ABORT_CAUSES = ("client", "timeout", "fenced", "recovery")
+TopicPartition = tuple[str, int]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CoordinatorError(ProtocolError):
+    """A request the coordinator refuses; `code` is the answer."""
+
+
+@dataclass(slots=True)
+class TxnCounters:
+    """Transactions ended since start: commits, and aborts by cause."""
+
+    commits: int = 0
+    aborts: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(ABORT_CAUSES, 0)))
+
+
+class TransactionCoordinator:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        topics: TopicRegistry,
+        producer_ids: ProducerIdManager,
+        committer: GroupCommitter,
+        txn_log: TxnLog,
+    ) -> None:
+        self.config = config
+        self.topics = topics
+        self.producer_ids = producer_ids
+        self.committer = committer
+        self.log = txn_log
+        self.entries: OrderedDict[str, TxnEntry] = OrderedDict()  # least recently used first
+        self.apps: dict[str, AppVersion] = {}
+        self.counters = TxnCounters()
+        # Called after markers are written: long-polling read_committed fetches look again.
+        self.on_markers: Callable[[], None] = lambda: None
+        self._locks: dict[tuple[str, str], anyio.Lock] = {}
+
+    # ------------------------------------------------------------------ state
+
+    def load(self) -> None:
+        """Read the transaction log into memory (TxnLogError when it is damaged)."""
+        bodies = self.log.open()
+        for body in bodies:
+            try:
+                entries, apps, removed = body
+                for item in entries:
+                    self._install(TxnEntry.decode(item))
+                for item in apps:
+                    app = AppVersion.decode(item)
+                    self.apps[app.txn_app_id] = app
+                for tid in removed:
+                    self.entries.pop(tid, None)
+                    self.apps.pop(tid, None)
+            except (TxnStateError, TypeError, ValueError) as exc:
+                raise TxnLogError(f"{self.log.path}: {exc}") from exc
+        legacy = {} if bodies else self.producer_ids.legacy_transactional()
+        for tid, (pid, epoch) in legacy.items():
+            # Ids mapped before the coordinator existed keep their pid and fencing.
+            entry = initialized(None, tid, pid, epoch, DEFAULT_TIMEOUT_MS, now_ms())
+            self.log.append_now([[entry.encode()], [], []])
+            self._install(entry)
+        for entry in self.entries.values():
+            self.producer_ids.remember(entry.producer_id, entry.producer_epoch)
+
+    def _install(self, entry: TxnEntry) -> None:
+        self.entries[entry.transactional_id] = entry
+        self.entries.move_to_end(entry.transactional_id)
+
+    async def _persist(
+        self,
+        entries: Iterable[TxnEntry],
+        apps: Iterable[AppVersion] = (),
+        removed: Iterable[str] = (),
+    ) -> None:
+        """Make the changes durable, then install them; OSError leaves memory unchanged."""
+        entries, apps, removed = list(entries), list(apps), list(removed)
+        await self.log.append([[e.encode() for e in entries], [a.encode() for a in apps], removed])
+        for tid in removed:
+            self.entries.pop(tid, None)
+            self.apps.pop(tid, None)
+        for entry in entries:
+            self._install(entry)
+            self.producer_ids.remember(entry.producer_id, entry.producer_epoch)
+        for app in apps:
+            self.apps[app.txn_app_id] = app
+
+    @asynccontextmanager
+    async def _locked(self, ids: Iterable[str], apps: Iterable[str] = ()) -> AsyncIterator[None]:
+        keys = sorted({("txn", i) for i in ids} | {("app", a) for a in apps})
+        async with AsyncExitStack() as stack:
+            for key in keys:
+                lock = self._locks.setdefault(key, anyio.Lock())
+                await stack.enter_async_context(lock)
+                stack.callback(self._release, key, lock)
+            yield
+
+    def _release(self, key: tuple[str, str], lock: anyio.Lock) -> None:
+        # Runs before the lock itself is released (callbacks unwind first): drop it from
+        # the table only when nobody else waits, so the table stays as small as the load.
+        if lock.statistics().tasks_waiting == 0 and self._locks.get(key) is lock:
+            del self._locks[key]
+
+    def _next_ids(self, entry: TxnEntry) -> tuple[int, int]:
+        if entry.producer_epoch >= PRODUCER_EPOCH_MAX:
+            return self.producer_ids.allocate(), 0
+        return entry.producer_id, entry.producer_epoch + 1
+
+    # ------------------------------------------------------------------ InitProducerId
+
+    async def init_producer(self, transactional_id: str, timeout_ms: int | None) -> tuple[int, int]:
+        timeout = DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms
+        limit = self.config.transaction_max_timeout_ms
+        if not 1 <= timeout <= limit:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+                f"transaction_timeout_ms={timeout} is not in "
+                f"[1, transaction_max_timeout_ms={limit}]",
+            )
+        async with self._locked([transactional_id]):
+            entry = self.entries.get(transactional_id)
+            if entry is not None and entry.state in DECIDED:
+                entry = (await self._complete([entry]))[0]
+            if entry is not None and entry.state in OPEN:
+                entry = (await self._end([entry], False, "fenced"))[0]
+            removed: list[str] = []
+            if entry is None:
+                removed = self._make_room()
+                pid, epoch = self.producer_ids.allocate(), 0
+            else:
+                pid, epoch = self._next_ids(entry)
+            new = initialized(entry, transactional_id, pid, epoch, timeout, now_ms())
+            await self._persist([new], removed=removed)
+            return pid, epoch
+
+    def _make_room(self) -> list[str]:
+        """Ids to forget so that one more fits under max_transactional_ids: the least
+        recently used ended ones; CoordinatorError when every id held is open."""
+        excess = len(self.entries) + 1 - self.config.max_transactional_ids
+        if excess <= 0:
+            return []
+        victims = [tid for tid, e in self.entries.items() if e.state in ENDED][:excess]
+        if len(victims) < excess:
+            raise CoordinatorError(
+                ErrorCode.CONCURRENT_TRANSACTIONS,
+                f"max_transactional_ids={self.config.max_transactional_ids} ids are held "
+                "and too few have ended; retry later",
+            )
+        return victims
+
+    # ------------------------------------------------------------------ Produce
+
+    async def admit(
+        self, transactional_id: str, batches: list[tuple[TopicPartition, BatchHeader]]
+    ) -> dict[TopicPartition, tuple[ErrorCode, str]]:
+        """Judge the transactional batches of one Produce and make the transaction hold
+        their partitions, durably, before any is appended. Returns the refused ones.
+
+        The caller holds `locked([transactional_id])` until it has appended them."""
+        entry = self.entries.get(transactional_id)
+        refused: dict[TopicPartition, tuple[ErrorCode, str]] = {}
+        admitted: set[TopicPartition] = set()
+        for key, header in batches:
+            verdict = self._judge_batch(transactional_id, entry, header)
+            if verdict is None:
+                admitted.add(key)
+            else:
+                refused[key] = verdict
+        if not admitted:
+            return refused
+        assert entry is not None
+        held = entry.partitions if entry.state == ONGOING else frozenset()
+        if entry.state != ONGOING or not admitted <= held:
+            limit = self.config.max_partitions_per_transaction
+            if len(held | admitted) > limit:
+                message = (
+                    "a transaction may write to at most "
+                    f"max_partitions_per_transaction={limit} partitions"
+                )
+                for key in admitted - held:
+                    refused[key] = (ErrorCode.INVALID_TXN_STATE, message)
+                admitted &= held
+                if not admitted:
+                    return refused
+            try:
+                await self._persist([with_partitions(entry, admitted - held, now_ms())])
+                crash_point("txn_partitions_added")
+            except OSError as exc:
+                log.error("event=txn_log_write_failed id=%r error=%r", transactional_id, str(exc))
+                for key in admitted:
+                    refused[key] = (ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}")
+        return refused
+
+    @staticmethod
+    def _judge_batch(
+        transactional_id: str, entry: TxnEntry | None, header: BatchHeader
+    ) -> tuple[ErrorCode, str] | None:
+        pid, epoch = header.producer_id, header.producer_epoch
+        who = identify(entry, pid, epoch)
+        if who is ErrorCode.INVALID_PRODUCER_ID_MAPPING:
+            return (
+                ErrorCode.INVALID_TXN_STATE,
+                f"producer id {pid} is not the one bound to transactional id {transactional_id!r}",
+            )
+        if isinstance(who, ErrorCode) or who is Identity.LAST_ENDED:
+            return (
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"epoch {epoch} of producer {pid} is fenced: its transaction ended or a newer "
+                "instance took over",
+            )
+        assert entry is not None
+        if entry.state in DECIDED:
+            return (
+                ErrorCode.CONCURRENT_TRANSACTIONS,
+                "the previous transaction's markers are still being written; retry",
+            )
+        if entry.state == PREPARED:
+            return ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
+        return None
+
+    def locked(self, transactional_id: str) -> Any:
+        """The lock a transactional Produce holds from admission to append."""
+        return self._locked([transactional_id])
+
+    # ------------------------------------------------------------------ ending
+
+    async def end_txn(self, req: m.EndTxnRequest) -> m.EndTxnResponse:
+        async with self._locked([req.transactional_id]):
+            entry = self.entries.get(req.transactional_id)
+            who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
+            assert entry is not None
+            if who is Identity.LAST_ENDED:
+                last = entry.last_ended
+                assert last is not None
+                if last.committed != req.committed:
+                    raise CoordinatorError(
+                        ErrorCode.INVALID_TXN_STATE,
+                        "the transaction already ended the other way",
+                    )
+                if entry.state in DECIDED:
+                    await self._complete([entry])
+                return m.EndTxnResponse(
+                    producer_id=last.next_producer_id, producer_epoch=last.next_producer_epoch
+                )
+            if entry.state in DECIDED:
+                entry = (await self._complete([entry]))[0]
+            ended = (await self._end([entry], req.committed, "client"))[0]
+            return m.EndTxnResponse(
+                producer_id=ended.producer_id, producer_epoch=ended.producer_epoch
+            )
+
+    async def prepare_txn(self, req: m.PrepareTxnRequest) -> m.PrepareTxnResponse:
+        limit = self.config.transaction_max_prepared_ms
+        if not 1 <= req.prepared_timeout_ms <= limit:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TRANSACTION_TIMEOUT,
+                f"prepared_timeout_ms={req.prepared_timeout_ms} is not in "
+                f"[1, transaction_max_prepared_ms={limit}]",
+            )
+        async with self._locked([req.transactional_id]):
+            entry = self.entries.get(req.transactional_id)
+            who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
+            assert entry is not None
+            if who is Identity.LAST_ENDED:
+                raise CoordinatorError(ErrorCode.INVALID_TXN_STATE, "the transaction already ended")
+            if entry.state == PREPARED:
+                return m.PrepareTxnResponse()
+            if entry.state in DECIDED:
+                raise CoordinatorError(
+                    ErrorCode.CONCURRENT_TRANSACTIONS,
+                    "the previous transaction's markers are still being written; retry",
+                )
+            stamp = now_ms()
+            await self._persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
+            crash_point("txn_prepared")
+            return m.PrepareTxnResponse()
+
+    def _identify(
+        self, transactional_id: str, entry: TxnEntry | None, pid: int, epoch: int
+    ) -> Identity:
+        who = identify(entry, pid, epoch)
+        if isinstance(who, ErrorCode):
+            raise CoordinatorError(who, _fencing_message(who, transactional_id, pid, epoch, entry))
+        return who
+
+    async def commit_txns(self, req: m.CommitTxnsRequest) -> m.CommitTxnsResponse:
+        ids = [t.transactional_id for t in req.transactions]
+        app_ids = [] if req.txn_app_id is None else [req.txn_app_id]
+        async with self._locked(ids, app_ids):
+            recorded = self.apps.get(req.txn_app_id) if req.txn_app_id is not None else None
+            if (
+                recorded is not None
+                and req.txn_app_version is not None
+                and (req.txn_app_version <= recorded.txn_app_version)
+            ):
+                return await self._already_committed(req, recorded)
+            results: list[m.TxnResult] = []
+            to_end: list[TxnEntry] = []
+            to_finish: list[TxnEntry] = []
+            for ref in req.transactions:
+                entry = self.entries.get(ref.transactional_id)
+                try:
+                    who = self._identify(
+                        ref.transactional_id, entry, ref.producer_id, ref.producer_epoch
+                    )
+                    assert entry is not None
+                    if who is Identity.LAST_ENDED:
+                        last = entry.last_ended
+                        assert last is not None
+                        if last.committed != req.committed:
+                            raise CoordinatorError(
+                                ErrorCode.INVALID_TXN_STATE,
+                                "the transaction already ended the other way",
+                            )
+                        if entry.state in DECIDED:
+                            to_finish.append(entry)
+                    elif entry.state in DECIDED:
+                        raise CoordinatorError(
+                            ErrorCode.CONCURRENT_TRANSACTIONS,
+                            "the previous transaction's markers are still being written; retry",
+                        )
+                    elif req.committed and entry.state != PREPARED:
+                        raise CoordinatorError(
+                            ErrorCode.INVALID_TXN_STATE,
+                            f"only a PREPARED transaction commits here, not {entry.state}",
+                        )
+                    elif not req.committed and entry.state not in OPEN:
+                        raise CoordinatorError(
+                            ErrorCode.INVALID_TXN_STATE,
+                            f"only an open transaction aborts, not {entry.state}",
+                        )
+                    else:
+                        to_end.append(entry)
+                    results.append(m.TxnResult(ref.transactional_id))
+                except CoordinatorError as exc:
+                    results.append(m.TxnResult(ref.transactional_id, exc.code, exc.message))
+            failed = next((r for r in results if r.error), None)
+            if failed is not None:
+                return m.CommitTxnsResponse(
+                    error=failed.error,
+                    message=f"nothing ended: {failed.transactional_id!r}: {failed.message}",
+                    txn_app_version=-1 if recorded is None else recorded.txn_app_version,
+                    transactions=results,
+                )
+            app = None
+            if req.txn_app_id is not None and req.txn_app_version is not None:
+                app = AppVersion(req.txn_app_id, req.txn_app_version, now_ms())
+            if to_finish:
+                await self._complete(to_finish)
+            if to_end:
+                await self._end(to_end, req.committed, "client", app)
+            elif app is not None:
+                await self._persist([], [app])
+            return m.CommitTxnsResponse(
+                txn_app_version=app.txn_app_version
+                if app is not None
+                else (-1 if recorded is None else recorded.txn_app_version),
+                transactions=results,
+            )
+
+    async def _already_committed(
+        self, req: m.CommitTxnsRequest, recorded: AppVersion
+    ) -> m.CommitTxnsResponse:
+        """The app's version is already recorded: a re-run micro-batch. Nothing commits;
+        what the re-run left open is aborted."""
+        still_open = [
+            entry
+            for ref in req.transactions
+            if (entry := self.entries.get(ref.transactional_id)) is not None
+            and (entry.producer_id, entry.producer_epoch) == (ref.producer_id, ref.producer_epoch)
+            and entry.state in OPEN
+        ]
+        if still_open:
+            await self._end(still_open, False, "client")
+        return m.CommitTxnsResponse(
+            already_committed=True,
+            txn_app_version=recorded.txn_app_version,
+            transactions=[m.TxnResult(ref.transactional_id) for ref in req.transactions],
+        )
+
+    async def _end(
+        self, entries: list[TxnEntry], committed: bool, cause: str, app: AppVersion | None = None
+    ) -> list[TxnEntry]:
+        """Decide `entries` in one durable record (with `app`), then complete them."""
+        stamp = now_ms()
+        decisions = [decided(e, committed, self._next_ids(e), stamp) for e in entries]
+        await self._persist(decisions, [] if app is None else [app])
+        crash_point("txn_decided")
+        for before in entries:
+            if before.state in OPEN:
+                if committed:
+                    self.counters.commits += 1
+                else:
+                    self.counters.aborts[cause] += 1
+                log.info(
+                    "event=txn_decided id=%r committed=%s cause=%s partitions=%d",
+                    before.transactional_id,
+                    committed,
+                    cause,
+                    len(before.partitions),
+                )
+        return await self._complete(decisions)
+
+    async def _complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
+        """Write the markers of the decided `entries`, wait until they are durable, then
+        record them COMPLETE. Raises OSError (the entries stay decided) on a storage failure."""
+        pending = [e for e in entries if e.state in DECIDED]
+        if not pending:
+            return entries
+        stamp = now_ms()
+        written: list[tuple[Partition, int]] = []
+        for entry in pending:
+            pid, epoch = entry.marker_ids()
+            for topic, index in sorted(entry.partitions):
+                partition = self.topics.partition(topic, index)
+                if partition is None or not partition.producers.in_txn(pid):
+                    # No batch of the transaction landed here, or its marker did before
+                    # a crash: nothing is waiting for one.
+                    continue
+                offset = partition.append_marker(pid, epoch, entry.state == PREPARE_COMMIT, stamp)
+                crash_point("txn_marker_written")
+                written.append((partition, offset))
+                self.committer.request_flush(partition, batches=1)
+        try:
+            for partition, offset in written:
+                await self.committer.wait_durable(partition, offset)
+        except FlushFailed as exc:
+            raise StorageError(str(exc)) from exc
+        finally:
+            if written:
+                self.on_markers()
+        crash_point("txn_markers_durable")
+        done = {e.transactional_id: completed(e, now_ms()) for e in pending}
+        await self._persist(done.values())
+        return [done.get(e.transactional_id, e) for e in entries]
+
+    # ------------------------------------------------------------------ housekeeping
+
+    async def run(self) -> None:
+        """Abort transactions past their deadline, finish decided ones, forget old ids."""
+        while True:
+            await anyio.sleep(
+                self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000
+            )
+            try:
+                await self.sweep(now_ms())
+            except OSError as exc:
+                log.error("event=txn_sweep_failed error=%r", str(exc))
+
+    async def sweep(self, stamp: int) -> None:
+        for tid, entry in list(self.entries.items()):
+            deadline = entry.deadline_ms
+            if entry.state in DECIDED or (deadline is not None and deadline <= stamp):
+                async with self._locked([tid]):
+                    current = self.entries.get(tid)
+                    if current is None:
+                        continue
+                    if current.state in DECIDED:
+                        await self._complete([current])
+                    elif current.deadline_ms is not None and current.deadline_ms <= stamp:
+                        log.info("event=txn_timed_out id=%r state=%s", tid, current.state)
+                        await self._end([current], False, "timeout")
+        expiration = self.config.transactional_id_expiration_ms
+        expired = [
+            tid
+            for tid, e in self.entries.items()
+            if e.state in ENDED
+            and e.updated_ms + expiration < stamp
+            and tid not in self._locks_held()
+        ]
+        old_apps = [a for a, v in self.apps.items() if v.committed_ms + expiration < stamp]
+        if expired or old_apps:
+            await self._persist([], removed=expired + old_apps)
+            log.info("event=txn_ids_expired ids=%d apps=%d", len(expired), len(old_apps))
+        if self.log.wants_compaction():
+            self.log.compact(self._whole_state())
+
+    def _locks_held(self) -> set[str]:
+        return {tid for kind, tid in self._locks if kind == "txn"}
+
+    def _whole_state(self) -> list[Any]:
+        return [
+            [e.encode() for e in self.entries.values()],
+            [a.encode() for a in self.apps.values()],
+            [],
+        ]
+
+    async def recover(self) -> None:
+        """Before serving: finish every decided transaction, and abort any transaction a
+        partition holds open that no entry claims, so no last stable offset is stuck."""
+        decided_entries = [e for e in self.entries.values() if e.state in DECIDED]
+        if decided_entries:
+            log.info("event=txn_recovery decided=%d", len(decided_entries))
+            await self._complete(decided_entries)
+        claimed: set[tuple[int, str, int]] = set()
+        for entry in self.entries.values():
+            if entry.state in OPEN:
+                claimed |= {(entry.producer_id, t, p) for t, p in entry.partitions}
+        stamp = now_ms()
+        for partition in self.topics.all_partitions():
+            for pid in partition.producers.open_txns:
+                if (pid, partition.topic, partition.index) in claimed:
+                    continue
+                epoch = partition.producers.epoch_of(pid)
+                log.warning(
+                    "event=txn_orphan_aborted topic=%s partition=%d producer_id=%d",
+                    partition.topic,
+                    partition.index,
+                    pid,
+                )
+                offset = partition.append_marker(pid, 0 if epoch is None else epoch, False, stamp)
+                self.counters.aborts["recovery"] += 1
+                partition.log.flush()
+                assert partition.log.flushed_offset > offset
+
+    # ------------------------------------------------------------------ listing
+
+    def list_transactions(self, req: m.ListTransactionsRequest) -> m.ListTransactionsResponse:
+        prefix = req.transactional_id_prefix or ""
+        states = None if req.states is None else set(req.states)
+        out = []
+        for tid in sorted(self.entries):
+            entry = self.entries[tid]
+            if not tid.startswith(prefix) or (states is not None and entry.state not in states):
+                continue
+            by_topic: dict[str, list[int]] = {}
+            for topic, index in sorted(entry.partitions):
+                by_topic.setdefault(topic, []).append(index)
+            out.append(
+                m.TransactionListing(
+                    tid,
+                    entry.producer_id,
+                    entry.producer_epoch,
+                    entry.state,
+                    entry.started_ms,
+                    entry.timeout_ms,
+                    [m.TxnTopicPartitions(t, ps) for t, ps in by_topic.items()],
+                )
+            )
+        return m.ListTransactionsResponse(transactions=out)
+
+    def describe_apps(self, req: m.DescribeTxnAppsRequest) -> m.DescribeTxnAppsResponse:
+        names = sorted(self.apps) if req.txn_app_ids is None else req.txn_app_ids
+        return m.DescribeTxnAppsResponse(
+            apps=[
+                m.TxnApp(a.txn_app_id, a.txn_app_version, a.committed_ms)
+                for name in names
+                if (a := self.apps.get(name)) is not None
+            ]
+        )
+
+    def stats(self) -> TxnStats:
+        """For the metrics scrape."""
+        return TxnStats(
+            Counter(e.state for e in self.entries.values()),
+            self.counters.commits,
+            dict(self.counters.aborts),
+            self.oldest_open_ms(),
+        )
+
+    def oldest_open_ms(self) -> dict[TopicPartition, int]:
+        """Per partition, when its oldest open transaction started: the LSO lag."""
+        oldest: dict[TopicPartition, int] = {}
+        for entry in self.entries.values():
+            if entry.state in OPEN or entry.state in DECIDED:
+                for key in entry.partitions:
+                    if entry.started_ms >= 0:
+                        oldest[key] = min(oldest.get(key, entry.started_ms), entry.started_ms)
+        return oldest
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def _fencing_message(
+    code: ErrorCode, transactional_id: str, pid: int, epoch: int, entry: TxnEntry | None
+) -> str:
+    if entry is None:
+        return f"transactional id {transactional_id!r} is unknown: call InitProducerId"
+    current = f"current producer {entry.producer_id} epoch {entry.producer_epoch}"
+    if code == ErrorCode.PRODUCER_FENCED:
+        return f"producer {pid} epoch {epoch} was fenced ({current})"
+    if code == ErrorCode.INVALID_PRODUCER_EPOCH:
+        return f"epoch {epoch} of producer {pid} was never issued ({current})"
+    return f"producer {pid} is not bound to {transactional_id!r} ({current})"

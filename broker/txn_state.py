@@ -1,0 +1,272 @@
+"""Transactional-id state and its transitions, pure logic (docs/protocol.md section 5).
+
+One `TxnEntry` per transactional_id. `producer_id`/`producer_epoch` are always the
+CURRENT ones: the ids the next (or ongoing) transaction's batches must carry. When
+a transaction is decided the entry moves to the next epoch at once, so every
+batch of the old epoch is fenced from that moment, and `last_ended` keeps the old
+(pid, epoch), the decision and the answer, so that a retried EndTxn gets the same
+answer and the markers know whose transaction they end.
+
+    EMPTY / COMPLETE_* --batch--> ONGOING --PrepareTxn--> PREPARED
+    ONGOING / PREPARED --EndTxn, CommitTxns, timeout, InitProducerId--> PREPARE_COMMIT
+                          or PREPARE_ABORT (decided; markers being written) --> COMPLETE_*
+    EMPTY / COMPLETE_* --EndTxn--> COMPLETE_* (no marker; epoch bumped all the same)
+
+No IO, no clock: time comes in as `now_ms`, new ids as arguments. Entries and app
+versions encode to plain lists for broker/txn_log.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from protocol.errors import ErrorCode
+
+EMPTY = "EMPTY"
+ONGOING = "ONGOING"
+PREPARED = "PREPARED"
+PREPARE_COMMIT = "PREPARE_COMMIT"
+PREPARE_ABORT = "PREPARE_ABORT"
+COMPLETE_COMMIT = "COMPLETE_COMMIT"
+COMPLETE_ABORT = "COMPLETE_ABORT"
+OPEN = frozenset({ONGOING, PREPARED})
+DECIDED = frozenset({PREPARE_COMMIT, PREPARE_ABORT})
+ENDED = frozenset({EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT})
+STATES = OPEN | DECIDED | ENDED
+DEFAULT_TIMEOUT_MS = 60_000  # Kafka's transaction.timeout.ms default
+
+
+class TxnStateError(ValueError):
+    """A persisted entry that does not decode to a consistent state."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The last ended transaction: whose it was, how it ended, what EndTxn answered."""
+
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+    next_producer_id: int
+    next_producer_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxnEntry:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    timeout_ms: int
+    updated_ms: int
+    started_ms: int = -1
+    prepared_deadline_ms: int = -1
+    partitions: frozenset[tuple[str, int]] = field(default_factory=frozenset)
+    last_ended: Ended | None = None
+
+    def __post_init__(self) -> None:
+        assert self.state in STATES, self.state
+        assert (self.state in ENDED) == (not self.partitions) or self.state in OPEN, self
+        assert self.state not in DECIDED or self.last_ended is not None, self
+
+    @property
+    def deadline_ms(self) -> int | None:
+        """When the broker aborts this transaction, if it is open."""
+        if self.state == ONGOING:
+            return self.started_ms + self.timeout_ms
+        if self.state == PREPARED:
+            return self.prepared_deadline_ms
+        return None
+
+    def marker_ids(self) -> tuple[int, int]:
+        """(producer_id, producer_epoch) the decided transaction's batches carry."""
+        assert self.last_ended is not None
+        return self.last_ended.producer_id, self.last_ended.producer_epoch
+
+    def encode(self) -> list[Any]:
+        last = self.last_ended
+        return [
+            self.transactional_id,
+            self.producer_id,
+            self.producer_epoch,
+            self.state,
+            self.timeout_ms,
+            self.updated_ms,
+            self.started_ms,
+            self.prepared_deadline_ms,
+            sorted([t, p] for t, p in self.partitions),
+            None
+            if last is None
+            else [
+                last.producer_id,
+                last.producer_epoch,
+                last.committed,
+                last.next_producer_id,
+                last.next_producer_epoch,
+            ],
+        ]
+
+    @classmethod
+    def decode(cls, item: Any) -> TxnEntry:
+        try:
+            (tid, pid, epoch, state, timeout, updated, started, deadline, parts, last) = item
+            entry = cls(
+                transactional_id=tid,
+                producer_id=pid,
+                producer_epoch=epoch,
+                state=state,
+                timeout_ms=timeout,
+                updated_ms=updated,
+                started_ms=started,
+                prepared_deadline_ms=deadline,
+                partitions=frozenset((t, p) for t, p in parts),
+                last_ended=None if last is None else Ended(*last),
+            )
+        except (TypeError, ValueError, AssertionError) as exc:
+            raise TxnStateError(f"transaction entry {item!r}: {exc}") from exc
+        ints = (pid, epoch, timeout, updated, started, deadline)
+        if not isinstance(tid, str) or state not in STATES or not all(type(v) is int for v in ints):
+            raise TxnStateError(f"transaction entry {item!r} is malformed")
+        return entry
+
+
+class Identity(Enum):
+    CURRENT = "current"
+    LAST_ENDED = "last_ended"
+
+
+def identify(entry: TxnEntry | None, producer_id: int, producer_epoch: int) -> Identity | ErrorCode:
+    """Whose request this is: the current producer, the one whose transaction just ended
+    (a retry), or an error: an unknown pid, a fenced (older) or a future epoch."""
+    if entry is None:
+        return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    if (producer_id, producer_epoch) == (entry.producer_id, entry.producer_epoch):
+        return Identity.CURRENT
+    last = entry.last_ended
+    if (
+        last is not None
+        and (producer_id, producer_epoch) == (last.producer_id, last.producer_epoch)
+        and (entry.producer_id, entry.producer_epoch)
+        == (last.next_producer_id, last.next_producer_epoch)
+    ):
+        # Only while no newer instance took over: then the retry is a zombie's.
+        return Identity.LAST_ENDED
+    if producer_id == entry.producer_id:
+        if producer_epoch < entry.producer_epoch:
+            return ErrorCode.PRODUCER_FENCED
+        return ErrorCode.INVALID_PRODUCER_EPOCH
+    if last is not None and producer_id == last.producer_id:
+        return ErrorCode.PRODUCER_FENCED  # ended and taken over, or moved to a new pid
+    return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+def initialized(
+    entry: TxnEntry | None,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    timeout_ms: int,
+    now_ms: int,
+) -> TxnEntry:
+    """The entry after InitProducerId, once any open transaction was aborted."""
+    assert entry is None or entry.state in ENDED, entry
+    return TxnEntry(
+        transactional_id,
+        producer_id,
+        producer_epoch,
+        EMPTY,
+        timeout_ms,
+        now_ms,
+        last_ended=None if entry is None else entry.last_ended,
+    )
+
+
+def with_partitions(entry: TxnEntry, added: set[tuple[str, int]], now_ms: int) -> TxnEntry:
+    """A transactional batch arrived: the transaction is ONGOING and holds `added`."""
+    assert entry.state == ONGOING or entry.state in ENDED, entry
+    started = entry.started_ms if entry.state == ONGOING else now_ms
+    base = entry.partitions if entry.state == ONGOING else frozenset()
+    return replace(
+        entry, state=ONGOING, started_ms=started, partitions=base | added, updated_ms=now_ms
+    )
+
+
+def prepared(entry: TxnEntry, deadline_ms: int, now_ms: int) -> TxnEntry:
+    assert entry.state == ONGOING or entry.state in ENDED, entry
+    parts = entry.partitions if entry.state == ONGOING else frozenset()
+    started = entry.started_ms if entry.state == ONGOING else now_ms
+    return replace(
+        entry,
+        state=PREPARED,
+        partitions=parts,
+        started_ms=started,
+        prepared_deadline_ms=deadline_ms,
+        updated_ms=now_ms,
+    )
+
+
+def decided(entry: TxnEntry, committed: bool, next_ids: tuple[int, int], now_ms: int) -> TxnEntry:
+    """The decision: the entry moves to the next pid/epoch at once. An open transaction
+    is PREPARE_* until its markers are written; one that wrote nothing is complete."""
+    assert entry.state in OPEN or entry.state in ENDED, entry
+    ended = Ended(entry.producer_id, entry.producer_epoch, committed, *next_ids)
+    pid, epoch = next_ids
+    if entry.state in OPEN and entry.partitions:
+        state = PREPARE_COMMIT if committed else PREPARE_ABORT
+        return replace(
+            entry,
+            producer_id=pid,
+            producer_epoch=epoch,
+            state=state,
+            last_ended=ended,
+            updated_ms=now_ms,
+        )
+    return replace(
+        entry,
+        producer_id=pid,
+        producer_epoch=epoch,
+        state=COMPLETE_COMMIT if committed else COMPLETE_ABORT,
+        partitions=frozenset(),
+        started_ms=-1,
+        prepared_deadline_ms=-1,
+        last_ended=ended,
+        updated_ms=now_ms,
+    )
+
+
+def completed(entry: TxnEntry, now_ms: int) -> TxnEntry:
+    """Every marker of a decided transaction is durable."""
+    assert entry.state in DECIDED, entry
+    return replace(
+        entry,
+        state=COMPLETE_COMMIT if entry.state == PREPARE_COMMIT else COMPLETE_ABORT,
+        partitions=frozenset(),
+        started_ms=-1,
+        prepared_deadline_ms=-1,
+        updated_ms=now_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AppVersion:
+    """The newest committed version of a streaming app (CommitTxns txn_app_id)."""
+
+    txn_app_id: str
+    txn_app_version: int
+    committed_ms: int
+
+    def encode(self) -> list[Any]:
+        return [self.txn_app_id, self.txn_app_version, self.committed_ms]
+
+    @classmethod
+    def decode(cls, item: Any) -> AppVersion:
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], str)
+            and all(type(v) is int for v in item[1:])
+        ):
+            raise TxnStateError(f"app version {item!r} is malformed")
+        return cls(*item)

@@ -1,0 +1,199 @@
+"""kill -9 at every step of a transaction, then restart: the outcome is what was answered.
+
+A transaction writes to 3 partitions. The broker is killed (a) after the first
+acknowledged batch, (b) mid-Produce: the partition durably added to the
+transaction, the batch not yet appended, (c) after EndTxn's decision is durable
+but before any marker, (d) after one marker of three is written, (e) after every
+marker is durable but before COMPLETE is recorded, (f) after PrepareTxn, and
+(g) in a CommitTxns of two transactions with an app version, after its decision
+and one marker. Points (b)-(g) are reached by arming MINIBROKER_CRASH_AT, which
+makes the broker SIGKILL itself there (broker/crash_points.py).
+
+After each restart: a decided transaction is complete, with its markers, before
+any read is served (read_committed sees it whole at once); an undecided one is
+still open with its deadline and can go on; the epoch of an ended transaction is
+fenced; and no partition's last stable offset is stuck.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.crash_points import ENV
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient
+from protocol.batch import scan_batches
+from tests.test_transactions import Txn, committed_view, log_view
+
+PARTITIONS = 3
+
+
+def fresh(tmp_path: Path, backend: str, crash_at: str | None) -> BrokerProcess:
+    env = {ENV: crash_at} if crash_at else None
+    broker = BrokerProcess(tmp_path / "data", backend=backend, env=env).start()
+    with WireClient(broker.bootstrap) as c:
+        assert c.create_topic("t", PARTITIONS) == 0
+    return broker
+
+
+def restart_clean(broker: BrokerProcess) -> BrokerProcess:
+    """Wait for the armed process to die, then start it again unarmed."""
+    assert broker.proc is not None
+    broker.proc.wait(15)
+    broker.env = None
+    return broker.start(broker.port)
+
+
+def stable_offsets(c: WireClient) -> list[int]:
+    return [c.fetch("t", p, 0, isolation_level=1)["last_stable_offset"] for p in range(PARTITIONS)]
+
+
+def whole_log(c: WireClient, partition: int) -> list[tuple[str, object]]:
+    """log_view of every batch, across segments (a Fetch reads from one at a time)."""
+    out: list[tuple[str, object]] = []
+    offset = 0
+    while True:
+        f = c.fetch("t", partition, offset)
+        if not f["records"]:
+            return out
+        out += log_view(f)
+        offset = [h for _, h in scan_batches(f["records"])][-1].next_offset
+
+
+def all_committed(c: WireClient) -> list[list[bytes]]:
+    return [committed_view(c.fetch("t", p, 0, isolation_level=1)) for p in range(PARTITIONS)]
+
+
+def test_kill_after_first_batch_keeps_the_transaction_open(tmp_path: Path, backend: str) -> None:
+    broker = fresh(tmp_path, backend, None)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            assert tx.send("t", 0, [b"first"])["error"] == 0
+        broker.restart(kill=True)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "ONGOING"
+            assert stable_offsets(c) == [0, 0, 0]
+            tx.c = c
+            for p in (1, 2):
+                assert tx.send("t", p, [b"after-%d" % p])["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert all_committed(c) == [[b"first"], [b"after-1"], [b"after-2"]]
+    finally:
+        broker.kill()
+
+
+@pytest.mark.parametrize(
+    "crash_at,committed",
+    [
+        ("txn_partitions_added", None),
+        ("txn_decided", True),
+        ("txn_marker_written", True),
+        ("txn_markers_durable", False),
+    ],
+)
+def test_kill_inside_produce_or_end_txn(
+    tmp_path: Path, backend: str, crash_at: str, committed: bool | None
+) -> None:
+    broker = fresh(tmp_path, backend, crash_at)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            old = (tx.pid, tx.epoch)
+            if committed is None:
+                with pytest.raises((ConnectionError, OSError, EOFError)):
+                    tx.send("t", 0, [b"lost"])
+            else:
+                for p in range(PARTITIONS):
+                    assert tx.send("t", p, [b"v%d" % p])["error"] == 0
+                with pytest.raises((ConnectionError, OSError, EOFError)):
+                    tx.end(committed=committed)
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            if committed is None:
+                # The partition joined the transaction; its batch never landed.
+                assert listing["state"] == "ONGOING"
+                assert c.fetch("t", 0, 0)["records"] == b""
+                tx.c = c
+                assert tx.send("t", 0, [b"retried"])["error"] == 0
+                assert tx.end(committed=True)["error"] == 0
+                assert all_committed(c) == [[b"retried"], [], []]
+                return
+            # Decided before the crash: complete before the first read was served.
+            assert listing["state"] == ("COMPLETE_COMMIT" if committed else "COMPLETE_ABORT")
+            assert stable_offsets(c) == [2, 2, 2]
+            want = [[b"v%d" % p] if committed else [] for p in range(PARTITIONS)]
+            assert all_committed(c) == want
+            for p in range(PARTITIONS):
+                kinds = [k for k, _ in whole_log(c, p)]
+                assert kinds == ["data", "COMMIT" if committed else "ABORT"], (p, kinds)
+            # The client's retry of EndTxn gets the answer it lost.
+            r = c.call(
+                "EndTxn",
+                transactional_id=tx.id,
+                producer_id=old[0],
+                producer_epoch=old[1],
+                committed=committed,
+            )
+            assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
+    finally:
+        broker.kill()
+
+
+def test_kill_after_prepare_keeps_it_prepared(tmp_path: Path, backend: str) -> None:
+    broker = fresh(tmp_path, backend, "txn_prepared")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            assert tx.send("t", 1, [b"prepared"])["error"] == 0
+            with pytest.raises((ConnectionError, OSError, EOFError)):
+                tx.prepare()
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "PREPARED"
+            r = c.call("CommitTxns", transactions=[tx.ref()], committed=True)
+            assert r["error"] == 0, r
+            assert all_committed(c) == [[], [b"prepared"], []]
+    finally:
+        broker.kill()
+
+
+def test_kill_inside_commit_txns_completes_every_transaction(tmp_path: Path, backend: str) -> None:
+    broker = fresh(tmp_path, backend, "txn_marker_written")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            a, b = Txn(c, "a"), Txn(c, "b")
+            for tx, p in ((a, 0), (b, 1)):
+                assert tx.send("t", p, [tx.id.encode()])["error"] == 0
+                assert tx.send("t", 2, [tx.id.encode()])["error"] == 0
+                assert tx.prepare()["error"] == 0
+            with pytest.raises((ConnectionError, OSError, EOFError)):
+                c.call(
+                    "CommitTxns",
+                    transactions=[a.ref(), b.ref()],
+                    committed=True,
+                    txn_app_id="job",
+                    txn_app_version=1,
+                )
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            assert all_committed(c) == [[b"a"], [b"b"], [b"a", b"b"]]
+            apps = c.call("DescribeTxnApps")["apps"]
+            assert [(x["txn_app_id"], x["txn_app_version"]) for x in apps] == [("job", 1)]
+            # The driver retries after the lost answer: the version is recorded already.
+            r = c.call(
+                "CommitTxns",
+                transactions=[a.ref(), b.ref()],
+                committed=True,
+                txn_app_id="job",
+                txn_app_version=1,
+            )
+            assert (r["error"], r["already_committed"]) == (0, True)
+            assert all_committed(c) == [[b"a"], [b"b"], [b"a", b"b"]]
+    finally:
+        broker.kill()

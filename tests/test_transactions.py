@@ -1,0 +1,493 @@
+"""Transactions against the real broker process, over the raw wire (docs/protocol.md section 5).
+
+Every test starts the broker on loopback with a fresh data dir, on both backends,
+and asserts on the bytes a Fetch returns: which batches lie in the log, which
+the last stable offset lets a read_committed reader see, and which aborted
+transactions the broker lists for them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient, values_batch
+from protocol.batch import CONTROL_ABORT, CONTROL_COMMIT, control_type, iter_records, scan_batches
+from protocol.errors import ErrorCode
+from tests.reliability.conftest import config_file
+
+TXN = "tx"
+
+
+class Txn:
+    """One transactional producer over the raw wire: its ids and per-partition sequences."""
+
+    def __init__(self, c: WireClient, transactional_id: str = TXN, timeout_ms: int = 60_000):
+        self.c = c
+        self.id = transactional_id
+        self.pid, self.epoch = c.init_producer(
+            transactional_id=transactional_id, transaction_timeout_ms=timeout_ms
+        )
+        self.seqs: dict[tuple[str, int], int] = {}
+
+    def send(self, topic: str, partition: int, values: list[bytes], acks: int = -1) -> dict:
+        seq = self.seqs.get((topic, partition), 0)
+        batch = values_batch(
+            values,
+            producer_id=self.pid,
+            producer_epoch=self.epoch,
+            base_sequence=seq,
+            transactional=True,
+        )
+        r = self.c.produce(topic, partition, batch, acks=acks, transactional_id=self.id)
+        if r["error"] == 0:
+            self.seqs[(topic, partition)] = seq + len(values)
+        return r
+
+    def end(self, committed: bool) -> dict[str, Any]:
+        r = self.c.call(
+            "EndTxn",
+            transactional_id=self.id,
+            producer_id=self.pid,
+            producer_epoch=self.epoch,
+            committed=committed,
+        )
+        if r["error"] == 0:
+            self.pid, self.epoch = r["producer_id"], r["producer_epoch"]
+            self.seqs = {}
+        return r
+
+    def prepare(self, timeout_ms: int = 60_000) -> dict[str, Any]:
+        return self.c.call(
+            "PrepareTxn",
+            transactional_id=self.id,
+            producer_id=self.pid,
+            producer_epoch=self.epoch,
+            prepared_timeout_ms=timeout_ms,
+        )
+
+    def ref(self) -> dict[str, Any]:
+        return {"transactional_id": self.id, "producer_id": self.pid, "producer_epoch": self.epoch}
+
+
+def committed_view(fetched: dict[str, Any]) -> list[bytes]:
+    """What a read_committed reader keeps of one Fetch partition answer (Kafka's rule:
+    drop an aborted producer's transactional batches from its first_offset up to its
+    ABORT marker, and every control batch)."""
+    records = fetched["records"]
+    aborted = sorted(
+        (a["first_offset"], a["producer_id"]) for a in fetched["aborted_transactions"] or []
+    )
+    dropping: set[int] = set()
+    out = []
+    for pos, header in scan_batches(records):
+        while aborted and aborted[0][0] <= header.last_offset:
+            dropping.add(aborted.pop(0)[1])
+        if header.is_control:
+            if control_type(records, pos, header) == CONTROL_ABORT:
+                dropping.discard(header.producer_id)
+            continue
+        if header.is_transactional and header.producer_id in dropping:
+            continue
+        out += [r.value for r in iter_records(records, pos, header)]
+    return out
+
+
+def log_view(fetched: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every batch as ("data", values) or ("COMMIT"/"ABORT", producer_id)."""
+    records = fetched["records"]
+    out: list[tuple[str, Any]] = []
+    for pos, header in scan_batches(records):
+        if header.is_control:
+            kind = "COMMIT" if control_type(records, pos, header) == CONTROL_COMMIT else "ABORT"
+            out.append((kind, header.producer_id))
+        else:
+            out.append(("data", [r.value for r in iter_records(records, pos, header)]))
+    return out
+
+
+@pytest.fixture
+def c(broker: BrokerProcess) -> Iterator[WireClient]:
+    with WireClient(broker.bootstrap) as client:
+        assert client.create_topic("t", 3) == 0
+        yield client
+
+
+def test_commit_across_three_partitions_is_seen_whole(c: WireClient) -> None:
+    tx = Txn(c)
+    for p in range(3):
+        assert tx.send("t", p, [b"v%d" % p])["error"] == 0
+    for p in range(3):
+        rc = c.fetch("t", p, 0, isolation_level=1)
+        # Open: the stable offset holds at the transaction's first batch.
+        assert (rc["last_stable_offset"], rc["high_watermark"], rc["records"]) == (0, 1, b"")
+        listed = c.call(
+            "ListOffsets",
+            isolation_level=1,
+            topics=[{"topic": "t", "partitions": [{"partition": p, "timestamp": -1}]}],
+        )
+        assert listed["topics"][0]["partitions"][0]["offset"] == 0
+    assert tx.end(committed=True)["error"] == 0
+    for p in range(3):
+        rc = c.fetch("t", p, 0, isolation_level=1)
+        assert rc["last_stable_offset"] == rc["high_watermark"] == 2
+        assert committed_view(rc) == [b"v%d" % p]
+        assert rc["aborted_transactions"] == []
+        assert log_view(rc) == [("data", [b"v%d" % p]), ("COMMIT", tx.pid)]
+
+
+def test_abort_across_three_partitions_hides_everything(c: WireClient) -> None:
+    tx = Txn(c)
+    pid = tx.pid
+    for p in range(3):
+        assert tx.send("t", p, [b"gone-%d" % p, b"too"])["error"] == 0
+    assert tx.end(committed=False)["error"] == 0
+    for p in range(3):
+        rc = c.fetch("t", p, 0, isolation_level=1)
+        assert rc["last_stable_offset"] == 3
+        assert rc["aborted_transactions"] == [{"producer_id": pid, "first_offset": 0}]
+        assert committed_view(rc) == []
+        ru = c.fetch("t", p, 0, isolation_level=0)
+        # read_uncommitted: the data is there; the marker is a control batch to skip.
+        assert ru["aborted_transactions"] is None
+        assert log_view(ru) == [("data", [b"gone-%d" % p, b"too"]), ("ABORT", pid)]
+
+
+def test_interleaved_transactions_keep_only_committed_data(c: WireClient) -> None:
+    a, b = Txn(c, "a"), Txn(c, "b")
+    plain = c.init_producer()
+    assert a.send("t", 0, [b"a1"])["error"] == 0
+    assert b.send("t", 0, [b"b1"])["error"] == 0
+    r = c.produce(
+        "t",
+        0,
+        values_batch([b"plain"], producer_id=plain[0], producer_epoch=0, base_sequence=0),
+        acks=-1,
+    )
+    assert r["error"] == 0
+    assert a.send("t", 0, [b"a2"])["error"] == 0
+    assert a.end(committed=False)["error"] == 0
+    # b still open at offset 1: a reader stops there.
+    assert c.fetch("t", 0, 0, isolation_level=1)["last_stable_offset"] == 1
+    assert b.end(committed=True)["error"] == 0
+    rc = c.fetch("t", 0, 0, isolation_level=1)
+    assert committed_view(rc) == [b"b1", b"plain"]
+    # From offset 4 on the aborted transaction of `a` is behind the reader... but its
+    # marker at 4 is not: it is still listed, and nothing of `a` is shown.
+    later = c.fetch("t", 0, 4, isolation_level=1)
+    assert [x["first_offset"] for x in later["aborted_transactions"]] == [0]
+
+
+def test_end_txn_retry_answers_the_same_and_a_late_batch_is_fenced(c: WireClient) -> None:
+    tx = Txn(c)
+    old = (tx.pid, tx.epoch)
+    assert tx.send("t", 0, [b"x"])["error"] == 0
+    first = tx.end(committed=True)
+    assert first["error"] == 0 and (first["producer_id"], first["producer_epoch"]) == (
+        old[0],
+        old[1] + 1,
+    )
+    again = c.call(
+        "EndTxn", transactional_id=TXN, producer_id=old[0], producer_epoch=old[1], committed=True
+    )
+    assert (again["error"], again["producer_epoch"]) == (0, old[1] + 1)
+    opposite = c.call(
+        "EndTxn", transactional_id=TXN, producer_id=old[0], producer_epoch=old[1], committed=False
+    )
+    assert opposite["error"] == ErrorCode.INVALID_TXN_STATE
+    # A retry of the ended transaction's batch: fenced, never appended.
+    late = values_batch(
+        [b"late"], producer_id=old[0], producer_epoch=old[1], base_sequence=1, transactional=True
+    )
+    assert (
+        c.produce("t", 0, late, transactional_id=TXN)["error"] == ErrorCode.INVALID_PRODUCER_EPOCH
+    )
+    assert log_view(c.fetch("t", 0, 0)) == [("data", [b"x"]), ("COMMIT", old[0])]
+
+
+def test_empty_transaction_ends_without_a_marker_and_bumps_the_epoch(c: WireClient) -> None:
+    tx = Txn(c)
+    epoch = tx.epoch
+    assert tx.end(committed=True)["error"] == 0
+    assert tx.epoch == epoch + 1
+    assert c.fetch("t", 0, 0)["records"] == b""
+    [listing] = c.call("ListTransactions")["transactions"]
+    assert (listing["state"], listing["producer_epoch"]) == ("COMPLETE_COMMIT", epoch + 1)
+
+
+def test_zombie_is_fenced_and_its_open_transaction_aborted(c: WireClient) -> None:
+    zombie = Txn(c)
+    assert zombie.send("t", 0, [b"zombie"])["error"] == 0
+    fresh = Txn(c)
+    assert (fresh.pid, fresh.epoch) == (zombie.pid, zombie.epoch + 2)  # abort, then init
+    assert zombie.send("t", 0, [b"again"])["error"] == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert zombie.end(committed=True)["error"] == ErrorCode.PRODUCER_FENCED
+    assert fresh.send("t", 0, [b"fresh"])["error"] == 0
+    assert fresh.end(committed=True)["error"] == 0
+    assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"fresh"]
+
+
+def test_fencing_errors_name_the_case(c: WireClient) -> None:
+    tx = Txn(c)
+    Txn(c)  # a newer instance: tx's epoch is now fenced
+    r = tx.end(committed=True)
+    assert r["error"] == ErrorCode.PRODUCER_FENCED, r
+    unknown = c.call(
+        "EndTxn", transactional_id="nobody", producer_id=tx.pid, producer_epoch=0, committed=True
+    )
+    assert unknown["error"] == ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    plain = c.init_producer()
+    # A transactional batch under another producer's id, or without transactional_id.
+    wrong = values_batch(
+        [b"w"], producer_id=plain[0], producer_epoch=0, base_sequence=0, transactional=True
+    )
+    assert c.produce("t", 0, wrong, transactional_id=TXN)["error"] == ErrorCode.INVALID_TXN_STATE
+    assert c.produce("t", 0, wrong)["error"] == ErrorCode.INVALID_TXN_STATE
+    timeout = c.call("InitProducerId", transactional_id="slow", transaction_timeout_ms=10**9)
+    assert timeout["error"] == ErrorCode.INVALID_TRANSACTION_TIMEOUT
+    assert c.fetch("t", 0, 0)["records"] == b""
+
+
+def test_prepared_transaction_takes_no_more_batches_and_commits_from_outside(
+    broker: BrokerProcess, c: WireClient
+) -> None:
+    tx = Txn(c)
+    assert tx.send("t", 1, [b"p"])["error"] == 0
+    assert tx.prepare()["error"] == 0
+    assert tx.prepare()["error"] == 0  # repeating it is fine
+    assert tx.send("t", 1, [b"more"])["error"] == ErrorCode.INVALID_TXN_STATE
+    assert c.call(
+        "PrepareTxn",
+        transactional_id=TXN,
+        producer_id=tx.pid,
+        producer_epoch=tx.epoch,
+        prepared_timeout_ms=10**12,
+    )["error"] == (ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+    with WireClient(broker.bootstrap) as driver:
+        r = driver.call("CommitTxns", transactions=[tx.ref()], committed=True)
+        assert r["error"] == 0 and r["transactions"] == [
+            {"transactional_id": TXN, "error": 0, "message": None}
+        ]
+        # The same call again after a lost answer: done already, error 0.
+        assert driver.call("CommitTxns", transactions=[tx.ref()], committed=True)["error"] == 0
+    assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"p"]
+
+
+def test_commit_txns_is_all_or_nothing(c: WireClient) -> None:
+    a, b, ongoing = Txn(c, "a"), Txn(c, "b"), Txn(c, "c")
+    for tx, p in ((a, 0), (b, 1), (ongoing, 2)):
+        assert tx.send("t", p, [tx.id.encode()])["error"] == 0
+    assert a.prepare()["error"] == 0 and b.prepare()["error"] == 0
+    stale = {**b.ref(), "producer_epoch": b.epoch - 1}
+    for bad, code in (
+        (ongoing.ref(), ErrorCode.INVALID_TXN_STATE),  # commit needs PREPARED
+        (stale, ErrorCode.PRODUCER_FENCED),
+        ({**a.ref(), "transactional_id": "nobody"}, ErrorCode.INVALID_PRODUCER_ID_MAPPING),
+    ):
+        r = c.call("CommitTxns", transactions=[a.ref(), bad], committed=True)
+        assert r["error"] == code, r
+        assert [t["error"] for t in r["transactions"]] == [0, code]
+    states = {t["transactional_id"]: t["state"] for t in c.call("ListTransactions")["transactions"]}
+    assert states == {"a": "PREPARED", "b": "PREPARED", "c": "ONGOING"}
+    assert c.fetch("t", 0, 0, isolation_level=1)["records"] == b""
+    r = c.call("CommitTxns", transactions=[a.ref(), b.ref()], committed=True)
+    assert r["error"] == 0
+    assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"a"]
+    assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"b"]
+    # An abort takes ONGOING ones too.
+    assert c.call("CommitTxns", transactions=[ongoing.ref()], committed=False)["error"] == 0
+    assert c.fetch("t", 2, 0, isolation_level=1)["last_stable_offset"] == 2
+
+
+def test_commit_txns_app_version_makes_a_rerun_commit_nothing(c: WireClient) -> None:
+    first = Txn(c, "sink-0")
+    assert first.send("t", 0, [b"batch-7"])["error"] == 0
+    assert first.prepare()["error"] == 0
+    r = c.call(
+        "CommitTxns",
+        transactions=[first.ref()],
+        committed=True,
+        txn_app_id="sink",
+        txn_app_version=7,
+    )
+    assert (r["error"], r["already_committed"], r["txn_app_version"]) == (0, False, 7)
+    # The micro-batch runs again (a retried Spark job): same version, new transaction.
+    rerun = Txn(c, "sink-1")
+    assert rerun.send("t", 0, [b"batch-7-again"])["error"] == 0
+    assert rerun.prepare()["error"] == 0
+    r = c.call(
+        "CommitTxns",
+        transactions=[rerun.ref()],
+        committed=True,
+        txn_app_id="sink",
+        txn_app_version=7,
+    )
+    assert (r["error"], r["already_committed"], r["txn_app_version"]) == (0, True, 7)
+    assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"batch-7"]
+    assert c.fetch("t", 0, 0, isolation_level=1)["last_stable_offset"] == 4  # rerun aborted
+    apps = c.call("DescribeTxnApps", txn_app_ids=["sink", "other"])["apps"]
+    assert [(a["txn_app_id"], a["txn_app_version"]) for a in apps] == [("sink", 7)]
+    older = Txn(c, "sink-2")
+    assert older.prepare()["error"] == 0
+    r = c.call(
+        "CommitTxns",
+        transactions=[older.ref()],
+        committed=True,
+        txn_app_id="sink",
+        txn_app_version=3,
+    )
+    assert (r["already_committed"], r["txn_app_version"]) == (True, 7)
+
+
+def test_list_transactions_filters_by_prefix_and_state(c: WireClient) -> None:
+    a, b = Txn(c, "spark-a"), Txn(c, "spark-b")
+    Txn(c, "other")
+    assert a.send("t", 0, [b"x"])["error"] == 0
+    assert b.send("t", 1, [b"y"])["error"] == 0 and b.prepare()["error"] == 0
+    r = c.call("ListTransactions", transactional_id_prefix="spark-", states=["ONGOING"])
+    [listing] = r["transactions"]
+    assert listing["transactional_id"] == "spark-a"
+    assert listing["partitions"] == [{"topic": "t", "partitions": [0]}]
+    assert listing["timeout_ms"] == 60_000 and listing["started_ms"] > 0
+    r = c.call("ListTransactions", transactional_id_prefix="spark-")
+    assert [t["state"] for t in r["transactions"]] == ["ONGOING", "PREPARED"]
+
+
+@pytest.mark.parametrize("backend", ["trio"])
+def test_timeouts_abort_and_free_the_stable_offset(tmp_path: Path, backend: str) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        extra_args=config_file(
+            tmp_path, "transaction_abort_timed_out_transaction_cleanup_interval_ms = 50\n"
+        ),
+    ).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 2) == 0
+            short = Txn(c, "short", timeout_ms=300)
+            assert short.send("t", 0, [b"late"])["error"] == 0
+            # Prepared: the transaction timeout stops applying; the prepared one rules.
+            held = Txn(c, "held", timeout_ms=300)
+            assert held.send("t", 1, [b"held"])["error"] == 0
+            assert held.prepare(timeout_ms=1500)["error"] == 0
+            started = time.monotonic()
+            _wait(lambda: c.fetch("t", 0, 0, isolation_level=1)["last_stable_offset"] == 2)
+            assert short.send("t", 0, [b"more"])["error"] == ErrorCode.INVALID_PRODUCER_EPOCH
+            assert c.fetch("t", 1, 0, isolation_level=1)["last_stable_offset"] == 0
+            _wait(lambda: c.fetch("t", 1, 0, isolation_level=1)["last_stable_offset"] == 2)
+            assert time.monotonic() - started >= 1.0
+            states = {
+                t["transactional_id"]: t["state"]
+                for t in c.call("ListTransactions")["transactions"]
+            }
+            assert states == {"short": "COMPLETE_ABORT", "held": "COMPLETE_ABORT"}
+            assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == []
+    finally:
+        broker.kill()
+
+
+def _wait(condition: Any, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_limits_on_ids_and_partitions_per_transaction(tmp_path: Path, backend: str) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        extra_args=config_file(
+            tmp_path, "max_transactional_ids = 2\nmax_partitions_per_transaction = 2\n"
+        ),
+    ).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 3) == 0
+            a = Txn(c, "a")
+            assert a.send("t", 0, [b"0"])["error"] == 0
+            assert a.send("t", 1, [b"1"])["error"] == 0
+            r = a.send("t", 2, [b"2"])
+            assert r["error"] == ErrorCode.INVALID_TXN_STATE and "max_partitions" in r["message"]
+            b = Txn(c, "b")
+            assert b.send("t", 2, [b"b"])["error"] == 0
+            # Both ids hold open transactions: a third id cannot be held.
+            full = c.call("InitProducerId", transactional_id="c")
+            assert full["error"] == ErrorCode.CONCURRENT_TRANSACTIONS, full
+            assert a.end(committed=True)["error"] == 0
+            # Now `a` has ended: it is the one forgotten to make room.
+            Txn(c, "c")
+            ids = {t["transactional_id"] for t in c.call("ListTransactions")["transactions"]}
+            assert ids == {"b", "c"}
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"0"]
+    finally:
+        broker.kill()
+
+
+def test_aborted_index_survives_restart_and_goes_with_its_segment(
+    tmp_path: Path, backend: str
+) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        extra_args=config_file(tmp_path, "segment_bytes = 1024\n"),
+    ).start()
+    partition_dir = tmp_path / "data" / "topics" / "t" / "0"
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 1) == 0
+            tx = Txn(c)
+            kept = []
+            for i in range(12):
+                value = b"%02d-" % i + b"v" * 200
+                assert tx.send("t", 0, [value])["error"] == 0
+                assert tx.end(committed=i % 2 == 0)["error"] == 0
+                if i % 2 == 0:
+                    kept.append(value)
+            assert len(list(partition_dir.glob("*.txnindex"))) >= 2
+
+            def everything() -> list[bytes]:
+                out, offset = [], 0
+                while True:
+                    f = c.fetch("t", 0, offset, isolation_level=1)
+                    if not f["records"]:
+                        return out
+                    out += committed_view(f)
+                    offset = [h for _, h in scan_batches(f["records"])][-1].next_offset
+
+            assert everything() == kept
+        # kill -9: the active segment's aborted list was never written; replay rebuilds it.
+        broker.restart(kill=True)
+        with WireClient(broker.bootstrap) as c:
+            assert everything() == kept
+        # A damaged .txnindex: the whole log is replayed to rebuild every list.
+        broker.kill()
+        victim = sorted(partition_dir.glob("*.txnindex"))[0]
+        victim.write_bytes(b"junk")
+        broker.start(broker.port)
+        with WireClient(broker.bootstrap) as c:
+            assert everything() == kept
+        assert "txnindex_ignored" in broker.log_text()
+        # Retention deletes old segments, and their aborted lists with them.
+        broker.kill()
+        config_file(
+            tmp_path,
+            "segment_bytes = 1024\nretention_bytes = 1\nretention_check_interval_ms = 50\n",
+        )
+        broker.start(broker.port)
+        _wait(lambda: len(list(partition_dir.glob("*.log"))) == 1)
+        logs = {p.stem for p in partition_dir.glob("*.log")}
+        assert {p.stem for p in partition_dir.glob("*.txnindex")} <= logs
+        with WireClient(broker.bootstrap) as c:
+            start = c.fetch("t", 0, 0, isolation_level=1)["log_start_offset"]
+            f = c.fetch("t", 0, start, isolation_level=1)
+            assert all(a["first_offset"] >= 0 for a in f["aborted_transactions"])
+            assert set(committed_view(f)) <= set(kept)
+    finally:
+        broker.kill()
