@@ -271,6 +271,7 @@ class Sender:
             acks=cfg.acks_int,
             timeout_ms=cfg.request_timeout_ms,
             topics=[ProduceTopic(topic, parts) for topic, parts in by_topic.items()],
+            transactional_id=cfg.transactional_id,
         )
         timeout_s = cfg.request_timeout_ms / 1000
         acc.metrics["requests_sent"] += 1
