@@ -13,6 +13,7 @@ import pickle
 import threading
 import time
 
+import anyio
 import pytest
 
 from client import (
@@ -34,6 +35,7 @@ from client.admin import (
     create_topic,
     describe_txn_apps,
     list_transactions,
+    list_transactions_async,
 )
 from client.errors import CommitTxnsError
 from client.types import ConsumerRecord
@@ -117,7 +119,7 @@ def test_commit_and_abort_across_three_partitions(broker: BrokerProcess) -> None
 
 def test_abort_drops_records_not_yet_sent(broker: BrokerProcess) -> None:
     create_topic(broker.bootstrap, "t", 1)
-    with transactional(broker, "tx-linger", linger_ms=60_000) as producer:
+    with transactional(broker, "tx-linger", linger_ms=5_000) as producer:
         producer.begin_transaction()
         handle = producer.send("t", b"never-sent")
         producer.abort_transaction()
@@ -166,9 +168,11 @@ async def test_the_async_context_manager_commits_or_aborts(broker: BrokerProcess
         # Closing with a transaction open aborts it.
         await producer.begin_transaction()
         await (await producer.send("t", b"open-at-close"))
-    committed = values(read_all(broker.bootstrap, "t", "read_committed"))
-    assert committed == [b"committed", b"committed-2"]
-    assert [t.state for t in list_transactions(broker.bootstrap, "tx-async")] == ["COMPLETE_ABORT"]
+    # (The sync faces run their own event loop: off this one.)
+    committed = await anyio.to_thread.run_sync(read_all, broker.bootstrap, "t", "read_committed")
+    assert values(committed) == [b"committed", b"committed-2"]
+    listings = await list_transactions_async(broker.bootstrap, "tx-async")
+    assert [t.state for t in listings] == ["COMPLETE_ABORT"]
 
 
 # --------------------------------------------------------------------------- fencing
@@ -445,4 +449,5 @@ async def test_async_prepare_and_admin_commit(broker: BrokerProcess) -> None:
         handle = await producer.prepare_transaction()
     assert handle == TxnHandle("tx-prep", handle.producer_id, handle.producer_epoch)
     await commit_transactions_async(broker.bootstrap, [handle])
-    assert values(read_all(broker.bootstrap, "t", "read_committed")) == [b"prepared"]
+    committed = await anyio.to_thread.run_sync(read_all, broker.bootstrap, "t", "read_committed")
+    assert values(committed) == [b"prepared"]
