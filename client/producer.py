@@ -526,13 +526,16 @@ class Producer:
     `flush()` and `close()` block the caller. Also a context manager."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "127.0.0.1:9092", **config: Any):
-        self._core = core = AsyncProducer(bootstrap_servers, **config)
-        self.config = core.config
         self._thread = PortalThread("minibroker-producer")
         self._portal = self._thread.portal
         self._closed = False
         self._close_timeout: float | None = None
         try:
+            # Built on the I/O thread, so that its AnyIO locks and events belong to that
+            # thread's event loop even when the caller runs inside another one (trio).
+            core = self._portal.call(partial(AsyncProducer, bootstrap_servers, **config))
+            self._core = core
+            self.config = core.config
             self._lifetime, self._close_requested = self._portal.start_task(
                 self._run, name="minibroker-producer"
             )
