@@ -1,4 +1,5 @@
-"""Python SDK for minibroker: idempotent producers and consumers, async (AnyIO) and sync.
+"""Python SDK for minibroker: idempotent and transactional producers, consumers, async
+(AnyIO) and sync.
 
     from client import Producer, Consumer
 
@@ -15,27 +16,44 @@ Settings use Kafka's names and defaults (see `client.config`).
 
 from client.consumer import AsyncConsumer, Consumer
 from client.errors import (
+    CommitTxnsError,
     CorruptRecordError,
     DeliveryTimeoutError,
+    IllegalStateError,
     MinibrokerError,
     MinibrokerTimeoutError,
     ProducerFencedError,
+    TransactionAbortableError,
+    TransactionAbortedError,
 )
 from client.producer import AsyncProducer, Producer
-from client.types import BatchMetadata, ConsumerRecord, RecordMetadata, TopicPartition
+from client.types import (
+    BatchMetadata,
+    CommitTxnsResult,
+    ConsumerRecord,
+    RecordMetadata,
+    TopicPartition,
+    TxnHandle,
+)
 
 __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "BatchMetadata",
+    "CommitTxnsError",
+    "CommitTxnsResult",
     "Consumer",
     "ConsumerRecord",
     "CorruptRecordError",
     "DeliveryTimeoutError",
+    "IllegalStateError",
     "MinibrokerError",
     "MinibrokerTimeoutError",
     "Producer",
     "ProducerFencedError",
     "RecordMetadata",
     "TopicPartition",
+    "TransactionAbortableError",
+    "TransactionAbortedError",
+    "TxnHandle",
 ]

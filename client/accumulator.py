@@ -30,6 +30,17 @@ Idempotence, per partition:
   sequence changes).
 - INVALID_PRODUCER_EPOCH and PRODUCER_FENCED are fatal for every batch.
 
+Transactions (a `transactional` accumulator, Kafka's TransactionManager states
+in `TxnState`): appends are accepted only in IN_TRANSACTION, and every batch is
+stamped transactional. There is no KIP-360 bump inside a transaction (an
+InitProducerId would abort it on the broker): a batch that fails for good,
+OUT_OF_ORDER_SEQUENCE_NUMBER and UNKNOWN_PRODUCER_ID included, makes the
+transaction abortable instead: its queued batches fail at once, later appends
+are refused and commit is refused, so no transaction with a lost batch is ever
+committed. EndTxn's answer brings the next epoch, adopted with sequences
+restarting at 0. INVALID_PRODUCER_ID_MAPPING is fatal too. The producer sends
+InitProducerId, EndTxn and PrepareTxn itself and reports the answers here.
+
 Thread safety: `append` runs on the caller's thread (the sync face's hot path)
 while the rest runs on the I/O thread, so every method takes `lock`. Batch
 completion (events, callbacks) happens outside the lock, in `ProducerBatch.notify`.
@@ -43,6 +54,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from enum import Enum
 from operator import itemgetter
 from typing import Any
 
@@ -50,11 +62,15 @@ import anyio
 
 from client.errors import (
     FENCING_CODES,
+    TXN_FATAL_CODES,
     ConnectionLostError,
     DeliveryTimeoutError,
+    IllegalStateError,
     MinibrokerError,
     MinibrokerTimeoutError,
     RecordTooLargeError,
+    TransactionAbortableError,
+    TransactionAbortedError,
     error_for,
 )
 from client.types import BatchMetadata, RecordMetadata
@@ -176,7 +192,9 @@ class ProducerBatch:
             f"seq={self.sequence} attempts={self.attempts}>"
         )
 
-    def wire(self, producer_id: int, producer_epoch: int, compression: int) -> bytes:
+    def wire(
+        self, producer_id: int, producer_epoch: int, compression: int, transactional: bool = False
+    ) -> bytes:
         """The batch bytes stamped with the current producer id, epoch and sequence."""
         sequence = NO_SEQUENCE if self.sequence is None else self.sequence
         stamp = (producer_id, producer_epoch, sequence)
@@ -200,6 +218,7 @@ class ProducerBatch:
                 producer_id=producer_id,
                 producer_epoch=producer_epoch,
                 base_sequence=sequence,
+                transactional=transactional,
             )
         self.stamp = stamp
         return self.encoded
@@ -305,6 +324,27 @@ class BatchFuture:
         return [b.batch_metadata() for b in self.batches]
 
 
+class TxnState(Enum):
+    """Where a transactional producer is (Kafka's TransactionManager states, plus prepare)."""
+
+    UNINITIALIZED = "uninitialized"  # no usable pid/epoch: init_transactions() first
+    INITIALIZING = "initializing"
+    READY = "ready"  # between transactions
+    IN_TRANSACTION = "in_transaction"
+    COMMITTING = "committing"
+    ABORTING = "aborting"
+    PREPARING = "preparing"
+    PREPARED = "prepared"  # handed over: someone commits or aborts it by its TxnHandle
+    ABORTABLE_ERROR = "abortable_error"  # a batch failed: only an abort is possible
+    FATAL_ERROR = "fatal_error"  # fenced: the producer is unusable
+
+
+# States in which the transaction's batches go out without lingering, and are waited for.
+_ENDING = frozenset({TxnState.COMMITTING, TxnState.ABORTING, TxnState.PREPARING})
+# States in which a failing batch makes the transaction abortable.
+_ONGOING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.PREPARING})
+
+
 class _PartitionState:
     __slots__ = ("broken", "in_flight", "next_order", "next_sequence", "open", "queue", "topic")
 
@@ -333,6 +373,7 @@ class RecordAccumulator:
         retry_backoff_ms: float = 100,
         retry_backoff_max_ms: float = 1000,
         idempotent: bool = True,
+        transactional: bool = False,
         compression: int = Compression.NONE,
         clock: Callable[[], float] = monotonic_ms,
         wakeup: Callable[[], None] = lambda: None,
@@ -349,6 +390,7 @@ class RecordAccumulator:
         self.retry_backoff_ms = retry_backoff_ms
         self.retry_backoff_max_ms = retry_backoff_max_ms
         self.idempotent = idempotent
+        self.transactional = transactional
         self.compression = compression
         # Called under the lock when a batch became sendable before the sender's planned wakeup.
         self.wakeup = wakeup
@@ -356,11 +398,17 @@ class RecordAccumulator:
 
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = NO_PRODUCER_EPOCH
-        self._needs_producer_id = idempotent
+        # A transactional producer asks for its id in init_transactions(), not on start.
+        self._needs_producer_id = idempotent and not transactional
         self._bump_needed = False
         self.fatal_error: MinibrokerError | None = None
         self.closed = False
-        self._refused: MinibrokerError | None = None  # why appends fail: fatal error or closed
+        # Why appends fail: fatal error, closed, or (transactional) no transaction begun.
+        self._refused: MinibrokerError | None = None
+        self.txn_state: TxnState | None = None
+        self._txn_error: MinibrokerError | None = None  # the first failure of the transaction
+        if transactional:
+            self._enter(TxnState.UNINITIALIZED)
 
         self._topics: dict[str, dict[int, _PartitionState]] = {}
         self._states: list[_PartitionState] = []
@@ -379,6 +427,8 @@ class RecordAccumulator:
             "batch_retries": 0,
             "record_errors": 0,
             "epoch_bumps": 0,
+            "transactions_committed": 0,
+            "transactions_aborted": 0,
         }
 
     # ------------------------------------------------------------------ appending
@@ -632,11 +682,16 @@ class RecordAccumulator:
                 # DUPLICATE_SEQUENCE_NUMBER: appended long ago; the offset is no longer known.
                 offset = base_offset if error == ErrorCode.NONE else -1
                 self._finish(batch, None, offset, done)
-            elif error in FENCING_CODES:
+            elif error in FENCING_CODES or (self.transactional and error in TXN_FATAL_CODES):
                 self._fail_everything(error_for(error, "produce", message), done)
-            elif self.idempotent and error in (
-                ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                ErrorCode.UNKNOWN_PRODUCER_ID,
+            elif (
+                self.idempotent
+                and not self.transactional
+                and error
+                in (
+                    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    ErrorCode.UNKNOWN_PRODUCER_ID,
+                )
             ):
                 if not state.broken:
                     log.info(
@@ -717,7 +772,7 @@ class RecordAccumulator:
         """Finish every unfinished batch with `error`; `fatal` also refuses all later records."""
         with self.lock:
             if fatal:
-                self.fatal_error = self._refused = error
+                self._set_fatal(error)
             done: list[ProducerBatch] = []
             self._fail_everything(error, done)
             return done
@@ -741,6 +796,9 @@ class RecordAccumulator:
         backoff: bool,
         done: list[ProducerBatch],
     ) -> None:
+        if self.txn_state in (TxnState.ABORTING, TxnState.ABORTABLE_ERROR):
+            self._finish(batch, TransactionAbortedError("the transaction was aborted"), -1, done)
+            return
         if batch.attempts > self.retries:
             reason = (
                 ConnectionLostError(f"produce to {batch.topic}-{batch.partition}: {message}")
@@ -788,14 +846,44 @@ class RecordAccumulator:
         done.append(batch)
 
     def _fail(self, batch: ProducerBatch, error: BaseException, done: list[ProducerBatch]) -> None:
+        if self.transactional:
+            self._finish(batch, error, -1, done)
+            if self.txn_state in _ONGOING:
+                self._make_abortable(error, done)
+            return
         if self.idempotent and batch.sequence is not None:
             # Its sequence range is now a hole the broker will never see filled.
             self._bump_needed = True
         self._finish(batch, error, -1, done)
 
+    def _make_abortable(self, cause: BaseException, done: list[ProducerBatch]) -> None:
+        """The transaction lost a batch: fail its queued ones now and allow only an abort."""
+        self._txn_error = TransactionAbortableError(
+            f"the transaction must be aborted: {cause}", getattr(cause, "code", None)
+        )
+        self._enter(TxnState.ABORTABLE_ERROR)
+        self._drop_queued(
+            TransactionAbortedError(f"not sent: the transaction failed ({cause})"), done
+        )
+
+    def _drop_queued(self, error: MinibrokerError, done: list[ProducerBatch]) -> None:
+        """Fail every batch not in flight with `error`."""
+        for state in self._states:
+            while state.queue:
+                batch = state.queue.popleft()
+                if state.open is batch:
+                    state.open = None
+                    batch.record_count = len(batch.records)
+                self._finish(batch, error, -1, done)
+
+    def _set_fatal(self, error: MinibrokerError) -> None:
+        self.fatal_error = self._refused = error
+        if self.transactional:
+            self.txn_state = TxnState.FATAL_ERROR
+
     def _fail_everything(self, error: MinibrokerError, done: list[ProducerBatch]) -> None:
-        if error.code in FENCING_CODES:
-            self.fatal_error = self._refused = error
+        if error.code in (TXN_FATAL_CODES if self.transactional else FENCING_CODES):
+            self._set_fatal(error)
         for state in self._states:
             state.queue.clear()
             state.open = None
@@ -826,25 +914,222 @@ class RecordAccumulator:
         with self.lock:
             if self.producer_id >= 0:
                 self.metrics["epoch_bumps"] += 1
-            self.producer_id = producer_id
-            self.producer_epoch = producer_epoch
-            self._needs_producer_id = False
-            self._bump_needed = False
-            for state in self._states:
-                sequence = 0
-                for batch in state.queue:
-                    if batch.sequence is not None:
-                        batch.sequence = sequence
-                        batch.unresolved = False
-                        batch.retry_at_ms = 0.0
-                        sequence = (sequence + batch.record_count) % SEQUENCE_MODULUS
-                state.next_sequence = sequence
-                state.broken = False
+            self._adopt(producer_id, producer_epoch)
+
+    def _adopt(self, producer_id: int, producer_epoch: int) -> None:
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self._needs_producer_id = False
+        self._bump_needed = False
+        for state in self._states:
+            sequence = 0
+            for batch in state.queue:
+                if batch.sequence is not None:
+                    batch.sequence = sequence
+                    batch.unresolved = False
+                    batch.retry_at_ms = 0.0
+                    sequence = (sequence + batch.record_count) % SEQUENCE_MODULUS
+            state.next_sequence = sequence
+            state.broken = False
 
     def reset_producer_id(self) -> None:
         """Ask for a brand new producer id (the broker no longer knows ours)."""
         with self.lock:
             self._needs_producer_id = True
+
+    # ------------------------------------------------------------------ transactions
+
+    def _enter(self, state: TxnState) -> None:
+        """Move to `state`: batches go out without lingering while a transaction ends, and
+        appends are refused with the error that says why, outside IN_TRANSACTION."""
+        was_ending = self.txn_state in _ENDING
+        self.txn_state = state
+        if (state in _ENDING) != was_ending:
+            self._flushing += 1 if not was_ending else -1
+            if not was_ending:
+                self._sender_wake_at = -math.inf
+                self.wakeup()
+        if self.fatal_error is not None or self.closed:
+            return
+        if state is TxnState.IN_TRANSACTION:
+            self._refused = None
+        elif state is TxnState.ABORTABLE_ERROR:
+            self._refused = self._txn_error
+        elif state is TxnState.READY:
+            self._refused = IllegalStateError(
+                "send() outside a transaction: call begin_transaction() first"
+            )
+        elif state is TxnState.PREPARED:
+            self._refused = IllegalStateError(
+                "the transaction is prepared: no more records; init_transactions() starts afresh"
+            )
+        elif state in _ENDING:
+            self._refused = IllegalStateError(
+                f"the transaction is {state.value}: begin the next one first"
+            )
+        else:
+            self._refused = IllegalStateError("call init_transactions() first")
+
+    def _txn_require(self, call: str, *states: TxnState) -> None:
+        """Raise unless the producer is in one of `states` (the fatal error when fenced)."""
+        if not self.transactional:
+            raise IllegalStateError(f"{call} needs a transactional producer (transactional_id)")
+        if self.fatal_error is not None:
+            raise self.fatal_error
+        if self.closed:
+            raise MinibrokerError("producer is closed")
+        if self.txn_state not in states:
+            assert self.txn_state is not None
+            if self.txn_state is TxnState.ABORTABLE_ERROR and self._txn_error is not None:
+                raise self._txn_error
+            raise IllegalStateError(f"{call} is not allowed when {self.txn_state.value}")
+
+    def _txn_answer_error(self, error: int, context: str, message: str | None) -> MinibrokerError:
+        """The exception for a failed transactional request; a fencing code is fatal."""
+        exc = error_for(error, context, message)
+        if error in TXN_FATAL_CODES:
+            # No batch is unfinished: these requests go out only once all were answered.
+            self._set_fatal(exc)
+        return exc
+
+    def begin_init(self) -> None:
+        """init_transactions() starts: fresh, between transactions, or after a prepare."""
+        with self.lock:
+            self._txn_require(
+                "init_transactions()",
+                TxnState.UNINITIALIZED,
+                TxnState.INITIALIZING,
+                TxnState.READY,
+                TxnState.PREPARED,
+            )
+            self._enter(TxnState.INITIALIZING)
+
+    def on_init(
+        self, error: int, producer_id: int, producer_epoch: int, message: str | None
+    ) -> None:
+        """InitProducerId's answer: adopt the id and epoch, or raise (fatal when fenced)."""
+        with self.lock:
+            if error == ErrorCode.NONE:
+                self._adopt(producer_id, producer_epoch)
+                self._enter(TxnState.READY)
+                return
+            exc = self._txn_answer_error(error, "InitProducerId", message)
+            if self.fatal_error is None:
+                self._enter(TxnState.UNINITIALIZED)
+            raise exc
+
+    def begin_transaction(self) -> None:
+        with self.lock:
+            self._txn_require("begin_transaction()", TxnState.READY)
+            self._txn_error = None
+            self._enter(TxnState.IN_TRANSACTION)
+
+    def begin_commit(self) -> list[ProducerBatch]:
+        """commit_transaction() starts: no more appends; returns the batches to wait for.
+
+        Also resumes a commit that timed out. An abortable transaction raises its error."""
+        with self.lock:
+            self._txn_require(
+                "commit_transaction()",
+                TxnState.IN_TRANSACTION,
+                TxnState.PREPARED,
+                TxnState.COMMITTING,
+            )
+            self._enter(TxnState.COMMITTING)
+            return list(self._incomplete)
+
+    def begin_prepare(self) -> list[ProducerBatch]:
+        """prepare_transaction() starts: as begin_commit, for a PrepareTxn."""
+        with self.lock:
+            self._txn_require("prepare_transaction()", TxnState.IN_TRANSACTION, TxnState.PREPARING)
+            self._enter(TxnState.PREPARING)
+            return list(self._incomplete)
+
+    def begin_abort(self) -> tuple[list[ProducerBatch], list[ProducerBatch]]:
+        """abort_transaction() starts: queued batches fail with TransactionAbortedError.
+
+        Returns (the in-flight batches to wait for, the batches finished now)."""
+        with self.lock:
+            self._txn_require(
+                "abort_transaction()",
+                TxnState.IN_TRANSACTION,
+                TxnState.ABORTABLE_ERROR,
+                TxnState.PREPARING,
+                TxnState.PREPARED,
+                TxnState.ABORTING,
+            )
+            self._enter(TxnState.ABORTING)
+            done: list[ProducerBatch] = []
+            self._drop_queued(TransactionAbortedError("the transaction was aborted"), done)
+            return list(self._incomplete), done
+
+    def check_flushed(self) -> None:
+        """Before EndTxn(commit) or PrepareTxn: raise if any batch of the transaction failed
+        (TransactionAbortableError) or is still unfinished."""
+        with self.lock:
+            if self.fatal_error is not None:
+                raise self.fatal_error
+            if self.txn_state is TxnState.ABORTABLE_ERROR:
+                assert self._txn_error is not None
+                raise self._txn_error
+            if self._incomplete:
+                raise IllegalStateError(f"{len(self._incomplete)} batch(es) still unfinished")
+
+    def on_end(
+        self,
+        committed: bool,
+        error: int,
+        producer_id: int,
+        producer_epoch: int,
+        message: str | None,
+    ) -> None:
+        """EndTxn's answer. Success brings the next transaction's pid and epoch (sequences
+        restart at 0). A failed commit leaves the transaction abortable; a failed abort
+        leaves the epoch unknown, so init_transactions() is needed; fencing is fatal."""
+        with self.lock:
+            if error == ErrorCode.NONE:
+                self._adopt(producer_id, producer_epoch)
+                self._txn_error = None
+                self.metrics["transactions_committed" if committed else "transactions_aborted"] += 1
+                self._enter(TxnState.READY)
+                return
+            verb = "commit" if committed else "abort"
+            exc = self._txn_answer_error(error, f"EndTxn({verb})", message)
+            if self.fatal_error is not None:
+                raise exc
+            if committed:
+                self._txn_error = TransactionAbortableError(
+                    f"the transaction must be aborted: {exc}", error
+                )
+                self._enter(TxnState.ABORTABLE_ERROR)
+                raise self._txn_error
+            self._enter(TxnState.UNINITIALIZED)
+            raise exc
+
+    def on_prepare(self, error: int, message: str | None) -> tuple[int, int]:
+        """PrepareTxn's answer: the prepared (pid, epoch), or raise (abortable or fatal)."""
+        with self.lock:
+            if error == ErrorCode.NONE:
+                self._enter(TxnState.PREPARED)
+                return self.producer_id, self.producer_epoch
+            exc = self._txn_answer_error(error, "PrepareTxn", message)
+            if self.fatal_error is not None:
+                raise exc
+            self._txn_error = TransactionAbortableError(
+                f"the transaction must be aborted: {exc}", error
+            )
+            self._enter(TxnState.ABORTABLE_ERROR)
+            raise self._txn_error
+
+    @property
+    def transaction_open(self) -> bool:
+        """Whether a transaction was begun and is neither ended nor prepared (or being so)."""
+        return self.txn_state in (
+            TxnState.IN_TRANSACTION,
+            TxnState.ABORTABLE_ERROR,
+            TxnState.PREPARING,
+            TxnState.ABORTING,
+        )
 
     # ------------------------------------------------------------------ flush / close
 
@@ -864,7 +1149,7 @@ class RecordAccumulator:
         """Refuse new records; what is buffered goes out without lingering."""
         with self.lock:
             self.closed = True
-            if self._refused is None:
+            if self.fatal_error is None:
                 self._refused = MinibrokerError("producer is closed")
             self._sender_wake_at = -math.inf
             self.wakeup()

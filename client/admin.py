@@ -1,13 +1,19 @@
-"""Small admin helpers (create, list, describe topics) for the CLI, tests and scripts.
+"""Small admin helpers (topics and transactions) for the CLI, tests and scripts.
 
 Each helper opens one connection, does its requests and closes it. The async
 versions run in the caller's event loop; the sync ones run the async version on
 a short-lived portal thread, so they also work when called from inside a loop.
+
+The transaction helpers are what an outside coordinator (a Spark driver) and an
+operator use: `commit_transactions` / `abort_transactions` end prepared
+transactions by their `TxnHandle`s with one CommitTxns (atomic over all of them,
+idempotent per `app_id`/`app_version`); `list_transactions`, `describe_txn_apps`
+and `abort_transaction` (one lingering transaction, by its transactional id).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -15,19 +21,36 @@ from anyio.from_thread import start_blocking_portal
 
 from client.config import DEFAULT_BOOTSTRAP, parse_bootstrap
 from client.connection import Connection, open_connection
-from client.errors import TopicAlreadyExistsError, UnknownTopicError, error_for
+from client.errors import (
+    CommitTxnsError,
+    ConnectionLostError,
+    MinibrokerTimeoutError,
+    TopicAlreadyExistsError,
+    UnknownTopicError,
+    error_for,
+)
 from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
-from protocol.errors import ErrorCode
+from client.types import CommitTxnsResult, TxnHandle
+from protocol.errors import RETRIABLE, ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
 from protocol.messages import (
     ISOLATION_READ_UNCOMMITTED,
     TIMESTAMP_EARLIEST,
     TIMESTAMP_LATEST,
+    CommitTxnsRequest,
     CreatableTopic,
     CreateTopicsRequest,
+    DescribeTxnAppsRequest,
+    ListTransactionsRequest,
     MetadataRequest,
     Request,
+    TransactionListing,
+    TxnApp,
+    TxnRef,
 )
+
+# A transaction an operator can abort: begun or prepared, not yet decided.
+OPEN_TXN_STATES = ("ONGOING", "PREPARED")
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0
@@ -141,6 +164,131 @@ async def describe_topic_async(
     return await _with_connection(bootstrap, work)
 
 
+# --------------------------------------------------------------------------- transactions
+
+
+async def _end_transactions(
+    bootstrap: str | Sequence[str],
+    handles: Iterable[TxnHandle],
+    *,
+    committed: bool,
+    app_id: str | None = None,
+    app_version: int | None = None,
+) -> CommitTxnsResult:
+    """One CommitTxns, resent on a new connection after a lost answer or a retriable error
+    (the broker answers a repeat as done) until TIMEOUT_S."""
+    request = CommitTxnsRequest(
+        transactions=[TxnRef(h.transactional_id, h.producer_id, h.producer_epoch) for h in handles],
+        committed=committed,
+        txn_app_id=app_id,
+        txn_app_version=app_version,
+    )
+    verb = "commit" if committed else "abort"
+
+    async def work(conn: Connection) -> CommitTxnsResult:
+        response = await conn.request(request, TIMEOUT_S)
+        if response.error:
+            errors = {entry.transactional_id: entry.error for entry in response.transactions}
+            failed = ", ".join(
+                f"{tid}: {ErrorCode.name_of(code)}" for tid, code in errors.items() if code
+            )
+            raise CommitTxnsError(
+                f"CommitTxns ({verb}) ended none of {len(request.transactions)} transaction(s):"
+                f" {ErrorCode.name_of(response.error)}"
+                + (f" ({response.message})" if response.message else "")
+                + (f"; {failed}" if failed else ""),
+                response.error,
+                errors,
+            )
+        return CommitTxnsResult(response.already_committed, response.txn_app_version)
+
+    deadline = anyio.current_time() + TIMEOUT_S
+    while True:
+        try:
+            return await _with_connection(bootstrap, work)
+        except (ConnectionLostError, MinibrokerTimeoutError, CommitTxnsError) as exc:
+            lost = not isinstance(exc, CommitTxnsError)
+            if not (lost or exc.code in RETRIABLE) or anyio.current_time() >= deadline:
+                raise
+        await anyio.sleep(0.1)
+
+
+async def commit_transactions_async(
+    bootstrap: str | Sequence[str],
+    handles: Iterable[TxnHandle],
+    *,
+    app_id: str | None = None,
+    app_version: int | None = None,
+) -> CommitTxnsResult:
+    """Commit prepared transactions, all or none, by their handles (from any process).
+
+    With `app_id` and `app_version` the same decision records that this version of
+    the app is committed; versions of an app strictly increase, so committing a
+    version at or below the recorded one commits nothing, aborts the listed
+    transactions still open and answers `already_committed`: a re-run
+    micro-batch is never committed twice. Raises CommitTxnsError (per-entry
+    errors in `.errors`) when nothing could be committed."""
+    return await _end_transactions(
+        bootstrap, handles, committed=True, app_id=app_id, app_version=app_version
+    )
+
+
+async def abort_transactions_async(
+    bootstrap: str | Sequence[str], handles: Iterable[TxnHandle]
+) -> CommitTxnsResult:
+    """Abort open or prepared transactions, all or none, by their handles."""
+    return await _end_transactions(bootstrap, handles, committed=False)
+
+
+async def list_transactions_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    prefix: str | None = None,
+    states: Sequence[str] | None = None,
+) -> list[TransactionListing]:
+    """The broker's transactional ids (those starting with `prefix`, in one of `states`:
+    EMPTY, ONGOING, PREPARED, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT, COMPLETE_ABORT)."""
+
+    async def work(conn: Connection) -> list[TransactionListing]:
+        request = ListTransactionsRequest(
+            transactional_id_prefix=prefix, states=None if states is None else list(states)
+        )
+        response = await _request(conn, request)
+        return sorted(response.transactions, key=lambda t: t.transactional_id)
+
+    return await _with_connection(bootstrap, work)
+
+
+async def describe_txn_apps_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, app_ids: Sequence[str] | None = None
+) -> list[TxnApp]:
+    """The committed version of each app (`app_ids`, or every app the broker knows)."""
+
+    async def work(conn: Connection) -> list[TxnApp]:
+        request = DescribeTxnAppsRequest(txn_app_ids=None if app_ids is None else list(app_ids))
+        response = await _request(conn, request)
+        return sorted(response.apps, key=lambda a: a.txn_app_id)
+
+    return await _with_connection(bootstrap, work)
+
+
+async def abort_transaction_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, transactional_id: str = ""
+) -> TransactionListing | None:
+    """Abort the open (ONGOING or PREPARED) transaction of `transactional_id`, for an
+    operator clearing one that holds back read_committed consumers; returns what it
+    aborted, or None when the id has no open transaction. The producer that owns it
+    learns at its commit (TransactionAbortableError) and goes on after
+    abort_transaction()."""
+    for listing in await list_transactions_async(
+        bootstrap, transactional_id, list(OPEN_TXN_STATES)
+    ):
+        if listing.transactional_id == transactional_id:
+            handle = TxnHandle(transactional_id, listing.producer_id, listing.producer_epoch)
+            await abort_transactions_async(bootstrap, [handle])
+            return listing
+    return None
+
+
 def _run(func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     with start_blocking_portal() as portal:
         return portal.call(lambda: func(*args, **kwargs))
@@ -165,3 +313,41 @@ def describe_topic(
     bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, name: str = ""
 ) -> dict[str, Any]:
     return _run(describe_topic_async, bootstrap, name)
+
+
+def commit_transactions(
+    bootstrap: str | Sequence[str],
+    handles: Iterable[TxnHandle],
+    *,
+    app_id: str | None = None,
+    app_version: int | None = None,
+) -> CommitTxnsResult:
+    return _run(
+        commit_transactions_async, bootstrap, list(handles), app_id=app_id, app_version=app_version
+    )
+
+
+def abort_transactions(
+    bootstrap: str | Sequence[str], handles: Iterable[TxnHandle]
+) -> CommitTxnsResult:
+    return _run(abort_transactions_async, bootstrap, list(handles))
+
+
+def list_transactions(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    prefix: str | None = None,
+    states: Sequence[str] | None = None,
+) -> list[TransactionListing]:
+    return _run(list_transactions_async, bootstrap, prefix, states)
+
+
+def describe_txn_apps(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, app_ids: Sequence[str] | None = None
+) -> list[TxnApp]:
+    return _run(describe_txn_apps_async, bootstrap, app_ids)
+
+
+def abort_transaction(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, transactional_id: str = ""
+) -> TransactionListing | None:
+    return _run(abort_transaction_async, bootstrap, transactional_id)

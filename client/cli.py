@@ -6,6 +6,9 @@
     minibroker consume TOPIC --from-beginning --count 10 --format json
     minibroker perf-produce --topic T --num-records 1000000 --record-size 100
     minibroker perf-consume --topic T --messages 1000000
+    minibroker txn list [--prefix P] [--state ONGOING]...
+    minibroker txn abort TRANSACTIONAL_ID
+    minibroker txn apps [APP_ID...]
 
 `register(subparsers)` adds them to the parser `minibroker_cli` builds; each subcommand sets
 `func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092).
@@ -22,12 +25,21 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from client import perf
-from client.admin import create_topic, describe_topic, list_topics
+from client.admin import (
+    OPEN_TXN_STATES,
+    abort_transaction,
+    create_topic,
+    describe_topic,
+    describe_txn_apps,
+    list_topics,
+    list_transactions,
+)
 from client.config import DEFAULT_BOOTSTRAP
 from client.consumer import Consumer
 from client.errors import MinibrokerError
 from client.producer import Producer
 from client.types import ConsumerRecord, TopicPartition
+from protocol.messages import TXN_STATES
 
 # Exit codes: 1 for an error reported by the broker or the client, 2 for bad usage.
 EXIT_ERROR = 1
@@ -35,7 +47,7 @@ EXIT_USAGE = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `topics`, `produce`, `consume`, `perf-produce` and `perf-consume`."""
+    """Add `topics`, `produce`, `consume`, `perf-produce`, `perf-consume` and `txn`."""
     topics = subparsers.add_parser("topics", help="create, list and describe topics")
     verbs = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
 
@@ -80,8 +92,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     consume.add_argument(
         "--isolation-level",
         choices=["read_uncommitted", "read_committed"],
-        default="read_uncommitted",
+        default="read_committed",
     )
+
+    txn = subparsers.add_parser("txn", help="list and abort transactions, show txn apps")
+    txn_verbs = txn.add_subparsers(dest="txn_command", required=True, metavar="ACTION")
+    txn_list = _command(txn_verbs, "list", "transactional ids and their state", _txn_list)
+    txn_list.add_argument("--prefix", help="only transactional ids starting with this")
+    txn_list.add_argument(
+        "--state",
+        action="append",
+        choices=TXN_STATES,
+        help="only these states (repeatable; default: all)",
+    )
+    txn_abort = _command(
+        txn_verbs,
+        "abort",
+        f"abort the open ({' or '.join(OPEN_TXN_STATES)}) transaction of a transactional id",
+        _txn_abort,
+    )
+    txn_abort.add_argument("transactional_id")
+    txn_apps = _command(txn_verbs, "apps", "the committed version of transactional apps", _txn_apps)
+    txn_apps.add_argument("app_ids", nargs="*", metavar="APP_ID", help="default: every app")
 
     perf.add_produce_arguments(
         _command(
@@ -284,6 +316,42 @@ def _json_bytes(data: bytes | None) -> str | None:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return "base64:" + base64.b64encode(data).decode()
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def _txn_list(args: argparse.Namespace) -> int:
+    listings = list_transactions(args.bootstrap_server, args.prefix, args.state)
+    print("TransactionalId\tProducerId\tEpoch\tState\tStartedMs\tTimeoutMs\tPartitions")
+    for t in listings:
+        partitions = ",".join(
+            f"{entry.topic}-{p}" for entry in t.partitions for p in sorted(entry.partitions)
+        )
+        print(
+            f"{t.transactional_id}\t{t.producer_id}\t{t.producer_epoch}\t{t.state}\t"
+            f"{t.started_ms}\t{t.timeout_ms}\t{partitions or '-'}"
+        )
+    return 0
+
+
+def _txn_abort(args: argparse.Namespace) -> int:
+    aborted = abort_transaction(args.bootstrap_server, args.transactional_id)
+    if aborted is None:
+        print(f"minibroker: {args.transactional_id!r} has no open transaction", file=sys.stderr)
+        return EXIT_ERROR
+    print(
+        f"Aborted the {aborted.state} transaction of {aborted.transactional_id} "
+        f"(producer id {aborted.producer_id}, epoch {aborted.producer_epoch})."
+    )
+    return 0
+
+
+def _txn_apps(args: argparse.Namespace) -> int:
+    print("TxnAppId\tVersion\tCommittedMs")
+    for app in describe_txn_apps(args.bootstrap_server, args.app_ids or None):
+        print(f"{app.txn_app_id}\t{app.txn_app_version}\t{app.committed_ms}")
+    return 0
 
 
 # --------------------------------------------------------------------------- perf

@@ -83,6 +83,9 @@ class ProducerConfig:
     partitioner: str | PartitionerFn = "murmur2"
     transactional_id: str | None = None
     transaction_timeout_ms: int = 60_000
+    # How long a prepared transaction waits for its commit (by anyone) before the broker
+    # aborts it; at most the broker's transaction_max_prepared_ms.
+    transaction_prepared_timeout_ms: int = 3_600_000
     servers: list[tuple[str, int]] = field(init=False)
     acks_int: int = field(init=False)
     compression: Compression = field(init=False)
@@ -111,6 +114,7 @@ class ProducerConfig:
             "delivery_timeout_ms",
             "max_request_size",
             "transaction_timeout_ms",
+            "transaction_prepared_timeout_ms",
         ):
             _positive(name, getattr(self, name))
         for name in (
@@ -140,7 +144,9 @@ class ConsumerConfig:
     bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
     client_id: str = "minibroker-python"
     auto_offset_reset: str = "latest"
-    isolation_level: str = "read_uncommitted"
+    # Kafka's consumers default to read_uncommitted; ours (and the Spark reader) to
+    # read_committed, so that aborted and still-open transactions are never read by default.
+    isolation_level: str = "read_committed"
     fetch_min_bytes: int = 1
     fetch_max_wait_ms: int = 500
     fetch_max_bytes: int = 50 * 1024 * 1024

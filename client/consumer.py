@@ -549,14 +549,18 @@ class Consumer:
         bootstrap_servers: str | Sequence[str] = "127.0.0.1:9092",
         **config: Any,
     ) -> None:
-        self._core = core = AsyncConsumer(*topics, bootstrap_servers=bootstrap_servers, **config)
-        self.config = core.config
         self._thread = PortalThread("minibroker-consumer")
         self._portal = self._thread.portal
         # Handed over but not yet returned: [partition, records, index of the next one].
         self._local: deque[list[Any]] = deque()
         self._closed = False
         try:
+            # Built on the I/O thread, so that its AnyIO locks and events belong to that
+            # thread's event loop even when the caller runs inside another one (trio).
+            self._core = core = self._portal.call(
+                partial(AsyncConsumer, *topics, bootstrap_servers=bootstrap_servers, **config)
+            )
+            self.config = core.config
             self._cm = self._portal.wrap_async_context_manager(core)
             self._cm.__enter__()
         except BaseException:

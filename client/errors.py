@@ -25,6 +25,29 @@ class ProducerFencedError(MinibrokerError):
     """A newer producer with the same id (or transactional_id) took over; fatal."""
 
 
+class IllegalStateError(MinibrokerError):
+    """A call the producer's state does not allow (Kafka's IllegalStateException): send()
+    on a transactional producer outside a begun transaction, commit before begin, ..."""
+
+
+class TransactionAbortableError(MinibrokerError):
+    """A batch of the current transaction failed (or the broker ended it): the transaction
+    can only be aborted; `abort_transaction()` then lets the producer go on."""
+
+
+class TransactionAbortedError(MinibrokerError):
+    """The record's transaction was aborted before the record was sent."""
+
+
+class CommitTxnsError(MinibrokerError):
+    """CommitTxns ended none of the listed transactions; `errors` maps each transactional id
+    to its error code (0 for the entries that were fine but not ended because of others)."""
+
+    def __init__(self, message: str, code: int, errors: dict[str, int]) -> None:
+        super().__init__(message, code)
+        self.errors = errors
+
+
 class DeliveryTimeoutError(MinibrokerError):
     """The record was not acknowledged within delivery_timeout_ms; it may or may not be stored."""
 
@@ -92,6 +115,8 @@ def _as_code(code: ErrorCode | int) -> ErrorCode | int:
 
 
 FENCING_CODES = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
+# Fatal for a transactional producer: its transactional id is no longer bound to its pid.
+TXN_FATAL_CODES = FENCING_CODES | {ErrorCode.INVALID_PRODUCER_ID_MAPPING}
 
 
 def error_for(code: int, context: str, message: str | None = None) -> MinibrokerError:
@@ -102,6 +127,10 @@ def error_for(code: int, context: str, message: str | None = None) -> Minibroker
     if code in FENCING_CODES:
         return ProducerFencedError(
             text + "; another producer instance with a newer epoch took over", code
+        )
+    if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
+        return ProducerFencedError(
+            text + "; the transactional id is no longer bound to this producer id", code
         )
     if code == ErrorCode.MESSAGE_TOO_LARGE:
         return RecordTooLargeError(text)

@@ -5,6 +5,13 @@ picks partitions (with the partition counts of client/metadata.py), appends to
 the sans-IO accumulator (client/accumulator.py) and runs the sender task
 (client/sender.py) that turns batches into Produce requests.
 
+With a `transactional_id`, both faces also run Kafka's transactions:
+`init_transactions()`, then per transaction `begin_transaction()`, sends, and
+`commit_transaction()` / `abort_transaction()` (or `transaction()` as a context
+manager), or `prepare_transaction()` to hand a `TxnHandle` to whoever commits it.
+The state machine is the accumulator's; the requests are sent from the caller's
+task (`Sender.request`).
+
 `Producer` is an `AsyncProducer` on a daemon thread's event loop, driven only
 through its public methods. Its `send()` is the hot path: `nonblocking_send`
 appends on the caller's thread and returns a `RecordHandle` (a batch and an
@@ -15,11 +22,13 @@ topic, buffer full) crosses to the event loop.
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -45,7 +54,10 @@ from client.errors import MinibrokerError, MinibrokerTimeoutError
 from client.metadata import PartitionCounts
 from client.partitioner import Partitioner
 from client.sender import Sender
-from client.types import BatchMetadata, RecordMetadata
+from client.types import BatchMetadata, RecordMetadata, TxnHandle
+from protocol.messages import EndTxnRequest, InitProducerIdRequest, PrepareTxnRequest
+
+log = logging.getLogger(f"minibroker.{__name__}")
 
 SendFunction = Callable[..., RecordHandle]
 BatchCallback = Callable[[BaseException | None, list[BatchMetadata] | None], object]
@@ -86,6 +98,7 @@ class AsyncProducer:
             retry_backoff_ms=cfg.retry_backoff_ms,
             retry_backoff_max_ms=cfg.retry_backoff_max_ms,
             idempotent=bool(cfg.enable_idempotence),
+            transactional=cfg.transactional_id is not None,
             compression=cfg.compression,
             wakeup=lambda: self._sender.wake(),
             on_batch_full=self._on_batch_full,
@@ -112,10 +125,18 @@ class AsyncProducer:
     async def stop(self, timeout: float | None = None) -> None:
         """Refuse new records, deliver what is buffered (waiting up to `timeout` s), close.
 
-        Records still undelivered at the timeout fail with MinibrokerError."""
+        Records still undelivered at the timeout fail with MinibrokerError. A transaction
+        still open is aborted first, as Kafka's producer does (a prepared one is left
+        to whoever holds its handle)."""
         if self._state != "running":
             self._state = "closed"
             return
+        if self._acc.transaction_open:
+            with anyio.move_on_after(math.inf if timeout is None else timeout):
+                try:
+                    await self.abort_transaction()
+                except MinibrokerError as exc:
+                    log.warning("could not abort the open transaction on close: %s", exc)
         self._state = "closing"
         self._acc.close()
         with anyio.move_on_after(math.inf if timeout is None else timeout):
@@ -323,6 +344,127 @@ class AsyncProducer:
             )
         return set(range(count))
 
+    # ------------------------------------------------------------------ transactions
+
+    async def init_transactions(self) -> None:
+        """Bind the producer to its transactional_id (InitProducerId): every older producer
+        with the same id is fenced, and its open or prepared transaction aborted.
+
+        Call once after start(); call again after prepare_transaction() to go on
+        with a new transaction (only once the prepared one was ended: this aborts
+        it otherwise). Fencing raises ProducerFencedError and is fatal."""
+        self._check_running()
+        cfg = self.config
+        self._acc.begin_init()
+        response = await self._sender.request(
+            InitProducerIdRequest(
+                transactional_id=cfg.transactional_id,
+                transaction_timeout_ms=cfg.transaction_timeout_ms,
+            ),
+            self._block_deadline(),
+        )
+        self._acc.on_init(
+            response.error, response.producer_id, response.producer_epoch, response.message
+        )
+
+    async def begin_transaction(self) -> None:
+        """Start a transaction: send() is accepted until it is committed, aborted or prepared.
+
+        The broker starts it with the first batch; its transaction_timeout_ms runs from there."""
+        self._acc.begin_transaction()
+
+    async def commit_transaction(self) -> None:
+        """Send every buffered record, wait for all answers, then commit (EndTxn).
+
+        If any record of the transaction failed, nothing is committed: this raises
+        TransactionAbortableError and only abort_transaction() is possible. After a
+        MinibrokerTimeoutError the outcome is unknown; call it again to finish."""
+        self._check_running()
+        await _wait_all(self._acc.begin_commit())
+        self._acc.check_flushed()
+        await self._end_transaction(committed=True)
+
+    async def abort_transaction(self) -> None:
+        """Abort the transaction: records not yet sent fail with TransactionAbortedError,
+        records in flight are waited for, then EndTxn(abort). The producer goes on."""
+        self._check_running()
+        in_flight, done = self._acc.begin_abort()
+        self._sender.finish(done)
+        await _wait_all(in_flight)
+        await self._end_transaction(committed=False)
+
+    async def prepare_transaction(self) -> TxnHandle:
+        """Send and wait as commit_transaction() does, then PrepareTxn: the transaction is
+        complete but undecided until someone commits or aborts it by the returned
+        handle (client.admin.commit_transactions), within transaction_prepared_timeout_ms.
+
+        The producer accepts no more records; init_transactions() starts afresh."""
+        self._check_running()
+        await _wait_all(self._acc.begin_prepare())
+        self._acc.check_flushed()
+        acc, cfg = self._acc, self.config
+        assert cfg.transactional_id is not None
+        response = await self._sender.request(
+            PrepareTxnRequest(
+                transactional_id=cfg.transactional_id,
+                producer_id=acc.producer_id,
+                producer_epoch=acc.producer_epoch,
+                prepared_timeout_ms=cfg.transaction_prepared_timeout_ms,
+            ),
+            self._block_deadline(),
+        )
+        producer_id, producer_epoch = acc.on_prepare(response.error, response.message)
+        return TxnHandle(cfg.transactional_id, producer_id, producer_epoch)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """`async with producer.transaction():` begins a transaction and commits it when the
+        block ends; when the block or the commit raises, the transaction is aborted and the
+        exception goes on (a failed abort is logged: the broker's timeout then ends it)."""
+        await self.begin_transaction()
+        try:
+            yield
+            await self.commit_transaction()
+        except BaseException as exc:
+            if self._acc.transaction_open:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self._block_s()):
+                    try:
+                        await self.abort_transaction()
+                    except MinibrokerError as failure:
+                        log.warning("could not abort the transaction after %r: %s", exc, failure)
+            raise
+
+    async def _end_transaction(self, *, committed: bool) -> None:
+        acc, cfg = self._acc, self.config
+        assert cfg.transactional_id is not None
+        response = await self._sender.request(
+            EndTxnRequest(
+                transactional_id=cfg.transactional_id,
+                producer_id=acc.producer_id,
+                producer_epoch=acc.producer_epoch,
+                committed=committed,
+            ),
+            self._block_deadline(),
+        )
+        acc.on_end(
+            committed,
+            response.error,
+            response.producer_id,
+            response.producer_epoch,
+            response.message,
+        )
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise MinibrokerError(f"producer is {self._state}: start() it first")
+
+    def _block_s(self) -> float:
+        return self.config.max_block_ms / 1000
+
+    def _block_deadline(self) -> float:
+        """Until when a transactional request is retried: max_block_ms, as Kafka does."""
+        return monotonic_ms() + self.config.max_block_ms
+
     def metrics(self) -> dict[str, float]:
         """Counters of this producer (Kafka-like names): records, retries, latency, buffer."""
         acc = self._acc
@@ -334,6 +476,11 @@ class AsyncProducer:
         m["producer_id"] = acc.producer_id
         m["producer_epoch"] = acc.producer_epoch
         return m
+
+
+async def _wait_all(batches: list[ProducerBatch]) -> None:
+    for batch in batches:
+        await batch.wait_async()
 
 
 def _batch_callbacks(
@@ -379,13 +526,16 @@ class Producer:
     `flush()` and `close()` block the caller. Also a context manager."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] = "127.0.0.1:9092", **config: Any):
-        self._core = core = AsyncProducer(bootstrap_servers, **config)
-        self.config = core.config
         self._thread = PortalThread("minibroker-producer")
         self._portal = self._thread.portal
         self._closed = False
         self._close_timeout: float | None = None
         try:
+            # Built on the I/O thread, so that its AnyIO locks and events belong to that
+            # thread's event loop even when the caller runs inside another one (trio).
+            core = self._portal.call(partial(AsyncProducer, bootstrap_servers, **config))
+            self._core = core
+            self.config = core.config
             self._lifetime, self._close_requested = self._portal.start_task(
                 self._run, name="minibroker-producer"
             )
@@ -466,6 +616,28 @@ class Producer:
             self._lifetime.result()
         finally:
             self._thread.close()
+
+    def init_transactions(self) -> None:
+        """See AsyncProducer.init_transactions: fence older instances of the transactional id."""
+        self._portal.call(self._core.init_transactions)
+
+    def begin_transaction(self) -> None:
+        self._portal.call(self._core.begin_transaction)
+
+    def commit_transaction(self) -> None:
+        """Flush, then commit; TransactionAbortableError if any record of it failed."""
+        self._portal.call(self._core.commit_transaction)
+
+    def abort_transaction(self) -> None:
+        self._portal.call(self._core.abort_transaction)
+
+    def prepare_transaction(self) -> TxnHandle:
+        """Flush, then PrepareTxn; the handle lets any process commit or abort it."""
+        return self._portal.call(self._core.prepare_transaction)
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """`with producer.transaction():` commits on normal exit, aborts on an exception."""
+        return self._portal.wrap_async_context_manager(self._core.transaction())
 
     def metrics(self) -> dict[str, float]:
         return self._core.metrics()

@@ -7,6 +7,10 @@ outstanding on one connection), and sleeps until the accumulator's next
 deadline or a wakeup. Answers come back through the connection's callbacks and
 are fed to the accumulator; batches it reports finished are signalled here,
 outside its lock.
+
+A transactional producer's own requests (InitProducerId, EndTxn, PrepareTxn)
+are not part of the loop: the caller's task sends them with `request`, on the
+same connection, once the accumulator says no batch is unfinished.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from protocol.messages import (
     ProduceRequest,
     ProduceResponse,
     ProduceTopic,
+    Request,
 )
 
 log = logging.getLogger(f"minibroker.{__name__}")
@@ -109,6 +114,42 @@ class Sender:
             if conn is not None:
                 self._produce_in_flight = 0
         return conn
+
+    async def request(self, request: Request, deadline_ms: float) -> Any:
+        """Send `request` from the caller's task and return its answer, resending it across
+        lost connections and retriable errors (with backoff) until `deadline_ms`.
+
+        For the transactional requests, which are safe to repeat: a repeated EndTxn
+        gets the first one's answer, a repeated PrepareTxn error 0. Other errors are
+        returned in the answer, for the caller to classify."""
+        cfg = self.config
+        attempts = 0
+        cause: object = "no answer"  # of the last attempt that failed, for the timeout
+        while True:
+            remaining_s = (deadline_ms - monotonic_ms()) / 1000
+            if remaining_s > 0:
+                try:
+                    with anyio.fail_after(remaining_s):
+                        conn = await self.connection(block=True)
+                        assert conn is not None
+                        response = await conn.request(request, cfg.request_timeout_ms / 1000)
+                except TimeoutError:
+                    if self._conn is None or self._conn.closed:
+                        cause = self._connector.last_error or cause
+                except ConnectionLostError as exc:
+                    cause = exc
+                else:
+                    if response.error not in RETRIABLE:
+                        return response
+                    cause = ErrorCode.name_of(response.error)
+            remaining_s = (deadline_ms - monotonic_ms()) / 1000
+            if remaining_s <= 0:
+                raise MinibrokerTimeoutError(
+                    f"{request.api} not completed within max_block_ms ({cause})"
+                )
+            attempts += 1
+            backoff_ms = min(cfg.retry_backoff_ms * 2 ** (attempts - 1), cfg.retry_backoff_max_ms)
+            await anyio.sleep(min(backoff_ms / 1000, remaining_s))
 
     async def wait_for_space(self, deadline_ms: float) -> None:
         """Wait until some batch finished (freeing buffer memory) or `deadline_ms`; raises
@@ -218,15 +259,19 @@ class Sender:
         acc = self.acc
         cfg = self.config
         pid, epoch, compression = acc.producer_id, acc.producer_epoch, acc.compression
+        transactional = acc.transactional
         by_topic: dict[str, list[ProducePartition]] = {}
         for batch in batches:
             by_topic.setdefault(batch.topic, []).append(
-                ProducePartition(batch.partition, batch.wire(pid, epoch, compression))
+                ProducePartition(
+                    batch.partition, batch.wire(pid, epoch, compression, transactional)
+                )
             )
         request = ProduceRequest(
             acks=cfg.acks_int,
             timeout_ms=cfg.request_timeout_ms,
             topics=[ProduceTopic(topic, parts) for topic, parts in by_topic.items()],
+            transactional_id=cfg.transactional_id,
         )
         timeout_s = cfg.request_timeout_ms / 1000
         acc.metrics["requests_sent"] += 1

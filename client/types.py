@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
 
 
 class TopicPartition(NamedTuple):
@@ -39,3 +40,36 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Sequence[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnHandle:
+    """A prepared transaction, as `prepare_transaction()` returns it: what any process needs
+    to commit or abort it with `admin.commit_transactions` / `abort_transactions`.
+
+    Plain values only, so it pickles (Spark ships it from executor to driver) and
+    goes through JSON with `to_dict()` / `from_dict()`."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TxnHandle:
+        return cls(
+            str(data["transactional_id"]), int(data["producer_id"]), int(data["producer_epoch"])
+        )
+
+
+class CommitTxnsResult(NamedTuple):
+    """The outcome of `admin.commit_transactions` / `abort_transactions`.
+
+    `already_committed`: the app version asked for was at or below the recorded one,
+    so nothing was committed (the listed transactions still open were aborted).
+    `txn_app_version`: the app's recorded version after the call, -1 without an app."""
+
+    already_committed: bool
+    txn_app_version: int

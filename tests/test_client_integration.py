@@ -167,9 +167,13 @@ def test_metadata_wait_is_bounded_by_max_block_ms() -> None:
 
 def test_fenced_producer_fails_clearly(broker: BrokerProcess) -> None:
     with Producer(broker.bootstrap, transactional_id="app") as old:
+        old.init_transactions()
+        old.begin_transaction()
         old.send("f", b"before", partition=0).get(10)
         with Producer(broker.bootstrap, transactional_id="app") as new:
-            new.send("f", b"new", partition=0).get(10)
+            new.init_transactions()
+            with new.transaction():
+                new.send("f", b"new", partition=0).get(10)
             with pytest.raises(ProducerFencedError) as info:
                 old.send("f", b"stale", partition=0).get(10)
             assert "newer epoch" in str(info.value)

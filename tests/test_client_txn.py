@@ -1,0 +1,488 @@
+"""Sans-IO tests of the transactional producer's state machine (client/accumulator.py).
+
+Kafka's rules, checked without a broker or a sleep: sends only inside a begun
+transaction, batches stamped transactional, fatal (fenced) versus abortable
+errors, no commit of a transaction that lost a batch, the next epoch from
+EndTxn with sequences from 0, prepare and its handle. The answers the producer
+would get from the broker are fed in as error codes.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+
+import pytest
+
+from client.accumulator import ProducerBatch, RecordAccumulator, TxnState
+from client.errors import (
+    TXN_FATAL_CODES,
+    DeliveryTimeoutError,
+    IllegalStateError,
+    MinibrokerError,
+    ProducerFencedError,
+    TransactionAbortableError,
+    TransactionAbortedError,
+    error_for,
+)
+from client.types import TxnHandle
+from protocol.batch import read_header
+from protocol.errors import ErrorCode
+
+E = ErrorCode
+PID = 7
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(**overrides: object) -> RecordAccumulator:
+    """A transactional accumulator after init_transactions() (pid 7, epoch 0)."""
+    settings: dict[str, object] = {
+        "clock": Clock(),
+        "batch_size": 1000,
+        "transactional": True,
+        "retries": 3,
+        "retry_backoff_ms": 100,
+        "delivery_timeout_ms": 120_000,
+    }
+    settings.update(overrides)
+    acc = RecordAccumulator(**settings)  # type: ignore[arg-type]
+    acc.begin_init()
+    acc.on_init(E.NONE, PID, 0, None)
+    return acc
+
+
+def add(acc: RecordAccumulator, value: bytes = b"v", partition: int = 0):
+    return acc.append("t", partition, 1_000, None, value, None, None)
+
+
+def drain(acc: RecordAccumulator, now: float = 0) -> list[ProducerBatch]:
+    return [batch for request in acc.drain(now, 5) for batch in request]
+
+
+def succeed(acc: RecordAccumulator, batches: list[ProducerBatch]) -> None:
+    for batch in batches:
+        acc.on_response(batch, E.NONE, 0, 1)
+
+
+def commit(acc: RecordAccumulator, next_epoch: int) -> None:
+    """A whole successful commit: flush, check, EndTxn answered with `next_epoch`."""
+    succeed(acc, drain(acc))
+    acc.begin_commit()
+    succeed(acc, drain(acc))
+    acc.check_flushed()
+    acc.on_end(True, E.NONE, PID, next_epoch, None)
+
+
+# --------------------------------------------------------------------------- states
+
+
+def test_sends_need_init_then_a_begun_transaction() -> None:
+    acc = RecordAccumulator(transactional=True)
+    assert acc.txn_state is TxnState.UNINITIALIZED
+    assert acc.producer_id_request() is None  # no InitProducerId before init_transactions()
+    with pytest.raises(IllegalStateError, match="init_transactions"):
+        add(acc)
+    acc.begin_init()
+    acc.on_init(E.NONE, PID, 3, None)
+    assert (acc.txn_state, acc.producer_id, acc.producer_epoch) == (TxnState.READY, PID, 3)
+    with pytest.raises(IllegalStateError, match="begin_transaction"):
+        add(acc)
+    acc.begin_transaction()
+    add(acc)
+    with pytest.raises(IllegalStateError):
+        acc.begin_transaction()
+
+
+def test_transactional_calls_on_a_plain_producer_are_illegal() -> None:
+    acc = RecordAccumulator()
+    for call in (acc.begin_init, acc.begin_transaction, acc.begin_commit, acc.begin_abort):
+        with pytest.raises(IllegalStateError, match="transactional_id"):
+            call()
+
+
+def test_commit_or_abort_without_a_transaction_is_illegal() -> None:
+    acc = make()
+    with pytest.raises(IllegalStateError):
+        acc.begin_commit()
+    with pytest.raises(IllegalStateError):
+        acc.begin_abort()
+    with pytest.raises(IllegalStateError):
+        acc.begin_prepare()
+
+
+def test_batches_are_transactional_and_stamped_with_the_transactions_epoch() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc)
+    (batch,) = drain(acc)
+    header = read_header(batch.wire(acc.producer_id, acc.producer_epoch, 0, acc.transactional))
+    assert header.is_transactional and not header.is_control
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (PID, 0, 0)
+
+
+def test_commit_waits_for_every_batch_then_adopts_the_next_epoch_and_sequences_restart() -> None:
+    acc = make(linger_ms=60_000)
+    acc.begin_transaction()
+    add(acc, partition=0)
+    add(acc, partition=1)
+    assert drain(acc) == []  # lingering
+    waiting = acc.begin_commit()
+    assert len(waiting) == 2
+    with pytest.raises(IllegalStateError, match="committing"):
+        add(acc)
+    batches = drain(acc)  # commit makes them sendable at once
+    assert len(batches) == 2
+    with pytest.raises(IllegalStateError, match="unfinished"):
+        acc.check_flushed()
+    succeed(acc, batches)
+    acc.check_flushed()
+    acc.on_end(True, E.NONE, PID, 1, None)
+    assert (acc.txn_state, acc.producer_epoch) == (TxnState.READY, 1)
+    assert acc.metrics["transactions_committed"] == 1
+
+    acc.begin_transaction()
+    add(acc, partition=0)
+    add(acc, partition=1)
+    acc.begin_commit()
+    assert sorted((b.partition, b.sequence) for b in drain(acc)) == [(0, 0), (1, 0)]
+
+
+def test_an_empty_transaction_commits() -> None:
+    acc = make()
+    acc.begin_transaction()
+    assert acc.begin_commit() == []
+    acc.check_flushed()
+    acc.on_end(True, E.NONE, PID, 1, None)
+    assert acc.txn_state is TxnState.READY
+
+
+def test_a_new_producer_id_from_endtxn_is_adopted() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc)
+    commit(acc, next_epoch=1)
+    acc.begin_transaction()
+    add(acc)
+    commit(acc, next_epoch=2)
+    acc.begin_transaction()
+    acc.begin_commit()
+    # Past epoch 32767 the broker answers with a new producer id at epoch 0.
+    acc.on_end(True, E.NONE, PID + 1, 0, None)
+    assert (acc.producer_id, acc.producer_epoch) == (PID + 1, 0)
+    acc.begin_transaction()
+    add(acc)
+    (batch,) = drain(acc)
+    header = read_header(batch.wire(acc.producer_id, acc.producer_epoch, 0, True))
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (PID + 1, 0, 0)
+
+
+# --------------------------------------------------------------------------- abortable
+
+
+@pytest.mark.parametrize(
+    "error",
+    [E.INVALID_TXN_STATE, E.OUT_OF_ORDER_SEQUENCE_NUMBER, E.UNKNOWN_PRODUCER_ID, E.INVALID_RECORD],
+)
+def test_a_failed_batch_makes_the_transaction_abortable(error: ErrorCode) -> None:
+    acc = make()
+    acc.begin_transaction()
+    failing = add(acc, partition=0)
+    (first,) = drain(acc)
+    queued = add(acc, partition=1)
+    done = acc.on_response(first, error, -1, 1)
+    assert acc.txn_state is TxnState.ABORTABLE_ERROR
+    # The queued batch of the doomed transaction fails at once, not after a send.
+    assert {b.partition for b in done} == {0, 1}
+    assert failing.exception() is not None
+    assert isinstance(queued.exception(), TransactionAbortedError)
+    # No KIP-360 epoch bump inside a transaction: InitProducerId would abort it.
+    assert acc.producer_id_request() is None
+    with pytest.raises(TransactionAbortableError):
+        add(acc)
+    with pytest.raises(TransactionAbortableError):
+        acc.begin_commit()
+    with pytest.raises(TransactionAbortableError):
+        acc.begin_prepare()
+    with pytest.raises(TransactionAbortableError):
+        acc.begin_transaction()
+    in_flight, dropped = acc.begin_abort()
+    assert in_flight == dropped == []
+    acc.on_end(False, E.NONE, PID, 1, None)
+    assert acc.txn_state is TxnState.READY
+    assert acc.metrics["transactions_aborted"] == 1
+    acc.begin_transaction()
+    add(acc)
+
+
+def test_a_batch_failing_during_commit_stops_the_commit() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc, partition=0)
+    add(acc, partition=1)
+    acc.begin_commit()
+    first, second = drain(acc)
+    acc.on_response(first, E.NONE, 0, 1)
+    acc.on_response(second, E.INVALID_TXN_STATE, -1, 1)
+    with pytest.raises(TransactionAbortableError, match="INVALID_TXN_STATE"):
+        acc.check_flushed()
+    assert acc.txn_state is TxnState.ABORTABLE_ERROR
+
+
+def test_retriable_errors_are_retried_inside_the_transaction() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc)
+    (batch,) = drain(acc)
+    acc.on_response(batch, E.REQUEST_TIMED_OUT, -1, 1)
+    acc.on_connection_lost(drain(acc, 1_000), 1_000, "dropped")
+    assert acc.txn_state is TxnState.IN_TRANSACTION
+    (again,) = drain(acc, 5_000)
+    assert again is batch and batch.sequence == 0 and batch.attempts == 3
+    acc.on_response(batch, E.NONE, 0, 5_001)
+    acc.begin_commit()
+    acc.check_flushed()
+
+
+def test_a_batch_out_of_retries_makes_the_transaction_abortable() -> None:
+    acc = make(retries=1)
+    acc.begin_transaction()
+    add(acc)
+    for now in (0, 1_000):
+        (batch,) = drain(acc, now)
+        acc.on_response(batch, E.REQUEST_TIMED_OUT, -1, now + 1)
+    assert acc.txn_state is TxnState.ABORTABLE_ERROR
+
+
+def test_a_delivery_timeout_makes_the_transaction_abortable() -> None:
+    acc = make(delivery_timeout_ms=1_000)
+    acc.begin_transaction()
+    handle = add(acc)
+    done = acc.expire(1_000)
+    assert done and isinstance(handle.exception(), DeliveryTimeoutError)
+    assert acc.txn_state is TxnState.ABORTABLE_ERROR
+
+
+def test_a_failed_endtxn_commit_leaves_only_an_abort() -> None:
+    acc = make()
+    acc.begin_transaction()
+    acc.begin_commit()
+    with pytest.raises(TransactionAbortableError, match="INVALID_TXN_STATE"):
+        acc.on_end(True, E.INVALID_TXN_STATE, -1, -1, "aborted by its timeout")
+    acc.begin_abort()
+    acc.on_end(False, E.NONE, PID, 1, None)
+    assert acc.txn_state is TxnState.READY
+
+
+def test_a_failed_endtxn_abort_needs_init_transactions() -> None:
+    acc = make()
+    acc.begin_transaction()
+    acc.begin_abort()
+    with pytest.raises(MinibrokerError, match="INVALID_TXN_STATE"):
+        acc.on_end(False, E.INVALID_TXN_STATE, -1, -1, None)
+    assert acc.txn_state is TxnState.UNINITIALIZED
+    with pytest.raises(IllegalStateError):
+        acc.begin_transaction()
+    acc.begin_init()
+
+
+def test_a_commit_or_abort_that_timed_out_can_be_retried_but_not_switched() -> None:
+    acc = make()
+    acc.begin_transaction()
+    acc.begin_commit()
+    # (the EndTxn(commit) timed out: outcome unknown)
+    with pytest.raises(IllegalStateError):
+        acc.begin_abort()
+    acc.begin_commit()
+    acc.on_end(True, E.NONE, PID, 1, None)
+    acc.begin_transaction()
+    acc.begin_abort()
+    with pytest.raises(IllegalStateError):
+        acc.begin_commit()
+    acc.begin_abort()
+
+
+# --------------------------------------------------------------------------- abort
+
+
+def test_abort_drops_queued_batches_and_waits_only_for_those_in_flight() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc, partition=0)
+    (in_flight,) = drain(acc)
+    queued = add(acc, partition=1)
+    waiting, dropped = acc.begin_abort()
+    assert waiting == [in_flight]
+    assert [b.partition for b in dropped] == [1]
+    assert isinstance(queued.exception(), TransactionAbortedError)
+    with pytest.raises(IllegalStateError, match="aborting"):
+        add(acc)
+    # An in-flight batch whose connection drops is not resent into an aborting transaction.
+    done = acc.on_connection_lost([in_flight], 1, "dropped")
+    assert done == [in_flight] and isinstance(in_flight.error, TransactionAbortedError)
+    assert drain(acc, 10_000) == []
+    acc.on_end(False, E.NONE, PID, 1, None)
+    assert acc.txn_state is TxnState.READY and acc.unfinished == 0
+
+
+# --------------------------------------------------------------------------- fatal
+
+
+@pytest.mark.parametrize("error", sorted(TXN_FATAL_CODES))
+def test_fencing_on_produce_is_fatal_for_every_later_call(error: ErrorCode) -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc, partition=0)
+    (batch,) = drain(acc)
+    queued = add(acc, partition=1)
+    acc.on_response(batch, error, -1, 1)
+    assert acc.txn_state is TxnState.FATAL_ERROR
+    assert isinstance(batch.error, ProducerFencedError)
+    assert isinstance(queued.exception(), ProducerFencedError)
+    for call in (
+        lambda: add(acc),
+        acc.begin_transaction,
+        acc.begin_commit,
+        acc.begin_abort,
+        acc.begin_prepare,
+        acc.begin_init,
+        acc.check_flushed,
+    ):
+        with pytest.raises(ProducerFencedError):
+            call()
+
+
+@pytest.mark.parametrize("error", sorted(TXN_FATAL_CODES))
+def test_fencing_on_endtxn_prepare_or_init_is_fatal(error: ErrorCode) -> None:
+    acc = make()
+    acc.begin_transaction()
+    acc.begin_commit()
+    with pytest.raises(ProducerFencedError):
+        acc.on_end(True, error, -1, -1, None)
+    assert acc.txn_state is TxnState.FATAL_ERROR
+
+    acc = make()
+    acc.begin_transaction()
+    acc.begin_prepare()
+    with pytest.raises(ProducerFencedError):
+        acc.on_prepare(error, None)
+
+    acc = RecordAccumulator(transactional=True)
+    acc.begin_init()
+    with pytest.raises(ProducerFencedError):
+        acc.on_init(error, -1, -1, None)
+    with pytest.raises(ProducerFencedError):
+        acc.begin_init()
+
+
+def test_an_invalid_transaction_timeout_is_reported_and_init_can_be_retried() -> None:
+    acc = RecordAccumulator(transactional=True)
+    acc.begin_init()
+    with pytest.raises(MinibrokerError, match="INVALID_TRANSACTION_TIMEOUT"):
+        acc.on_init(E.INVALID_TRANSACTION_TIMEOUT, -1, -1, None)
+    assert acc.txn_state is TxnState.UNINITIALIZED
+    acc.begin_init()
+
+
+def test_txn_fatal_codes_raise_producer_fenced_error() -> None:
+    for code in TXN_FATAL_CODES:
+        assert isinstance(error_for(code, "EndTxn"), ProducerFencedError)
+    assert not isinstance(error_for(E.INVALID_TXN_STATE, "EndTxn"), ProducerFencedError)
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def test_prepare_flushes_then_refuses_sends_and_init_starts_afresh() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc)
+    waiting = acc.begin_prepare()
+    assert len(waiting) == 1
+    succeed(acc, drain(acc))
+    acc.check_flushed()
+    assert acc.on_prepare(E.NONE, None) == (PID, 0)
+    assert acc.txn_state is TxnState.PREPARED and not acc.transaction_open
+    with pytest.raises(IllegalStateError, match="prepared"):
+        add(acc)
+    with pytest.raises(IllegalStateError):
+        acc.begin_transaction()
+    acc.begin_init()
+    acc.on_init(E.NONE, PID, 2, None)
+    acc.begin_transaction()
+    add(acc)
+
+
+def test_the_writer_may_still_end_its_prepared_transaction() -> None:
+    acc = make()
+    acc.begin_transaction()
+    acc.begin_prepare()
+    acc.on_prepare(E.NONE, None)
+    acc.begin_commit()
+    acc.on_end(True, E.NONE, PID, 1, None)
+    assert acc.txn_state is TxnState.READY
+
+
+def test_a_failed_prepare_leaves_only_an_abort() -> None:
+    acc = make()
+    acc.begin_transaction()
+    acc.begin_prepare()
+    with pytest.raises(TransactionAbortableError, match="INVALID_TRANSACTION_TIMEOUT"):
+        acc.on_prepare(E.INVALID_TRANSACTION_TIMEOUT, None)
+    acc.begin_abort()
+
+
+def test_txn_handle_pickles_and_round_trips_through_json() -> None:
+    handle = TxnHandle("sink-3", 12, 4)
+    assert pickle.loads(pickle.dumps(handle)) == handle
+    assert TxnHandle.from_dict(json.loads(json.dumps(handle.to_dict()))) == handle
+    assert handle.to_dict() == {
+        "transactional_id": "sink-3",
+        "producer_id": 12,
+        "producer_epoch": 4,
+    }
+
+
+# --------------------------------------------------------------------------- no silent loss
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_transaction_with_a_failed_record_is_ever_committed(seed: int) -> None:
+    """Random answers (success, retriable, lost, fatal-free failures): whenever the producer
+    gets as far as EndTxn(commit), every record of that transaction was acknowledged."""
+    rng = random.Random(seed)
+    acc = make(retries=2, delivery_timeout_ms=50_000)
+    answers = [E.NONE] * 6 + [E.REQUEST_TIMED_OUT, E.INVALID_TXN_STATE, None]
+    epoch, now, commits = 0, 0.0, 0
+    for _ in range(30):
+        acc.begin_transaction()
+        handles = [add(acc, b"x", rng.randrange(3)) for _ in range(rng.randrange(1, 6))]
+        acc.begin_commit()
+        while acc.unfinished:
+            now += 1_000
+            for batch in drain(acc, now):
+                answer = rng.choice(answers)
+                if answer is None:
+                    acc.on_connection_lost([batch], now, "dropped")
+                else:
+                    acc.on_response(batch, answer, 0, now)
+        epoch += 1
+        try:
+            acc.check_flushed()
+        except TransactionAbortableError:
+            assert any(h.exception() is not None for h in handles)
+            acc.begin_abort()
+            acc.on_end(False, E.NONE, PID, epoch, None)
+            continue
+        assert all(h.done() and h.exception() is None for h in handles)
+        acc.on_end(True, E.NONE, PID, epoch, None)
+        commits += 1
+    assert acc.txn_state is TxnState.READY
+    assert commits
