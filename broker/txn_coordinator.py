@@ -158,10 +158,19 @@ class TransactionCoordinator:
         entries: Iterable[TxnEntry],
         apps: Iterable[AppVersion] = (),
         removed: Iterable[str] = (),
+        *,
+        durable: bool = True,
     ) -> None:
-        """Make the changes durable, then install them; OSError leaves memory unchanged."""
+        """Make the changes durable, then install them; OSError leaves memory unchanged.
+
+        `durable=False` only writes them: for a change that recovery redoes when it is
+        lost (COMPLETE after durable markers), so it costs no fsync of its own."""
         entries, apps, removed = list(entries), list(apps), list(removed)
-        await self.log.append([[e.encode() for e in entries], [a.encode() for a in apps], removed])
+        body = [[e.encode() for e in entries], [a.encode() for a in apps], removed]
+        if durable:
+            await self.log.append(body)
+        else:
+            self.log.write(body)
         for tid in removed:
             self._forget(tid)
         for entry in entries:
@@ -512,7 +521,9 @@ class TransactionCoordinator:
                 self.on_markers()
         crash_point("txn_markers_durable")
         done = {e.transactional_id: completed(e, now_ms()) for e in pending}
-        await self._persist(done.values())
+        # Not fsynced: lost, the entry is still decided and recovery completes it again,
+        # finding its markers written (in_txn is false) and writing none twice.
+        await self._persist(done.values(), durable=False)
         return [done.get(e.transactional_id, e) for e in entries]
 
     # ------------------------------------------------------------------ housekeeping
