@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from broker.metrics import BrokerMetrics
 from broker.partition import Partition
 from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicError, TopicRegistry
-from broker.txn_coordinator import TransactionCoordinator
+from broker.txn_coordinator import TransactionCoordinator, now_ms
 from protocol import messages as m
 from protocol.batch import BatchError, BatchHeader, scan_batches, validate
 from protocol.errors import ErrorCode, ProtocolError
@@ -141,10 +140,6 @@ FetchLook = tuple[
 ]
 """(response, bytes ready, errored, file spans with their placeholders, and the
 (topic, bytes, records) flows to count once this look is the reply sent)."""
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Handlers:

@@ -32,7 +32,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.broker_process import BrokerProcess
-from harness.wire import WireClient, values_batch
+from harness.txn import Txn
+from harness.wire import WireClient
 from protocol.batch import build_batch
 from protocol.framing import LENGTH, decode_body, encode_frame
 
@@ -536,39 +537,6 @@ def by_label(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name
     return {labels[0][1]: v for (n, labels), v in samples.items() if n == name}
 
 
-class TxnProducer:
-    """A transactional producer over the raw wire (as tests/test_transactions.py's Txn)."""
-
-    def __init__(self, c: WireClient, transactional_id: str, timeout_ms: int = 60_000) -> None:
-        self.c = c
-        self.id = transactional_id
-        self.pid, self.epoch = c.init_producer(
-            transactional_id=transactional_id, transaction_timeout_ms=timeout_ms
-        )
-
-    def send(self, topic: str, partition: int) -> None:
-        # One batch per partition and transaction here: its sequence is always 0.
-        batch = values_batch(
-            [b"v"],
-            producer_id=self.pid,
-            producer_epoch=self.epoch,
-            base_sequence=0,
-            transactional=True,
-        )
-        r = self.c.produce(topic, partition, batch, acks=-1, transactional_id=self.id)
-        assert r["error"] == 0, r
-
-    def end(self, committed: bool) -> None:
-        r = self.c.call(
-            "EndTxn",
-            transactional_id=self.id,
-            producer_id=self.pid,
-            producer_epoch=self.epoch,
-            committed=committed,
-        )
-        assert r["error"] == 0, r
-
-
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_transaction_metrics_of_a_real_broker(backend: str, tmp_path: Path) -> None:
     """Commits, aborts by cause (client, fenced, timeout), the state gauge and the age of
@@ -585,20 +553,20 @@ def test_transaction_metrics_of_a_real_broker(backend: str, tmp_path: Path) -> N
         assert set(by_label(s, "minibroker_transactions_aborted_total").values()) == {0}
         with WireClient(broker.bootstrap) as c:
             assert c.create_topic("tx", 3) == 0
-            committed = TxnProducer(c, "committed")
-            committed.send("tx", 0)
-            committed.send("tx", 1)
-            committed.end(committed=True)
-            aborted = TxnProducer(c, "aborted")
-            aborted.send("tx", 0)
-            aborted.end(committed=False)
-            zombie = TxnProducer(c, "zombie")
-            zombie.send("tx", 1)
-            TxnProducer(c, "zombie")  # a new instance: the old one's transaction is aborted
-            TxnProducer(c, "slow", timeout_ms=200).send("tx", 1)
-            TxnProducer(c, "idle")
+            committed = Txn(c, "committed")
+            assert committed.send("tx", 0, [b"v"])["error"] == 0
+            assert committed.send("tx", 1, [b"v"])["error"] == 0
+            assert committed.end(committed=True)["error"] == 0
+            aborted = Txn(c, "aborted")
+            assert aborted.send("tx", 0, [b"v"])["error"] == 0
+            assert aborted.end(committed=False)["error"] == 0
+            zombie = Txn(c, "zombie")
+            assert zombie.send("tx", 1, [b"v"])["error"] == 0
+            Txn(c, "zombie")  # a new instance: the old one's transaction is aborted
+            assert Txn(c, "slow", timeout_ms=200).send("tx", 1, [b"v"])["error"] == 0
+            Txn(c, "idle")
             opened_s = time.time()
-            TxnProducer(c, "open").send("tx", 2)
+            assert Txn(c, "open").send("tx", 2, [b"v"])["error"] == 0
             sent_s = time.time()
 
             # The coordinator aborts "slow" past its 200 ms within a cleanup interval;

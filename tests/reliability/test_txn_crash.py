@@ -23,9 +23,9 @@ import pytest
 
 from broker.crash_points import ENV
 from harness.broker_process import BrokerProcess
+from harness.txn import Txn, committed_view, log_view
 from harness.wire import WireClient
 from protocol.batch import scan_batches
-from tests.test_transactions import Txn, committed_view, log_view
 
 PARTITIONS = 3
 
