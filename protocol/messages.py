@@ -1,4 +1,4 @@
-"""Typed requests and responses of wire contract version 1 (docs/protocol.md sections 4-5).
+"""Typed requests and responses of wire contract version 1 (docs/protocol.md sections 4-6).
 
 Each message is declared once, below, as a `msgspec.Struct`: its fields, types,
 defaults and bounds. Encoding, decoding and validation all derive from these
@@ -33,6 +33,21 @@ and the client share a single codec and never touch raw maps.
 | ListTransactions | transactional_id_prefix, states         | transactions [{...state...}]  |
 | DescribeTxnApps | txn_app_ids (nil: all)                   | apps [{txn_app_id,            |
 |                |                                           | txn_app_version, committed_ms}] |
+| ConsumerGroupHeartbeat | group_id, member_id, member_epoch, | member_id, member_epoch,     |
+|                | rebalance_timeout_ms, subscribed_topics,  | heartbeat_interval_ms,        |
+|                | owned [{topic, partitions}]               | assignment [{topic, partitions}] |
+| OffsetCommit   | group_id, member_id, member_epoch,        | topics [{topic, partitions    |
+|                | topics [{topic, partitions [{partition,   | [{partition, error}]}]        |
+|                | offset, metadata}]}]                      |                               |
+| TxnOffsetCommit | transactional_id, producer_id,           | as OffsetCommit               |
+|                | producer_epoch, + OffsetCommit's fields   |                               |
+| OffsetFetch    | group_id, topics [{topic, partitions}]    | topics [{topic, partitions    |
+|                | (nil: all), require_stable                | [{partition, offset,          |
+|                |                                           | metadata, error}]}]           |
+| ListGroups     | -                                         | groups [{group_id, state,     |
+|                |                                           | members}]                     |
+| DescribeGroups | group_ids                                 | groups [{group_id, error,     |
+|                |                                           | state, group_epoch, members}] |
 
 The classes below are the whole truth; this table is their summary.
 Every request also carries `api` (the struct's tag), `v` and `cid`, and may carry
@@ -488,6 +503,209 @@ class DescribeTxnAppsRequest(Request, tag="DescribeTxnApps"):
         return len(self.txn_app_ids or ())
 
 
+# --------------------------------------------------------------------------- consumer groups
+
+GROUP_STATES = ("EMPTY", "ASSIGNING", "RECONCILING", "STABLE", "DEAD")
+"""KIP-848's consumer-group states (docs/protocol.md section 6)."""
+GroupId = Annotated[str, msgspec.Meta(min_length=1, max_length=IDENTIFIER_CHARS_MAX)]
+MemberId = Annotated[str, msgspec.Meta(max_length=IDENTIFIER_CHARS_MAX)]
+OffsetMetadata = Annotated[str, msgspec.Meta(max_length=4096)]
+MEMBER_EPOCH_JOIN = 0
+MEMBER_EPOCH_LEAVE = -1
+MEMBER_EPOCH_NONE = -1
+"""A commit with member_id "" and this epoch comes from outside the group (manual assignment)."""
+NO_OFFSET = -1
+
+
+class GroupTopicPartitions(msgspec.Struct):
+    topic: str
+    partitions: list[int]
+
+    def __post_init__(self) -> None:
+        _unique(self.partitions, "partition", self.topic)
+
+
+class ConsumerGroupHeartbeatResponse(Response):
+    member_id: str = ""
+    member_epoch: int = -1
+    heartbeat_interval_ms: int = -1
+    assignment: list[GroupTopicPartitions] | None = None
+
+
+class ConsumerGroupHeartbeatRequest(Request, tag="ConsumerGroupHeartbeat"):
+    """Join (member_id "", epoch 0), stay (current epoch) or leave (epoch -1); nil lists
+    are unchanged since the previous heartbeat."""
+
+    response = ConsumerGroupHeartbeatResponse
+    group_id: GroupId
+    member_id: MemberId
+    member_epoch: int
+    rebalance_timeout_ms: Annotated[int, msgspec.Meta(ge=0)]
+    subscribed_topics: list[str] | None = None
+    owned: list[GroupTopicPartitions] | None = None
+
+    def __post_init__(self) -> None:
+        if self.subscribed_topics is not None:
+            _unique(self.subscribed_topics, "topic")
+        if self.owned is not None:
+            _unique([t.topic for t in self.owned], "topic")
+
+    def entry_count(self) -> int:
+        owned = self.owned or ()
+        subscribed = len(self.subscribed_topics or ())
+        return subscribed + len(owned) + sum(len(t.partitions) for t in owned)
+
+
+class OffsetCommitPartition(msgspec.Struct):
+    partition: int
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    metadata: OffsetMetadata | None = None
+
+
+class OffsetCommitTopic(msgspec.Struct):
+    topic: str
+    partitions: list[OffsetCommitPartition]
+
+    def __post_init__(self) -> None:
+        _unique([p.partition for p in self.partitions], "partition", self.topic)
+
+
+class PartitionError(msgspec.Struct):
+    partition: int
+    error: int = ErrorCode.NONE
+
+
+class TopicPartitionErrors(msgspec.Struct):
+    topic: str
+    partitions: list[PartitionError]
+
+
+class OffsetCommitResponse(Response):
+    topics: list[TopicPartitionErrors] = []
+
+
+def _commit_entries(topics: list[OffsetCommitTopic]) -> int:
+    _unique([t.topic for t in topics], "topic")
+    return len(topics) + sum(len(t.partitions) for t in topics)
+
+
+class OffsetCommitRequest(Request, tag="OffsetCommit"):
+    """Commit a group's offsets, durably; member_id "" and epoch -1 for a group with no members."""
+
+    response = OffsetCommitResponse
+    group_id: GroupId
+    topics: list[OffsetCommitTopic]
+    member_id: MemberId = ""
+    member_epoch: int = MEMBER_EPOCH_NONE
+
+    def __post_init__(self) -> None:
+        _commit_entries(self.topics)
+
+    def entry_count(self) -> int:
+        return _commit_entries(self.topics)
+
+
+class TxnOffsetCommitResponse(Response):
+    topics: list[TopicPartitionErrors] = []
+
+
+class TxnOffsetCommitRequest(Request, tag="TxnOffsetCommit"):
+    """Offsets that join the producer's transaction: visible on commit, dropped on abort."""
+
+    response = TxnOffsetCommitResponse
+    transactional_id: TransactionalId
+    producer_id: int
+    producer_epoch: int
+    group_id: GroupId
+    topics: list[OffsetCommitTopic]
+    member_id: MemberId = ""
+    member_epoch: int = MEMBER_EPOCH_NONE
+
+    def __post_init__(self) -> None:
+        _commit_entries(self.topics)
+
+    def entry_count(self) -> int:
+        return _commit_entries(self.topics)
+
+
+class OffsetFetchPartition(msgspec.Struct):
+    partition: int
+    offset: int = NO_OFFSET
+    metadata: str | None = None
+    error: int = ErrorCode.NONE
+
+
+class OffsetFetchTopic(msgspec.Struct):
+    topic: str
+    partitions: list[OffsetFetchPartition]
+
+
+class OffsetFetchResponse(Response):
+    topics: list[OffsetFetchTopic] = []
+
+
+class OffsetFetchRequest(Request, tag="OffsetFetch"):
+    """A group's committed offsets (nil topics: all of them); offset -1 where none."""
+
+    response = OffsetFetchResponse
+    group_id: GroupId
+    topics: list[GroupTopicPartitions] | None = None
+    require_stable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.topics is not None:
+            _unique([t.topic for t in self.topics], "topic")
+
+    def entry_count(self) -> int:
+        topics = self.topics or ()
+        return len(topics) + sum(len(t.partitions) for t in topics)
+
+
+class GroupListing(msgspec.Struct):
+    group_id: str
+    state: str
+    members: int = 0
+
+
+class ListGroupsResponse(Response):
+    groups: list[GroupListing] = []
+
+
+class ListGroupsRequest(Request, tag="ListGroups"):
+    response = ListGroupsResponse
+
+
+class GroupMemberDescription(msgspec.Struct):
+    member_id: str
+    member_epoch: int
+    client_id: str = ""
+    subscribed_topics: list[str] = []
+    assignment: list[GroupTopicPartitions] = []
+
+
+class GroupDescription(msgspec.Struct):
+    group_id: str
+    error: int = ErrorCode.NONE
+    state: str = "DEAD"
+    group_epoch: int = -1
+    members: list[GroupMemberDescription] = []
+
+
+class DescribeGroupsResponse(Response):
+    groups: list[GroupDescription] = []
+
+
+class DescribeGroupsRequest(Request, tag="DescribeGroups"):
+    response = DescribeGroupsResponse
+    group_ids: list[GroupId]
+
+    def __post_init__(self) -> None:
+        _unique(self.group_ids, "group_id")
+
+    def entry_count(self) -> int:
+        return len(self.group_ids)
+
+
 # --------------------------------------------------------------------------- the codec
 
 REQUEST_CLASSES: tuple[type[Request], ...] = (
@@ -503,6 +721,12 @@ REQUEST_CLASSES: tuple[type[Request], ...] = (
     CommitTxnsRequest,
     ListTransactionsRequest,
     DescribeTxnAppsRequest,
+    ConsumerGroupHeartbeatRequest,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    TxnOffsetCommitRequest,
+    ListGroupsRequest,
+    DescribeGroupsRequest,
 )
 REQUEST_TYPES: dict[str, type[Request]] = {
     str(cls.__struct_config__.tag): cls for cls in REQUEST_CLASSES

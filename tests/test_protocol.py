@@ -277,6 +277,30 @@ REQUESTS = [
     ),
     m.ListTransactionsRequest(transactional_id_prefix="spark-", states=["ONGOING", "PREPARED"]),
     m.DescribeTxnAppsRequest(txn_app_ids=["sink"]),
+    m.ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="",
+        member_epoch=0,
+        rebalance_timeout_ms=60_000,
+        subscribed_topics=["a", "b"],
+        owned=[m.GroupTopicPartitions("a", [0, 2])],
+    ),
+    m.OffsetCommitRequest(
+        group_id="g",
+        member_id="m-1",
+        member_epoch=3,
+        topics=[m.OffsetCommitTopic("a", [m.OffsetCommitPartition(0, 42, "meta")])],
+    ),
+    m.OffsetFetchRequest(group_id="g", topics=None, require_stable=True),
+    m.TxnOffsetCommitRequest(
+        transactional_id="tx",
+        producer_id=3,
+        producer_epoch=1,
+        group_id="g",
+        topics=[m.OffsetCommitTopic("a", [m.OffsetCommitPartition(1, 7)])],
+    ),
+    m.ListGroupsRequest(),
+    m.DescribeGroupsRequest(group_ids=["g", "h"]),
 ]
 
 
