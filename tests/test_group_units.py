@@ -9,9 +9,12 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import anyio
 import pytest
 
+from broker.config import BrokerConfig
 from broker.group_assignor import TopicPartition, assign
+from broker.group_coordinator import GroupCoordinator
 from broker.group_state import (
     EMPTY,
     RECONCILING,
@@ -541,3 +544,75 @@ def test_a_random_walk_never_gives_a_partition_two_owners() -> None:
     _check_balanced(group.target, subs)
     for client in clients:
         assert client.owned == group.target[client.member_id]
+
+
+# ------------------------------------------------------------------ the coordinator's hooks
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _join(group_id: str, topics: list[str]) -> m.ConsumerGroupHeartbeatRequest:
+    request = _request("", 0, subscribed=topics)
+    request.group_id = group_id
+    return request
+
+
+@pytest.mark.anyio
+async def test_check_member_answers_as_kafka_validates_an_offset_commit(anyio_backend: str) -> None:
+    groups = GroupCoordinator(BrokerConfig(), {"t": 2})
+    emptied: list[str] = []
+    groups.on_group_empty = lambda group_id, now_ms: emptied.append(group_id)
+    # A group without members takes commits from outside it (a negative epoch) only.
+    assert groups.check_member("g", "", -1) == ErrorCode.NONE
+    assert groups.check_member("g", "someone", 3) == ErrorCode.UNKNOWN_MEMBER_ID
+    joined = await groups.heartbeat(_join("g", ["t"]))
+    member_id, epoch = joined.member_id, joined.member_epoch
+    assert (epoch, groups.has_members("g"), groups.group_ids()) == (1, True, ["g"])
+    assert groups.check_member("g", member_id, epoch) == ErrorCode.NONE
+    assert groups.check_member("g", member_id, epoch + 1) == ErrorCode.FENCED_MEMBER_EPOCH
+    assert groups.check_member("g", member_id, epoch - 1) == ErrorCode.STALE_MEMBER_EPOCH
+    assert groups.check_member("g", "", -1) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert groups.check_member("g", "nobody", epoch) == ErrorCode.UNKNOWN_MEMBER_ID
+    leave = _request(member_id, m.MEMBER_EPOCH_LEAVE)
+    assert (await groups.heartbeat(leave)).error == ErrorCode.NONE
+    assert (groups.has_members("g"), groups.group_ids(), emptied) == (False, [], ["g"])
+    assert groups.check_member("g", "", -1) == ErrorCode.NONE
+
+
+@pytest.mark.anyio
+async def test_groups_with_offsets_only_are_listed_as_empty(anyio_backend: str) -> None:
+    groups = GroupCoordinator(BrokerConfig(), {"t": 2})
+    groups.offset_groups = lambda: {"archived", "g"}
+    await groups.heartbeat(_join("g", ["t"]))
+    listed = groups.list_groups(m.ListGroupsRequest()).groups
+    assert [(g.group_id, g.state, g.members) for g in listed] == [
+        ("archived", EMPTY, 0),
+        ("g", STABLE, 1),
+    ]
+    described = groups.describe_groups(m.DescribeGroupsRequest(group_ids=["archived", "x"]))
+    assert [(d.state, d.error) for d in described.groups] == [
+        (EMPTY, ErrorCode.NONE),
+        ("DEAD", ErrorCode.GROUP_ID_NOT_FOUND),
+    ]
+
+
+@pytest.mark.anyio
+async def test_the_timer_removes_a_silent_member_and_reports_the_group_empty(
+    anyio_backend: str,
+) -> None:
+    config = BrokerConfig(group_session_timeout_ms=100, group_heartbeat_interval_ms=50)
+    groups = GroupCoordinator(config, {"t": 2})
+    emptied = anyio.Event()
+    groups.on_group_empty = lambda group_id, now_ms: emptied.set()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(groups.run)
+        await groups.heartbeat(_join("g", ["t"]))
+        assert groups.has_members("g")
+        with anyio.fail_after(10):
+            await emptied.wait()
+        assert not groups.has_members("g") and groups.stats().groups == {}
+        assert groups.stats().heartbeats == 1
+        tg.cancel_scope.cancel()
