@@ -51,16 +51,16 @@ class PartitionCounts(Mapping[str, int]):
     """The live partition count of every topic, read where a transition looks one up."""
 
     def __init__(self, topics: TopicRegistry) -> None:
-        self._topics = topics.topics
+        self._registry = topics
 
     def __getitem__(self, name: str) -> int:
-        return len(self._topics[name].partitions)
+        return len(self._registry.topics[name].partitions)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._topics)
+        return iter(self._registry.topics)
 
     def __len__(self) -> int:
-        return len(self._topics)
+        return len(self._registry.topics)
 
 
 class GroupCoordinator:
@@ -197,7 +197,12 @@ class GroupCoordinator:
                 deadline, group_id = heapq.heappop(self._timers)
                 if self._scheduled.get(group_id) == deadline:
                     del self._scheduled[group_id]
-                    await self._expire(group_id)
+                    try:
+                        await self._expire(group_id)
+                    except Exception:
+                        # A bug in one group must not stop the others' timers; that
+                        # group is looked at again after its next heartbeat.
+                        log.exception("event=group_expiry_failed group=%r", group_id)
             self._wake = anyio.Event()
             delay_s = None if not self._timers else (self._timers[0][0] - monotonic_ms()) / 1000
             with anyio.move_on_after(delay_s):

@@ -616,3 +616,31 @@ async def test_the_timer_removes_a_silent_member_and_reports_the_group_empty(
         assert not groups.has_members("g") and groups.stats().groups == {}
         assert groups.stats().heartbeats == 1
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_failing_expiry_is_logged_and_the_timer_goes_on(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = BrokerConfig(group_session_timeout_ms=100, group_heartbeat_interval_ms=50)
+    groups = GroupCoordinator(config, {"t": 2})
+    failed = anyio.Event()
+    real_expire = expire
+
+    def broken(*args: object) -> None:
+        failed.set()
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("broker.group_coordinator.group_state.expire", broken)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(groups.run)
+        await groups.heartbeat(_join("a", ["t"]))
+        with anyio.fail_after(10):
+            await failed.wait()
+        assert "event=group_expiry_failed group='a'" in caplog.text
+        monkeypatch.setattr("broker.group_coordinator.group_state.expire", real_expire)
+        await groups.heartbeat(_join("b", ["t"]))  # another group's timer still runs
+        with anyio.fail_after(10):
+            while groups.has_members("b"):
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
