@@ -22,6 +22,7 @@ import anyio
 from broker import __version__ as BROKER_VERSION
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
+from broker.group_coordinator import GroupCoordinator
 from broker.log import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.metrics import BrokerMetrics
 from broker.partition import Partition
@@ -152,12 +153,14 @@ class Handlers:
         coordinator: TransactionCoordinator,
         metrics: BrokerMetrics,
         advertised: tuple[str, int],
+        groups: GroupCoordinator,
     ) -> None:
         self.config = config
         self.topics = topics
         self.producer_ids = producer_ids
         self.committer = committer
         self.coordinator = coordinator
+        self.groups = groups
         coordinator.on_markers = self._wake_fetchers
         self.metrics = metrics
         self.advertised = advertised
@@ -178,6 +181,9 @@ class Handlers:
             "CommitTxns": coordinator.commit_txns,
             "ListTransactions": coordinator.list_transactions,
             "DescribeTxnApps": coordinator.describe_apps,
+            "ConsumerGroupHeartbeat": groups.heartbeat,
+            "ListGroups": groups.list_groups,
+            "DescribeGroups": groups.describe_groups,
         }
         self.apis = frozenset(self._table)
 

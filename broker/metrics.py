@@ -19,10 +19,11 @@ label          values
 ``kind``       the fixed producer-state event kinds (`PRODUCER_EVENT_KINDS`)
 ``state``      the transaction states (`TXN_STATES`)
 ``cause``      the causes of an abort (`TXN_ABORT_CAUSES`)
+``group``      consumer group ids, of groups with members (at most `max_groups`)
 =============  ===================================================================
 
-Producer ids, transactional ids, client ids and connection addresses are never
-labels: they are unbounded.
+Producer ids, transactional ids, member ids, client ids and connection addresses
+are never labels: they are unbounded.
 
 Hot path. The broker calls `observe_request` for every request and
 `record_produce` / `record_fetch` for every partition of a Produce / Fetch. A
@@ -45,7 +46,9 @@ Per topic-partition state (offsets, size, active producers) is not pushed on
 every append: the broker registers a callable with `set_partition_source`, and
 the collector asks it for a snapshot at scrape time. The transaction coordinator's
 state (transactions by state, commits, aborts by cause, the oldest open transaction
-per partition) comes the same way, from `set_transaction_source`. A source that
+per partition) comes the same way, from `set_transaction_source`, and the group
+coordinator's (members and state per group, rebalances, heartbeats) from
+`set_group_source`. A source that
 raises costs its own families for that scrape, never the whole of /metrics: it is
 counted in ``minibroker_metrics_collect_errors_total`` and logged.
 
@@ -87,6 +90,8 @@ __all__ = [
     "TXN_ABORT_CAUSES",
     "TXN_STATES",
     "BrokerMetrics",
+    "GroupSnapshot",
+    "GroupStats",
     "PartitionStats",
     "TxnStats",
 ]
@@ -177,6 +182,24 @@ class TxnStats(NamedTuple):
     """Per (topic, partition) with an open transaction: when the oldest one started."""
 
 
+class GroupSnapshot(NamedTuple):
+    """One consumer group, taken when Prometheus scrapes."""
+
+    state: str
+    members: int
+    rebalances: int
+    """Group epoch bumps since the group started (its group epoch)."""
+
+
+class GroupStats(NamedTuple):
+    """The group coordinator's state, taken when Prometheus scrapes."""
+
+    groups: Mapping[str, GroupSnapshot]
+    """By group id: the groups that have members."""
+    heartbeats: int
+    """ConsumerGroupHeartbeat requests handled since start."""
+
+
 class PartitionStats(NamedTuple):
     """A snapshot of one topic-partition, taken when Prometheus scrapes."""
 
@@ -245,6 +268,7 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._partition_source: Callable[[], Iterable[PartitionStats]] | None = None
         self._transaction_source: Callable[[], TxnStats] | None = None
+        self._group_source: Callable[[], GroupStats] | None = None
         self._forgotten_source: Callable[[], tuple[int, int]] | None = None
         self._data_dir: str | None = None
         self._version = __version__
@@ -359,6 +383,11 @@ class BrokerMetrics:
         same rules), and gives the transaction families their samples."""
         self._transaction_source = source
 
+    def set_group_source(self, source: Callable[[], GroupStats]) -> None:
+        """`source()` is called at every scrape, like the partition source, and gives
+        the consumer-group families their samples."""
+        self._group_source = source
+
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
         """`source()` is called at every scrape, on the thread that renders (the event
         loop's, with `serve_http`); it must be quick and must not block."""
@@ -413,6 +442,9 @@ class _DisabledMetrics(BrokerMetrics):
         pass
 
     def set_transaction_source(self, source: Callable[[], TxnStats]) -> None:
+        pass
+
+    def set_group_source(self, source: Callable[[], GroupStats]) -> None:
         pass
 
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
@@ -561,13 +593,14 @@ class _BrokerCollector(Collector):
         # ---- per topic-partition and transactions, asked for at scrape time
         yield from self._partition_families(samples)
         yield from self._transaction_families(samples)
+        yield from self._group_families(samples)
         yield from self._disk_families(samples)
 
         # Last: a source that failed above is already counted in this scrape.
         errors_fam = CounterMetricFamily(
             f"{ns}_metrics_collect_errors",
             "Failures to read a statistics source at scrape time (partitions, "
-            "transactions, the data dir's filesystem); the broker logs each one.",
+            "transactions, groups, the data dir's filesystem); the broker logs each one.",
         )
         if samples:
             errors_fam.add_metric([], m._collect_errors)
@@ -678,6 +711,47 @@ class _BrokerCollector(Collector):
         except Exception:
             m._collect_errors += 1
             log.exception("event=metrics_transaction_source_failed")
+            return
+        yield from families
+
+    def _group_families(self, samples: bool) -> Iterator[Metric]:
+        m = self._m
+        ns = NAMESPACE
+        members = GaugeMetricFamily(
+            f"{ns}_group_members", "Members of the consumer group.", labels=["group"]
+        )
+        state = GaugeMetricFamily(
+            f"{ns}_group_state",
+            "Always 1, one series per group: the state label says which state the group "
+            "is in (EMPTY, RECONCILING, STABLE).",
+            labels=["group", "state"],
+        )
+        rebalances = CounterMetricFamily(
+            f"{ns}_group_rebalances",
+            "Group epoch bumps: joins, leaves, removals, subscription and partition-count "
+            "changes. Starts again when an emptied group comes back.",
+            labels=["group"],
+        )
+        heartbeats = CounterMetricFamily(
+            f"{ns}_group_heartbeats", "ConsumerGroupHeartbeat requests handled since start."
+        )
+        families = [members, state, rebalances, heartbeats]
+        if not samples:
+            yield from families
+            return
+        source = m._group_source
+        if source is None:
+            return
+        try:
+            stats = source()
+            for group_id, snapshot in sorted(stats.groups.items()):
+                members.add_metric([group_id], snapshot.members)
+                state.add_metric([group_id, snapshot.state], 1)
+                rebalances.add_metric([group_id], snapshot.rebalances)
+            heartbeats.add_metric([], stats.heartbeats)
+        except Exception:
+            m._collect_errors += 1
+            log.exception("event=metrics_group_source_failed")
             return
         yield from families
 

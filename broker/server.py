@@ -29,6 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.data_dir import DataDir
 from broker.group_commit import GroupCommitter
+from broker.group_coordinator import GroupCoordinator, PartitionCounts
 from broker.handlers import Answer, DurableReply, Handlers, NoAnswer, SplicedReply, now_ms
 from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
@@ -171,6 +172,8 @@ class Broker:
                     self.topics.set_on_rolled(committer.request_flush)
                     tg.start_soon(committer.run)
                     coordinator = await self._recover_transactions(producer_ids, committer)
+                    groups = GroupCoordinator(config, PartitionCounts(self.topics))
+                    self.metrics.set_group_source(groups.stats)
                     self.handlers = Handlers(
                         config,
                         self.topics,
@@ -179,10 +182,12 @@ class Broker:
                         coordinator,
                         self.metrics,
                         (config.host, self.port),
+                        groups,
                     )
                     self.data_dir.begin_run()
                     self.ready = True
                     tg.start_soon(coordinator.run)
+                    tg.start_soon(groups.run)
                     tg.start_soon(self._housekeeping)
                     serve_scope = anyio.CancelScope()
                     # Connections run outside the listener's scope: stopping accepting
