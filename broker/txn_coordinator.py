@@ -566,8 +566,10 @@ class TransactionCoordinator:
         if expired:
             await self._persist([], removed=expired)
             log.info("event=txn_ids_expired ids=%d", len(expired))
-        if self.log.wants_compaction():
-            self.log.compact(self._whole_state())
+        # Only with no lock held: a change written and synced is installed in memory by
+        # its task after the sync, and a compaction before that would drop it.
+        if not self._locks and self.log.wants_compaction():
+            self.log.compact([self._whole_state()])
 
     def _locks_held(self) -> set[str]:
         return {tid for kind, tid in self._locks if kind == "txn"}

@@ -11,8 +11,9 @@ import anyio
 import pytest
 
 from broker.producer_state import PartitionProducerState, SnapshotError
+from broker.record_log import encode_record
 from broker.txn_index import AbortedIndex, AbortedTxn, TxnIndexError, decode_entries, encode_entries
-from broker.txn_log import TxnLog, TxnLogError, encode_record
+from broker.txn_log import TxnLog, TxnLogError
 from broker.txn_state import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
@@ -159,7 +160,7 @@ def test_txn_log_cuts_a_torn_tail_and_compacts(tmp_path: Path) -> None:
         assert path.read_bytes() == whole
         while not log.wants_compaction():
             await log.append([[], [["app", 9, 9]], []])
-        log.compact([[], [["app", 9, 9]], []])
+        log.compact([[[], [["app", 9, 9]], []]])
         log.close()
         assert TxnLog(tmp_path, max_bytes=4096).open() == [[[], [["app", 9, 9]], []]]
 
