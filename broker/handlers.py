@@ -24,6 +24,7 @@ from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
 from broker.log import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.metrics import BrokerMetrics
+from broker.offset_store import OffsetStore
 from broker.partition import Partition
 from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicError, TopicRegistry
@@ -150,6 +151,7 @@ class Handlers:
         producer_ids: ProducerIdManager,
         committer: GroupCommitter,
         coordinator: TransactionCoordinator,
+        offsets: OffsetStore,
         metrics: BrokerMetrics,
         advertised: tuple[str, int],
     ) -> None:
@@ -159,6 +161,7 @@ class Handlers:
         self.committer = committer
         self.coordinator = coordinator
         coordinator.on_markers = self._wake_fetchers
+        self.offsets = offsets
         self.metrics = metrics
         self.advertised = advertised
         self._appended = anyio.Event()
@@ -178,6 +181,9 @@ class Handlers:
             "CommitTxns": coordinator.commit_txns,
             "ListTransactions": coordinator.list_transactions,
             "DescribeTxnApps": coordinator.describe_apps,
+            "OffsetCommit": offsets.offset_commit,
+            "OffsetFetch": offsets.offset_fetch,
+            "TxnOffsetCommit": self.txn_offset_commit,
         }
         self.apis = frozenset(self._table)
 
@@ -298,6 +304,11 @@ class Handlers:
                     )
             topics.append(m.ListOffsetsTopicResponse(t.topic, out))
         return m.ListOffsetsResponse(topics=topics)
+
+    def txn_offset_commit(
+        self, req: m.TxnOffsetCommitRequest
+    ) -> Awaitable[m.TxnOffsetCommitResponse]:
+        return self.offsets.txn_offset_commit(req, self.coordinator)
 
     # ----------------------------------------------------------------- produce
 
