@@ -364,10 +364,14 @@ class OffsetStore:
                 log.exception("event=offsets_sweep_failed")
 
     def sweep(self, stamp: int) -> None:
-        """One look at every group not being written. Its records are written, not
-        synced: one lost in a crash is redone by the next sweep after the restart."""
+        """Compact the log when due, then look at every group not being written. The
+        sweep's records are written, not synced: one lost in a crash is redone by the
+        first sweep after the restart."""
         if self._failed is not None:
             return
+        if not self._locks and self.log.wants_compaction():
+            # Every record written is installed: writers hold a group lock until then.
+            self.log.compact(self.state.snapshot())
         retention = self.config.offsets_retention_ms
         for group_id in [g for g in self.state.groups if g not in self._locks]:
             group = self.state.group(group_id)
@@ -380,9 +384,6 @@ class OffsetStore:
                 self._write_now(expire_record(group_id, expired))
                 self._expired += len(expired)
                 log.info("event=offsets_expired group=%r offsets=%d", group_id, len(expired))
-        if not self._locks and self.log.wants_compaction():
-            # Every record written is installed (writers hold a group lock until then).
-            self.log.compact(self.state.snapshot())
 
     def _write_now(self, record: list[object]) -> None:
         """Write and install at once, with no wait between: no other write of the group

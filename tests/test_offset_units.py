@@ -1,7 +1,7 @@
 """The committed-offsets state without a broker: records, replay, markers, retention, the
 count held against max_committed_offsets (broker/offset_state.py), groups in a
-transaction's entry (broker/txn_state.py), and the offsets log file (broker/offset_store.py
-on broker/record_log.py)."""
+transaction's entry (broker/txn_state.py), the offsets log file (broker/offset_store.py
+on broker/record_log.py), and the store's sweep under a membership the test sets."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from broker.config import BrokerConfig
 from broker.offset_state import (
     Committed,
     OffsetState,
@@ -23,7 +24,7 @@ from broker.offset_state import (
     markers_record,
     pending_record,
 )
-from broker.offset_store import OffsetLog, OffsetLogError
+from broker.offset_store import NoMembers, OffsetLog, OffsetLogError, OffsetStore
 from broker.txn_state import (
     COMPLETE_COMMIT,
     EMPTY,
@@ -37,6 +38,8 @@ from broker.txn_state import (
     with_group,
     with_partitions,
 )
+from protocol import messages as m
+from protocol.errors import ErrorCode
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -239,3 +242,79 @@ def test_offsets_log_compacts_to_a_record_per_group_and_refuses_damage(tmp_path:
     log.path.write_bytes(bytes(data))
     with pytest.raises(OffsetLogError, match=r"offsets\.wal: record at byte 0"):
         log.open()
+
+
+# ------------------------------------------------------------------ the store's sweep
+
+
+class Members:
+    """A group membership whose answers the test sets."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, dict[str, int]] = {}
+
+    def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
+        epochs = self.members.get(group_id, {})
+        if not epochs:
+            return NoMembers().check_member(group_id, member_id, member_epoch)
+        if member_id not in epochs:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        return ErrorCode.NONE if epochs[member_id] == member_epoch else ErrorCode.STALE_MEMBER_EPOCH
+
+    def has_members(self, group_id: str) -> bool:
+        return bool(self.members.get(group_id))
+
+
+class Topics:
+    def partition(self, topic: str, index: int) -> object | None:
+        return object() if topic == "t" else None
+
+
+def member_commit(group: str, member: str, epoch: int, offset: int) -> m.OffsetCommitRequest:
+    return m.OffsetCommitRequest(
+        group_id=group,
+        member_id=member,
+        member_epoch=epoch,
+        topics=[m.OffsetCommitTopic("t", [m.OffsetCommitPartition(0, offset)])],
+    )
+
+
+def test_offsets_of_a_group_expire_only_retention_after_its_members_left(tmp_path: Path) -> None:
+    config = BrokerConfig(offsets_retention_ms=DAY_MS)
+    members = Members()
+
+    def store() -> OffsetStore:
+        s = OffsetStore(config, Topics(), OffsetLog(tmp_path, 4096), members)  # type: ignore[arg-type]
+        s.load()
+        return s
+
+    async def main() -> None:
+        s = store()
+        members.members["g"] = {"m-1": 3}
+        stale = await s.offset_commit(member_commit("g", "m-1", 2, 5))
+        assert stale.topics[0].partitions[0].error == ErrorCode.STALE_MEMBER_EPOCH
+        outside = await s.offset_commit(member_commit("g", "", -1, 5))
+        assert outside.topics[0].partitions[0].error == ErrorCode.UNKNOWN_MEMBER_ID
+        ok = await s.offset_commit(member_commit("g", "m-1", 3, 5))
+        assert ok.topics[0].partitions[0].error == ErrorCode.NONE
+        group = s.state.group("g")
+        assert group is not None and group.empty_since_ms is None
+        start = group.committed[("t", 0)].commit_ms
+        s.sweep(start + 30 * DAY_MS)  # members: kept however old
+        assert s.state.group("g") is not None
+        members.members["g"] = {}
+        left = start + 40 * DAY_MS
+        s.sweep(left)
+        assert group.empty_since_ms == left and s.state.group("g") is not None
+        s.close()
+        s = store()  # the sweep's record is in the file
+        again = s.state.group("g")
+        assert again is not None and again.empty_since_ms == left
+        s.sweep(left + DAY_MS - 1)
+        assert s.state.group("g") is not None
+        s.sweep(left + DAY_MS)
+        assert s.state.group("g") is None and s.stats().expired == 1
+        s.close()
+        assert store().state.groups == {}
+
+    anyio.run(main)

@@ -197,6 +197,36 @@ def test_restart_and_kill_keep_every_answered_commit(tmp_path: Path, backend: st
         broker.kill()
 
 
+def test_the_log_is_compacted_and_replays_the_same(tmp_path: Path, backend: str) -> None:
+    config = "offsets_log_max_bytes = 4096\noffsets_retention_check_interval_ms = 50\n"
+    broker = BrokerProcess(
+        tmp_path / "data", backend=backend, extra_args=config_file(tmp_path, config)
+    ).start()
+    wal = tmp_path / "data" / "groups" / "offsets.wal"
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 3) == 0
+            tx = Txn(c)
+            assert txn_commit(tx, {("t", 2): 99}, group="g0") == {("t", 2): 0}
+            for i in range(300):
+                assert commit(c, {("t", i % 3): i}, group=f"g{i % 2}") == {("t", i % 3): 0}
+            assert wal.stat().st_size > 4096
+            expected = {g: offsets(c, g) for g in ("g0", "g1")}
+            wait_for(lambda: wal.stat().st_size < 1024)
+        broker.restart(kill=True)
+        with WireClient(broker.bootstrap) as c:
+            assert {g: offsets(c, g) for g in ("g0", "g1")} == expected
+            # The pending offset survived compaction too.
+            assert fetch(c, [("t", 2)], group="g0", require_stable=True) == {
+                ("t", 2): (-1, None, ErrorCode.UNSTABLE_OFFSET_COMMIT)
+            }
+            tx.c = c
+            assert tx.end(committed=True)["error"] == 0
+            assert offsets(c, "g0")[("t", 2)] == 99
+    finally:
+        broker.kill()
+
+
 # --------------------------------------------------------------------------- transactions
 
 
