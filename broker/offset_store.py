@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Container, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import anyio
 
@@ -133,14 +133,16 @@ class OffsetStore:
 
     def load(self) -> None:
         """Read the offsets log into memory (OffsetLogError when it is damaged)."""
-        for body in self.log.open():
-            try:
-                self.state.apply(body)
-            except OffsetStateError as exc:
-                raise OffsetLogError(f"{self.log.path}: {exc}") from exc
+        self.log.open(self._replay)
         log.info(
             "event=offsets_loaded groups=%d offsets=%d", len(self.state.groups), self.state.held
         )
+
+    def _replay(self, body: Any) -> None:
+        try:
+            self.state.apply(body)
+        except OffsetStateError as exc:
+            raise OffsetLogError(f"{self.log.path}: {exc}") from exc
 
     # ------------------------------------------------------------------ locks and writes
 

@@ -26,7 +26,7 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +51,11 @@ def encode_record(body: Any) -> bytes:
     return _HEAD.pack(len(data), zlib.crc32(data)) + data
 
 
-def decode_records(
+def scan_records(
     data: bytes, path: Path, error: type[RecordLogError] = RecordLogError
-) -> tuple[list[Any], int]:
-    """(bodies, length of the intact prefix) of a log file's bytes; `error` when a bad
-    record is followed by bytes that hold a good one."""
-    bodies: list[Any] = []
+) -> Iterator[tuple[Any, int]]:
+    """(body, end) of each intact record of a log file's bytes, in order, up to the
+    first bad one; `error` when a bad record is followed by bytes that hold a good one."""
     position = 0
     while position < len(data):
         parsed = _parse_at(data, position)
@@ -66,10 +65,9 @@ def decode_records(
                     f"{path}: record at byte {position} is corrupt but a later record is "
                     "intact; restore the file from a backup"
                 )
-            break
-        body, position = parsed
-        bodies.append(body)
-    return bodies, position
+            return
+        yield parsed
+        position = parsed[1]
 
 
 def _parse_at(data: bytes, position: int) -> tuple[Any, int] | None:
@@ -107,14 +105,20 @@ class RecordLog:
         self._round: anyio.Event | None = None
         self._round_error: OSError | None = None
 
-    def open(self) -> list[Any]:
-        """Open (or create) the file, cut a torn tail, and return every record's body."""
+    def open(self, replay: Callable[[Any], None]) -> int:
+        """Open (or create) the file, give every record's body to `replay` in order, cut
+        a torn tail, and return how many records there were. One body at a time: the
+        decoded file is never in memory whole."""
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
             data = b""
-        bodies, intact = decode_records(data, self.path, self.error)
+        intact = count = 0
+        for body, end in scan_records(data, self.path, self.error):
+            replay(body)
+            intact = end
+            count += 1
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         if intact < len(data):
             log.warning("event=record_log_tail_cut path=%s bytes=%d", self.path, len(data) - intact)
@@ -122,7 +126,7 @@ class RecordLog:
             os.fsync(self._fd)
         fsync_dir(self.directory)
         self._written = self._flushed = self._compacted_bytes = intact
-        return bodies
+        return count
 
     @property
     def size_bytes(self) -> int:

@@ -127,20 +127,8 @@ class TransactionCoordinator:
 
     def load(self) -> None:
         """Read the transaction log into memory (TxnLogError when it is damaged)."""
-        bodies = self.log.open()
-        for body in bodies:
-            try:
-                entries, apps, removed = body
-                for item in entries:
-                    self._install(TxnEntry.decode(item))
-                for item in apps:
-                    app = AppVersion.decode(item)
-                    self.apps[app.txn_app_id] = app
-                for tid in removed:
-                    self._forget(tid)
-            except (TxnStateError, TypeError, ValueError) as exc:
-                raise TxnLogError(f"{self.log.path}: {exc}") from exc
-        legacy = {} if bodies else self.producer_ids.legacy_transactional()
+        records = self.log.open(self._replay)
+        legacy = {} if records else self.producer_ids.legacy_transactional()
         for tid, (pid, epoch) in legacy.items():
             # Ids mapped before the coordinator existed keep their pid and fencing.
             entry = initialized(None, tid, pid, epoch, DEFAULT_TIMEOUT_MS, now_ms())
@@ -150,6 +138,19 @@ class TransactionCoordinator:
             self.producer_ids.retire_legacy()
         for entry in self.entries.values():
             self.producer_ids.remember(entry.producer_id, entry.producer_epoch)
+
+    def _replay(self, body: Any) -> None:
+        try:
+            entries, apps, removed = body
+            for item in entries:
+                self._install(TxnEntry.decode(item))
+            for item in apps:
+                app = AppVersion.decode(item)
+                self.apps[app.txn_app_id] = app
+            for tid in removed:
+                self._forget(tid)
+        except (TxnStateError, TypeError, ValueError) as exc:
+            raise TxnLogError(f"{self.log.path}: {exc}") from exc
 
     def _install(self, entry: TxnEntry) -> None:
         tid = entry.transactional_id
