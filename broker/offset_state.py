@@ -30,7 +30,6 @@ time comes in as `now_ms`.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -80,6 +79,9 @@ class OffsetState:
     def __init__(self) -> None:
         self.groups: dict[str, GroupOffsets] = {}
         self.held = 0
+        # One key object per partition, shared by every group that holds it: a quarter
+        # of what an offset costs (there are no more keys than partitions in the broker).
+        self._keys: dict[TopicPartition, TopicPartition] = {}
 
     def group(self, group_id: str) -> GroupOffsets | None:
         return self.groups.get(group_id)
@@ -123,7 +125,7 @@ class OffsetState:
             kind = record[0]
             if kind == COMMIT:
                 _, group_id, since, stamp, items = record
-                entries = [_pending(i) for i in items]
+                entries = [self._entry(i) for i in items]
                 group_id, since, stamp = _str(group_id), _since(since), _int(stamp)
                 group = self._fetch_group(group_id, since)
                 for key, (offset, metadata) in entries:
@@ -131,7 +133,7 @@ class OffsetState:
                     group.committed[key] = Committed(offset, metadata, stamp)
             elif kind == PENDING:
                 _, group_id, since, pid, items = record
-                entries = [_pending(i) for i in items]
+                entries = [self._entry(i) for i in items]
                 group_id, since, pid = _str(group_id), _since(since), _int(pid)
                 group = self._fetch_group(group_id, since)
                 offsets = group.pending.setdefault(pid, {})
@@ -164,7 +166,7 @@ class OffsetState:
         """The group, created if new, with its empty_since_ms set."""
         group = self.groups.get(group_id)
         if group is None:
-            group = self.groups[sys.intern(group_id)] = GroupOffsets(since)
+            group = self.groups[group_id] = GroupOffsets(since)
         else:
             group.empty_since_ms = since
         return group
@@ -192,15 +194,25 @@ class OffsetState:
     def _install(self, group_id: Any, since: Any, committed: Any, pending: Any) -> None:
         new = GroupOffsets(_since(since))
         for topic, partition, offset, metadata, stamp in committed:
-            key, value = _pending([topic, partition, offset, metadata])
+            key, value = self._entry([topic, partition, offset, metadata])
             new.committed[key] = Committed(*value, _int(stamp))
         for pid, items in pending:
-            new.pending[_int(pid)] = dict(_pending(i) for i in items)
+            new.pending[_int(pid)] = dict(self._entry(i) for i in items)
         old = self.groups.pop(_str(group_id), None)
         self.held -= 0 if old is None else old.held()
-        self.groups[sys.intern(group_id)] = new
+        self.groups[group_id] = new
         self.held += new.held()
         self._forget_if_bare(group_id, new)
+
+    def _entry(self, item: Any) -> Entry:
+        """A record's [topic, partition, offset, metadata], checked, with the shared key."""
+        topic, partition, offset, metadata = item
+        if metadata is not None:
+            _str(metadata)
+        if _int(offset) < 0:
+            raise ValueError(f"offset {offset} is negative")
+        key = (_str(topic), _int(partition))
+        return self._keys.setdefault(key, key), Pending(offset, metadata)
 
     def _forget_if_bare(self, group_id: str, group: GroupOffsets) -> None:
         if not group.committed and not group.pending:
@@ -268,16 +280,6 @@ def empty_since(group: GroupOffsets | None, has_members: bool, now_ms: int) -> i
     if group is None or group.empty_since_ms is None:
         return now_ms
     return group.empty_since_ms
-
-
-def _pending(item: Any) -> Entry:
-    topic, partition, offset, metadata = item
-    if metadata is not None:
-        _str(metadata)
-    if _int(offset) < 0:
-        raise ValueError(f"offset {offset} is negative")
-    # Topic names repeat across groups: one string object each, not one per offset.
-    return (sys.intern(_str(topic)), _int(partition)), Pending(offset, metadata)
 
 
 def _str(value: Any) -> str:
