@@ -68,6 +68,11 @@ class OffsetLog(RecordLog):
 class MemberCheck(Protocol):
     """What the group membership tells the store."""
 
+    def locked(self, group_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the group's membership still from the member check to the answer, so no
+        heartbeat moves the member's epoch or partitions in between."""
+        ...
+
     def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
         """NONE when the member may commit for the group at this epoch, else why not
         (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH)."""
@@ -79,6 +84,10 @@ class MemberCheck(Protocol):
 class NoMembers:
     """Membership while no group coordinator runs: every group is empty, so only a commit
     from outside the group (member_id "", epoch -1) passes."""
+
+    @asynccontextmanager
+    async def locked(self, group_id: str) -> AsyncIterator[None]:
+        yield  # no member, nothing to hold still
 
     def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
         if member_id == "" and member_epoch == m.MEMBER_EPOCH_NONE:
@@ -219,13 +228,17 @@ class OffsetStore:
     # ------------------------------------------------------------------ OffsetCommit
 
     async def offset_commit(self, req: m.OffsetCommitRequest) -> m.OffsetCommitResponse:
-        refused = self.members.check_member(req.group_id, req.member_id, req.member_epoch)
-        if refused:
-            return m.OffsetCommitResponse(
-                error=refused,
-                message=_member_message(refused, req.group_id, req.member_id, req.member_epoch),
-                topics=_all_errors(req.topics, refused),
-            )
+        async with self.members.locked(req.group_id):
+            refused = self.members.check_member(req.group_id, req.member_id, req.member_epoch)
+            if refused:
+                return m.OffsetCommitResponse(
+                    error=refused,
+                    message=_member_message(refused, req.group_id, req.member_id, req.member_epoch),
+                    topics=_all_errors(req.topics, refused),
+                )
+            return await self._commit(req)
+
+    async def _commit(self, req: m.OffsetCommitRequest) -> m.OffsetCommitResponse:
         async with self._locked([req.group_id]):
             verdicts = self._judge(req.group_id, req.topics, -1)
             message: str | None = None
@@ -270,25 +283,33 @@ class OffsetStore:
                 txn.judge_offsets(req.transactional_id, req.producer_id, req.producer_epoch)
             except ProtocolError as exc:
                 return _txn_refused(req, exc.code, exc.message)
-            refused = self.members.check_member(req.group_id, req.member_id, req.member_epoch)
-            if refused:
-                why = _member_message(refused, req.group_id, req.member_id, req.member_epoch)
-                return _txn_refused(req, refused, why)
-            async with self._locked([req.group_id]):
-                verdicts = self._judge(req.group_id, req.topics, req.producer_id)
-                message: str | None = None
-                if verdicts.accepted:
-                    try:
-                        await txn.add_group(req.transactional_id, req.group_id)
-                    except ProtocolError as exc:
-                        return _txn_refused(req, exc.code, exc.message)
-                    since = empty_since(
-                        self.state.group(req.group_id),
-                        self.members.has_members(req.group_id),
-                        now_ms(),
-                    )
-                    record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
-                    message = await self._write(record, verdicts, "txn_offsets_pending_durable")
+            async with self.members.locked(req.group_id):
+                refused = self.members.check_member(req.group_id, req.member_id, req.member_epoch)
+                if refused:
+                    why = _member_message(refused, req.group_id, req.member_id, req.member_epoch)
+                    return _txn_refused(req, refused, why)
+                return await self._add_pending(req, txn)
+
+    async def _add_pending(
+        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin
+    ) -> m.TxnOffsetCommitResponse:
+        """The producer and the member passed: judge the partitions, add the group to the
+        transaction, write the pending offsets."""
+        async with self._locked([req.group_id]):
+            verdicts = self._judge(req.group_id, req.topics, req.producer_id)
+            message: str | None = None
+            if verdicts.accepted:
+                try:
+                    await txn.add_group(req.transactional_id, req.group_id)
+                except ProtocolError as exc:
+                    return _txn_refused(req, exc.code, exc.message)
+                since = empty_since(
+                    self.state.group(req.group_id),
+                    self.members.has_members(req.group_id),
+                    now_ms(),
+                )
+                record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
+                message = await self._write(record, verdicts, "txn_offsets_pending_durable")
         return m.TxnOffsetCommitResponse(
             error=ErrorCode.KAFKA_STORAGE_ERROR if message else ErrorCode.NONE,
             message=message or _partition_message(verdicts),

@@ -5,6 +5,7 @@ on broker/record_log.py), and the store's sweep under a membership the test sets
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,9 @@ class Members:
 
     def __init__(self) -> None:
         self.members: dict[str, dict[str, int]] = {}
+
+    def locked(self, group_id: str) -> AbstractAsyncContextManager[None]:
+        return NoMembers().locked(group_id)
 
     def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
         epochs = self.members.get(group_id, {})
