@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-SUITES = ("broker", "codec", "metrics", "client", "txn", "spark", "groups")
+SUITES = ("broker", "codec", "metrics", "client", "txn", "spark", "offsets")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -144,7 +144,7 @@ def spark_targets(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def groups_targets(rows: list[dict[str, Any]]) -> list[str]:
+def offsets_targets(rows: list[dict[str, Any]]) -> list[str]:
     small = _value(rows, "10,000 groups x 1 partitions", "rss_mb")
     cap = _value(rows, "10,000 groups x 100 partitions", "rss_mb")
     per_offset = _value(rows, "10,000 groups x 100 partitions", "bytes_per_offset")
@@ -198,10 +198,10 @@ def run_suite(name: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
             f"python -m bench --suites txn --txn-records {args.txn_records}",
             txn_targets,
         )
-    if name == "groups":
-        from bench import bench_groups
+    if name == "offsets":
+        from bench import bench_offsets
 
-        return bench_groups.run(), "python -m bench --suites groups", groups_targets
+        return bench_offsets.run(), "python -m bench --suites offsets", offsets_targets
     from bench import bench_spark
 
     return (

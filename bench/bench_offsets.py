@@ -10,7 +10,7 @@ start time after a kill -9 and restart (the offsets log replayed).
 - 1,000 groups x 100 partitions: fewer, wide groups.
 - 10,000 groups x 100 partitions: 1,000,000 offsets, the default max_committed_offsets.
 
-    .venv/bin/python -m bench.bench_groups
+    .venv/bin/python -m bench.bench_offsets
 """
 
 from __future__ import annotations
