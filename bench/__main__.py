@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-SUITES = ("broker", "codec", "metrics", "client", "txn", "spark")
+SUITES = ("broker", "codec", "metrics", "client", "txn", "spark", "offsets")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -144,6 +144,19 @@ def spark_targets(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def offsets_targets(rows: list[dict[str, Any]]) -> list[str]:
+    small = _value(rows, "10,000 groups x 1 partitions", "rss_mb")
+    cap = _value(rows, "10,000 groups x 100 partitions", "rss_mb")
+    per_offset = _value(rows, "10,000 groups x 100 partitions", "bytes_per_offset")
+    restart = _value(rows, "10,000 groups x 100 partitions", "restart_s")
+    return [
+        f"- 10,000 groups with an offset each: broker RSS {small:.0f} MB.",
+        f"- 1,000,000 offsets (the default max_committed_offsets): RSS {cap:.0f} MB, "
+        f"{per_offset:.0f} bytes per offset, restart {restart:.1f} s (under 512 MB "
+        f"wanted): {_verdict(cap < 512)}.",
+    ]
+
+
 def run_suite(name: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], str, Callable]:
     if name == "broker":
         from bench import bench_broker
@@ -185,6 +198,10 @@ def run_suite(name: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]]
             f"python -m bench --suites txn --txn-records {args.txn_records}",
             txn_targets,
         )
+    if name == "offsets":
+        from bench import bench_offsets
+
+        return bench_offsets.run(), "python -m bench --suites offsets", offsets_targets
     from bench import bench_spark
 
     return (

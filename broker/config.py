@@ -378,6 +378,47 @@ class BrokerConfig:
         min=1,
         max=1_000_000,
     )
+    offsets_retention_ms: int = _setting(
+        7 * DAY_MS,
+        "Committed offsets of a group with no members are deleted this long after the later of "
+        "their commit and the group becoming empty (Kafka's offsets.retention.minutes).",
+        unit="ms",
+        min=1,
+        max=INT64_MAX,
+        reloadable=True,
+    )
+    offsets_retention_check_interval_ms: int = _setting(
+        600_000,
+        "How often groups are looked at for expired offsets and for members that came or "
+        "went (Kafka's offsets.retention.check.interval.ms).",
+        unit="ms",
+        min=10,
+        max=INT32_MAX,
+    )
+    max_committed_offsets: int = _setting(
+        1_000_000,
+        "Committed and pending transactional offsets held over all groups; committing a "
+        "partition a group does not hold yet beyond this is POLICY_VIOLATION.",
+        min=1,
+        max=INT32_MAX,
+        reloadable=True,
+    )
+    offsets_log_max_bytes: int = _setting(
+        64 * 1024 * 1024,
+        "The committed-offsets log is compacted into one record per group when it grows past "
+        "this (and past twice its last compacted size).",
+        unit="bytes",
+        min=4096,
+        max=INT64_MAX,
+    )
+    max_consumer_lag_series: int = _setting(
+        10_000,
+        "Consumer-lag series (group, topic, partition) /metrics shows, whole groups in name "
+        "order; the rest are counted in minibroker_consumer_group_lag_series_omitted.",
+        min=0,
+        max=INT32_MAX,
+        reloadable=True,
+    )
     auto_create_topics: bool = _setting(True, "Create a topic on Metadata with allow_auto_create.")
     default_partitions: int = _setting(
         1, "Partitions of an auto-created topic.", min=1, max=PARTITIONS_MAX

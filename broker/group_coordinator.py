@@ -10,8 +10,8 @@ appears, never a polling loop).
 Membership is soft state: nothing of it is written to disk. After a restart
 every group is empty, every member's heartbeat answers UNKNOWN_MEMBER_ID and the
 member rejoins. A group whose last member goes is dropped (a later join starts it
-again at epoch 1; member ids are random, so no old id is ever valid in it), and
-`on_group_empty` tells the offsets store, whose retention clock starts then.
+again at epoch 1; member ids are random, so no old id is ever valid in it); the
+offsets store sees that at its next retention sweep (`has_members`).
 """
 
 from __future__ import annotations
@@ -77,7 +77,6 @@ class GroupCoordinator:
         # Set by the offsets store: told (group id, wall-clock ms) when a group's last
         # member goes; asked which groups hold committed offsets, so ListGroups and
         # DescribeGroups show those as EMPTY.
-        self.on_group_empty: Callable[[str, int], None] = lambda group_id, now_ms: None
         self.offset_groups: Callable[[], Collection[str]] = frozenset
         self._locks: dict[str, anyio.Lock] = {}
         self._timers: list[tuple[int, str]] = []  # (deadline, group id), a heap
@@ -229,7 +228,6 @@ class GroupCoordinator:
             self._scheduled.pop(group_id, None)
             if self.groups.pop(group_id, None) is not None:
                 log.info("event=group_empty group=%r epoch=%d", group_id, group.group_epoch)
-                self.on_group_empty(group_id, wall_ms())
             return
         self.groups[group_id] = group
         scheduled = self._scheduled.get(group_id)

@@ -24,6 +24,7 @@ from broker.metrics import (
     BrokerMetrics,
     GroupSnapshot,
     GroupStats,
+    OffsetStats,
     PartitionStats,
     TxnStats,
 )
@@ -90,6 +91,17 @@ def exercise(m: BrokerMetrics) -> None:
         lambda: GroupStats(
             {"billing": GroupSnapshot("STABLE", 3, 7), "audit": GroupSnapshot("RECONCILING", 1, 2)},
             heartbeats=41,
+        )
+    )
+    m.set_offset_source(
+        lambda: OffsetStats(
+            groups=2,
+            committed=3,
+            pending=1,
+            commits={"OffsetCommit": 5, "TxnOffsetCommit": 2},
+            expired=4,
+            lag=[("billing", "orders", 0, 6), ("billing", "orders", 1, 0)],
+            lag_omitted=1,
         )
     )
 
@@ -172,6 +184,18 @@ def test_every_metric_has_the_expected_value(tmp_path) -> None:
     }
     assert s[("minibroker_group_rebalances_total", (("group", "billing"),))] == 7
     assert s[("minibroker_group_heartbeats_total", ())] == 41
+    # Committed offsets: counts, commits by API, and the lag of each (group, partition).
+    assert s[("minibroker_consumer_groups_with_offsets", ())] == 2
+    assert s[("minibroker_consumer_group_committed_offsets", ())] == 3
+    assert s[("minibroker_consumer_group_pending_offsets", ())] == 1
+    assert s[("minibroker_offset_commits_total", (("api", "OffsetCommit"),))] == 5
+    assert s[("minibroker_offset_commits_total", (("api", "TxnOffsetCommit"),))] == 2
+    assert s[("minibroker_offsets_expired_total", ())] == 4
+    lag = "minibroker_consumer_group_lag"
+    billing = (("group", "billing"),)
+    assert s[(lag, (*billing, ("partition", "0"), ("topic", "orders")))] == 6
+    assert s[(lag, (*billing, ("partition", "1"), ("topic", "orders")))] == 0
+    assert s[("minibroker_consumer_group_lag_series_omitted", ())] == 1
 
     p0 = (("partition", "0"), ("topic", "orders"))
     p1 = (("partition", "1"), ("topic", "orders"))
@@ -339,6 +363,17 @@ def test_a_failing_transaction_source_does_not_break_the_scrape(
     assert "event=metrics_transaction_source_failed" in caplog.text
     # Each scrape tries again, and counts again.
     assert samples(m)[("minibroker_metrics_collect_errors_total", ())] == 2
+
+
+def test_a_failing_offset_source_does_not_break_the_scrape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    m = BrokerMetrics()
+    m.set_offset_source(lambda: OffsetStats(1, 1, 0, {}, 0, None, 0))  # type: ignore[arg-type]
+    s = samples(m)
+    assert s[("minibroker_metrics_collect_errors_total", ())] == 1
+    assert not any("offset" in name or "consumer" in name for name, _ in s)
+    assert "event=metrics_offset_source_failed" in caplog.text
 
 
 def test_registries_are_private() -> None:
