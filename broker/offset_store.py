@@ -9,7 +9,7 @@ and answered. Changes of one group are serialised by a lock per group, from the
 write to the install, so memory always holds what replaying the file gives.
 
 Who may commit is the group membership's business: the store asks a `MemberCheck`
-(the group coordinator in the broker; `NoMembers` until it is plugged in). Which
+(the group coordinator once the listener opens; `NoMembers` during recovery). Which
 producer may add offsets to a transaction is the transaction coordinator's: the
 store asks a `TxnJoin`, which also adds the group to the transaction durably; the
 coordinator in turn has the store write the markers (`write_markers`) when the

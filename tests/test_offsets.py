@@ -3,9 +3,9 @@ section 6): OffsetCommit, OffsetFetch and TxnOffsetCommit, on both backends.
 
 Each test asserts on what OffsetFetch answers: which offset and metadata a group
 holds per partition, across a clean restart and a kill -9, inside and after a
-transaction, past retention, and at the caps. Until the group coordinator is
-plugged in, every group has no members: commits come from outside any group
-(member_id "", member_epoch -1), and a named member is UNKNOWN_MEMBER_ID.
+transaction, past retention, and at the caps. Most commits come from outside any
+group (member_id "", member_epoch -1); one test joins a member with
+ConsumerGroupHeartbeat and checks who may commit for its group.
 """
 
 from __future__ import annotations
@@ -174,6 +174,57 @@ def test_a_member_of_a_group_without_members_is_unknown(c: WireClient) -> None:
         ("t", 0): ErrorCode.UNKNOWN_MEMBER_ID
     }
     assert offsets(c) == {}
+
+
+def test_only_the_current_member_epoch_commits_for_a_group_with_members(c: WireClient) -> None:
+    joined = c.call(
+        "ConsumerGroupHeartbeat",
+        group_id=GROUP,
+        member_id="",
+        member_epoch=0,
+        rebalance_timeout_ms=60_000,
+        subscribed_topics=["t"],
+    )
+    assert joined["error"] == 0
+    member, epoch = joined["member_id"], joined["member_epoch"]
+    assert commit(c, {("t", 0): 5}, member_id=member, member_epoch=epoch) == {("t", 0): 0}
+    # Kafka's validateMemberEpoch: a newer epoch is fenced, an older one stale.
+    assert commit(c, {("t", 0): 6}, member_id=member, member_epoch=epoch + 1) == {
+        ("t", 0): ErrorCode.FENCED_MEMBER_EPOCH
+    }
+    assert commit(c, {("t", 0): 7}, member_id=member, member_epoch=epoch - 1) == {
+        ("t", 0): ErrorCode.STALE_MEMBER_EPOCH
+    }
+    # From outside the group, or as a stranger, while it has a member: refused.
+    assert commit(c, {("t", 0): 8}) == {("t", 0): ErrorCode.UNKNOWN_MEMBER_ID}
+    assert commit(c, {("t", 0): 9}, member_id="stranger", member_epoch=epoch) == {
+        ("t", 0): ErrorCode.UNKNOWN_MEMBER_ID
+    }
+    tx = Txn(c)
+    r = tx.c.call(
+        "TxnOffsetCommit",
+        transactional_id=tx.id,
+        producer_id=tx.pid,
+        producer_epoch=tx.epoch,
+        group_id=GROUP,
+        member_id=member,
+        member_epoch=epoch + 1,
+        topics=commit_topics({("t", 1): 3}, None),
+    )
+    assert errors_of(r) == {("t", 1): ErrorCode.FENCED_MEMBER_EPOCH}
+    assert tx.end(committed=True)["error"] == 0
+    assert offsets(c) == {("t", 0): 5}
+    # Once the member leaves, the group takes commits from outside again.
+    left = c.call(
+        "ConsumerGroupHeartbeat",
+        group_id=GROUP,
+        member_id=member,
+        member_epoch=-1,
+        rebalance_timeout_ms=60_000,
+    )
+    assert left["error"] == 0
+    assert commit(c, {("t", 0): 10}) == {("t", 0): 0}
+    assert offsets(c) == {("t", 0): 10}
 
 
 def test_restart_and_kill_keep_every_answered_commit(tmp_path: Path, backend: str) -> None:
