@@ -118,16 +118,18 @@ class MinibrokerStreamReader(DataSourceStreamReader):
         limit = self.options.max_offsets_per_trigger
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
-    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
-        from pyspark.sql.streaming.datasource import ReadMaxRows
-
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: Any = None
+    ) -> dict[str, Any]:
+        """pyspark 4.2+ passes the micro-batch's start and read limit; 4.0 and 4.1 pass
+        neither, and so get no maxOffsetsPerTrigger and no data-loss check here."""
         consumer = open_consumer(self.options)
         try:
             tps = self._partitions(consumer)
             latest = consumer.end_offsets(tps)
         finally:
             consumer.close()
-        begin = from_json(start)
+        begin = {} if start is None else from_json(start)
         end: Offsets = {(tp.topic, tp.partition): offset for tp, offset in latest.items()}
         lost = [
             f"{t}[{p}] is gone" if (t, p) not in end else f"{t}[{p}] ends at {end[(t, p)]}"
@@ -139,8 +141,11 @@ class MinibrokerStreamReader(DataSourceStreamReader):
                 f"the query read further than the broker now holds: {', '.join(lost)} "
                 "(topic deleted or recreated); set failOnDataLoss=false to go on from there"
             )
-        if isinstance(limit, ReadMaxRows):
-            end = rate_limited(begin, end, limit.max_rows)
+        if limit is not None:
+            from pyspark.sql.streaming.datasource import ReadMaxRows
+
+            if isinstance(limit, ReadMaxRows):
+                end = rate_limited(begin, end, limit.max_rows)
         return to_json(end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRange]:

@@ -76,6 +76,13 @@ def abort(
     return abort_open(bootstrap, prefix)
 
 
+def committed(bootstrap: str, prefix: str) -> bool:
+    """Whether any transaction of the write was committed (ids not yet expired)."""
+    from client.admin import list_transactions
+
+    return bool(list_transactions(bootstrap, sweep_prefix(prefix), ["COMPLETE_COMMIT"]))
+
+
 def abort_open(bootstrap: str, prefix: str) -> int:
     """Abort the ONGOING and PREPARED transactions whose id starts with the write's prefix."""
     from client import TxnHandle

@@ -370,6 +370,14 @@ class MinibrokerWriter(ArrowSends, DataSourceArrowWriter):
             lambda: transactions.abort(self.options.bootstrap, self.write_id, self.write_id, 0),
             self.write_id,
         )
+        if transactions.committed(self.options.bootstrap, self.write_id):
+            # The commit was made, but its answer never reached the driver.
+            driver_log().error(
+                "minibroker write %s was committed before this abort (its answer was lost): "
+                "its rows ARE visible although the job failed",
+                self.write_id,
+            )
+            return
         driver_log().warning(
             "minibroker write %s aborted: nothing of it is visible; %d of %d tasks had "
             "finished; %d transactions of the write aborted",
