@@ -413,20 +413,38 @@ class TransactionCoordinator:
                 f"prepared_timeout_ms={req.prepared_timeout_ms} is not in "
                 f"[1, transaction_max_prepared_ms={limit}]",
             )
-        async with self._locked([req.transactional_id]):
+        app_ids = [] if req.txn_app_id is None else [req.txn_app_id]
+        async with self._locked([req.transactional_id], app_ids):
             entry = self.entries.get(req.transactional_id)
             who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
             assert entry is not None
             if who is Identity.LAST_ENDED:
                 assert entry.last_ended is not None
                 _same_end_or_raise(entry.last_ended, None)
-            if entry.state == PREPARED:
-                return m.PrepareTxnResponse()
             if entry.state in DECIDED:
                 raise CoordinatorError(
                     ErrorCode.CONCURRENT_TRANSACTIONS,
                     "the previous transaction's markers are still being written; retry",
                 )
+            recorded = self.apps.get(req.txn_app_id) if req.txn_app_id is not None else None
+            if (
+                recorded is not None
+                and req.txn_app_version is not None
+                and req.txn_app_version <= recorded.txn_app_version
+            ):
+                # A late writer of a finished write (a Spark task still running after the
+                # driver committed or aborted): its transaction can never be committed, so
+                # it must not hold the last stable offset until its prepared timeout.
+                if entry.state in OPEN:
+                    await self._end([entry], False, "client")
+                raise CoordinatorError(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"app {req.txn_app_id!r} has version {recorded.txn_app_version} recorded, "
+                    f"at or above {req.txn_app_version}: nothing more is committed under it; "
+                    "the transaction was aborted",
+                )
+            if entry.state == PREPARED:
+                return m.PrepareTxnResponse()
             stamp = now_ms()
             await self._persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
             crash_point("txn_prepared")
