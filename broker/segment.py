@@ -304,18 +304,33 @@ class Segment:
     def _read_header(self, position: int) -> BatchHeader:
         return read_header(self._read_at(position, HEADER_BYTES))
 
-    def _headers(self, position: int) -> Iterator[tuple[int, BatchHeader]]:
-        """(position, header) of each batch from `position` to the end."""
+    def _headers(self, start: tuple[int, int]) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each batch from `start` (an index entry: the offset and
+        position of a batch) to the end.
+
+        The CRC does not cover base_offset, batch_length or magic, so a header that does
+        not follow on from the one before is damage at rest when it lies below
+        `checked_from` (CorruptBatchError, answered as a storage error) and a broken
+        invariant above it."""
+        expected, position = start
         end = self.size_bytes
         while position < end:
             window = self._read_at(position, min(_HEADER_WINDOW_BYTES, end - position))
             at = 0
             while at + HEADER_BYTES <= len(window):
                 header = read_header(window, at)
-                assert header.magic == MAGIC and header.batch_length >= (
-                    HEADER_BYTES - LENGTH_PREFIX_BYTES
-                ), (position + at, header)
+                if not (
+                    header.magic == MAGIC
+                    and header.batch_length >= HEADER_BYTES - LENGTH_PREFIX_BYTES
+                    and header.base_offset == expected
+                    and position + at + header.size_bytes <= end
+                ):
+                    where = f"{self._path(LOG_SUFFIX)}: position {position + at}"
+                    if position + at >= self.checked_from:
+                        raise AssertionError(f"{where}: {header}")
+                    raise CorruptBatchError(f"{where}: a batch header that does not follow on")
                 yield position + at, header
+                expected = header.next_offset
                 at += header.size_bytes
             assert at > 0, (position, end)
             position += at
@@ -324,9 +339,8 @@ class Segment:
         """Position and header of the batch holding `offset`: from the newest index entry at
         or below it, a walk of at most about one index interval of headers."""
         assert self.base_offset <= offset < self.next_offset, (offset, self.base_offset)
-        for position, header in self._headers(self.index.offsets.lookup(offset)[1]):
+        for position, header in self._headers(self.index.offsets.lookup(offset)):
             if header.last_offset >= offset:
-                assert header.base_offset <= offset, (offset, header)
                 return position, header
         raise AssertionError(f"offset {offset} not found in segment {self.base_offset}")
 
@@ -341,20 +355,29 @@ class Segment:
         end = first.size_bytes
         while end + HEADER_BYTES <= size:
             header = read_header(data, end)
-            if end + header.size_bytes > size or header.base_offset >= upper_offset:
+            if (
+                header.size_bytes < HEADER_BYTES
+                or end + header.size_bytes > size
+                or header.base_offset >= upper_offset
+            ):
                 break
             end += header.size_bytes
         if position < self.checked_from:
-            end = self._intact_bytes(position, data[:end])
+            end = self._intact_bytes(position, data[:end], first.base_offset)
         return data if end == size else data[:end]
 
-    def _intact_bytes(self, position: int, data: bytes) -> int:
-        """How many bytes of the whole batches in `data` (read at `position`) pass their
-        CRC; CorruptBatchError when the first does not, for nothing could be served."""
+    def _intact_bytes(self, position: int, data: bytes, base_offset: int) -> int:
+        """How many bytes of the whole batches in `data` (read at `position`, starting with
+        the batch of `base_offset`) pass their CRC and follow on in offsets;
+        CorruptBatchError when the first does not, for nothing could be served."""
         intact = 0
+        expected = base_offset
         for at, header in scan_batches(data):
             if position + at >= self.checked_from:
                 return len(data)  # checked before: validated when appended
+            if header.base_offset != expected:
+                break
+            expected = header.next_offset
             intact = at + header.size_bytes
         if intact == 0:
             raise CorruptBatchError(
@@ -371,18 +394,22 @@ class Segment:
         next_offset = first.base_offset
         if first.base_offset >= upper_offset:
             return position, 0, 0, next_offset
-        for _, header in self._headers(position):
-            if header.base_offset >= upper_offset or (
-                length and length + header.size_bytes > max_bytes
-            ):
-                break
-            length += header.size_bytes
-            records += header.record_count
-            next_offset = header.next_offset
+        # Damage past the first batch ends the span there: what precedes it is served,
+        # and the damaged batch is refused when it is fetched itself.
+        with suppress(CorruptBatchError):
+            for _, header in self._headers((first.base_offset, position)):
+                if header.base_offset >= upper_offset or (
+                    length and length + header.size_bytes > max_bytes
+                ):
+                    break
+                length += header.size_bytes
+                records += header.record_count
+                next_offset = header.next_offset
         if length and position < self.checked_from:
             # Below the checked mark the bytes are read once to check them; above it (all
             # that this process appended) the send stays zero-copy.
-            intact = self._intact_bytes(position, self._read_at(position, length))
+            data = self._read_at(position, length)
+            intact = self._intact_bytes(position, data, first.base_offset)
             if intact < length:
                 kept = [h for _, h in scan_batches(self._read_at(position, intact))]
                 records = sum(h.record_count for h in kept)
@@ -415,8 +442,9 @@ class Segment:
         Starts at the time index's newest entry at or below the target: no batch before
         it reaches the target, so no earlier record can."""
         start = self.index.times.lookup(timestamp_ms)
-        position = self.index.offsets.lookup(self.base_offset if start is None else start)[1]
-        for at, header in self._headers(position):
+        for at, header in self._headers(
+            self.index.offsets.lookup(self.base_offset if start is None else start)
+        ):
             if header.max_timestamp < timestamp_ms:
                 continue
             if header.base_timestamp >= timestamp_ms:
