@@ -141,7 +141,9 @@ class TransactionCoordinator:
 
     def _replay(self, body: Any) -> None:
         try:
-            entries, apps, removed = body
+            # A fourth list, of expired app ids, is absent from records written before
+            # app versions expired.
+            entries, apps, removed, *rest = body
             for item in entries:
                 self._install(TxnEntry.decode(item))
             for item in apps:
@@ -149,6 +151,8 @@ class TransactionCoordinator:
                 self.apps[app.txn_app_id] = app
             for tid in removed:
                 self._forget(tid)
+            for app_id in rest[0] if rest else ():
+                self.apps.pop(app_id, None)
         except (TxnStateError, TypeError, ValueError) as exc:
             raise TxnLogError(f"{self.log.path}: {exc}") from exc
 
@@ -176,6 +180,7 @@ class TransactionCoordinator:
         entries: Iterable[TxnEntry],
         apps: Iterable[AppVersion] = (),
         removed: Iterable[str] = (),
+        removed_apps: Iterable[str] = (),
         *,
         durable: bool = True,
     ) -> None:
@@ -184,7 +189,10 @@ class TransactionCoordinator:
         `durable=False` only writes them: for a change that recovery redoes when it is
         lost (COMPLETE after durable markers), so it costs no fsync of its own."""
         entries, apps, removed = list(entries), list(apps), list(removed)
-        body = [[e.encode() for e in entries], [a.encode() for a in apps], removed]
+        body: list[Any] = [[e.encode() for e in entries], [a.encode() for a in apps], removed]
+        removed_apps = list(removed_apps)
+        if removed_apps:
+            body.append(removed_apps)
         if durable:
             await self.log.append(body)
         else:
@@ -196,6 +204,8 @@ class TransactionCoordinator:
             self.producer_ids.remember(entry.producer_id, entry.producer_epoch)
         for app in apps:
             self.apps[app.txn_app_id] = app
+        for app_id in removed_apps:
+            self.apps.pop(app_id, None)
 
     @asynccontextmanager
     async def _locked(self, ids: Iterable[str], apps: Iterable[str] = ()) -> AsyncIterator[None]:
@@ -644,8 +654,6 @@ class TransactionCoordinator:
                     elif current.deadline_ms is not None and current.deadline_ms <= stamp:
                         log.info("event=txn_timed_out id=%r state=%s", tid, current.state)
                         await self._end([current], False, "timeout")
-        # App versions never expire: forgetting one would let a re-run micro-batch
-        # commit a second time. There are as many as there are streaming apps.
         expiration = self.config.transactional_id_expiration_ms
         busy = self._locks_held()
         expired = [
@@ -653,9 +661,18 @@ class TransactionCoordinator:
             for tid, e in self.entries.items()
             if e.state in ENDED and e.updated_ms + expiration < stamp and tid not in busy
         ]
-        if expired:
-            await self._persist([], removed=expired)
-            log.info("event=txn_ids_expired ids=%d", len(expired))
+        # An app version is bounded the same way: forgetting it lets a micro-batch re-run
+        # after that long commit again (docs/transactions.md, Limits), but keeping every
+        # one would grow without bound, as each Spark batch write records one.
+        busy_apps = {name for kind, name in self._locks if kind == "app"}
+        expired_apps = [
+            name
+            for name, app in self.apps.items()
+            if app.committed_ms + expiration < stamp and name not in busy_apps
+        ]
+        if expired or expired_apps:
+            await self._persist([], removed=expired, removed_apps=expired_apps)
+            log.info("event=txn_ids_expired ids=%d apps=%d", len(expired), len(expired_apps))
         # Only with no lock held: a change written and synced is installed in memory by
         # its task after the sync, and a compaction before that would drop it.
         if not self._locks and self.log.wants_compaction():

@@ -387,6 +387,44 @@ def test_timeouts_abort_and_free_the_stable_offset(tmp_path: Path, backend: str)
         broker.kill()
 
 
+def test_ended_ids_and_app_versions_expire_and_stay_forgotten(tmp_path: Path, backend: str) -> None:
+    """Tried: an ended transactional id and a recorded app version left alone past
+    transactional_id_expiration_ms, then a kill -9 and a restart. Both are forgotten at a
+    sweep, and the removal replays: the app version does not come back."""
+    config = config_file(
+        tmp_path,
+        "transactional_id_expiration_ms = 1500\n"
+        "transaction_abort_timed_out_transaction_cleanup_interval_ms = 50\n",
+    )
+    data = tmp_path / "data"
+    broker = BrokerProcess(data, backend=backend, extra_args=config).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 1) == 0
+            writer = Txn(c, "write-1.p0.a0")
+            assert writer.send("t", 0, [b"row"])["error"] == 0
+            assert writer.prepare()["error"] == 0
+            r = c.call(
+                "CommitTxns",
+                transactions=[writer.ref()],
+                committed=True,
+                txn_app_id="write-1",
+                txn_app_version=0,
+            )
+            assert (r["error"], r["already_committed"]) == (0, False)
+            assert len(c.call("DescribeTxnApps")["apps"]) == 1
+            assert len(c.call("ListTransactions")["transactions"]) == 1
+            _wait(lambda: c.call("DescribeTxnApps")["apps"] == [])
+            _wait(lambda: c.call("ListTransactions")["transactions"] == [])
+        broker.kill()
+        broker = BrokerProcess(data, backend=backend, extra_args=config).start()
+        with WireClient(broker.bootstrap) as c:
+            assert c.call("DescribeTxnApps")["apps"] == []
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"row"]
+    finally:
+        broker.kill()
+
+
 def _wait(condition: Any, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
