@@ -399,9 +399,10 @@ def _groups_list(args: argparse.Namespace) -> int:
 
 
 def _describe_group(bootstrap: str, group_id: str) -> GroupDescription:
-    """The group's description; MinibrokerError when the broker does not know it."""
+    """The group's description (GROUP_ID_NOT_FOUND: no members, state DEAD); other errors
+    raise."""
     (description,) = describe_groups(bootstrap, [group_id])
-    if description.error:
+    if description.error and description.error != ErrorCode.GROUP_ID_NOT_FOUND:
         raise MinibrokerError(
             f"consumer group {group_id!r}: {ErrorCode.name_of(description.error)}",
             description.error,
@@ -413,7 +414,7 @@ def _groups_describe(args: argparse.Namespace) -> int:
     bootstrap, group_id = args.bootstrap_server, args.group
     description = _describe_group(bootstrap, group_id)
     committed = list_group_offsets(bootstrap, group_id)
-    if description.state == "DEAD" and not committed:
+    if description.error and not committed:
         print(f"minibroker: consumer group {group_id!r} does not exist", file=sys.stderr)
         return EXIT_ERROR
     owner: dict[TopicPartition, GroupMemberDescription] = {}
@@ -429,8 +430,9 @@ def _groups_describe(args: argparse.Namespace) -> int:
                 ends[TopicPartition(topic, p["partition"])] = p["end_offset"]
         except MinibrokerError:
             pass  # a topic deleted since: no log-end offset, no lag
+    state = "EMPTY" if description.error else description.state
     print(
-        f"Group: {group_id}\tState: {description.state}\tEpoch: {description.group_epoch}\t"
+        f"Group: {group_id}\tState: {state}\tEpoch: {max(description.group_epoch, 0)}\t"
         f"Members: {len(description.members)}"
     )
     print()

@@ -793,11 +793,16 @@ class AsyncConsumer:
         by_topic: dict[str, list[FetchPartition]] = {}
         sent: dict[TopicPartition, tuple[int, int]] = {}
         for tp in targets:
-            offset = self._fetch_offsets.setdefault(tp, self._positions[tp])  # type: ignore[arg-type]
+            position = self._positions.get(tp)
+            if position is None or tp in self._revoking:
+                continue  # unassigned, reset or being revoked while the connection was awaited
+            offset = self._fetch_offsets.setdefault(tp, position)
             sent[tp] = (offset, self._epochs[tp])
             by_topic.setdefault(tp.topic, []).append(
                 FetchPartition(tp.partition, offset, cfg.max_partition_fetch_bytes)
             )
+        if not sent:
+            return
         request = FetchRequest(
             topics=[FetchTopic(topic, parts) for topic, parts in by_topic.items()],
             max_wait_ms=cfg.fetch_max_wait_ms,
