@@ -1,11 +1,16 @@
-"""Spark throughput: one DataFrame of 100-byte values into three sinks, then read back.
+"""Spark throughput: one DataFrame of 100-byte values into four sinks, then read back;
+and a streaming query's end-to-end latency.
 
 - `noop`: Spark's own sink that drops rows in the JVM; the ceiling for any sink.
 - `discard`: a Python Arrow writer that drops every batch; the ceiling for any
   Python data source, since rows still cross from the JVM to a Python worker.
-- `minibroker`: the real write through the idempotent producer to a broker that
-  this benchmark starts (harness.broker_process, a fresh data dir).
-Then the topic is read back with `format("minibroker")` into `noop`.
+- `minibroker exactly_once` (the default) and `minibroker at_least_once`: the real
+  write to a broker that this benchmark starts (harness.broker_process, a fresh
+  data dir), with and without the per-task transactions.
+Then the exactly-once topic is read back with `format("minibroker")` into `noop`.
+Last, a query reads topic A and writes topic B (both minibroker, exactly once)
+while records go into A at a fixed rate; each record's latency is from its send to
+the moment a read_committed consumer of B gets it.
 
 Run: `python -m bench.bench_spark [--rows N]`; `run()` is what `make bench` calls.
 """
@@ -94,7 +99,7 @@ def _timed(name: str, rows: int, action: Callable[[], object]) -> dict:
     }
 
 
-def _topic_rows(bootstrap: str, topic: str) -> int:
+def _topic_offsets(bootstrap: str, topic: str) -> int:
     from client import Consumer, TopicPartition
 
     consumer = Consumer(bootstrap_servers=bootstrap)
@@ -106,17 +111,20 @@ def _topic_rows(bootstrap: str, topic: str) -> int:
 
 
 def _measure(spark: SparkSession, bootstrap: str, topic: str, rows: int) -> list[dict]:
-    """The four measurements over `rows` fresh rows, written to (and read from) `topic`."""
+    """The five measurements over `rows` fresh rows, written to `topic`-eo and -alo."""
     from client.admin import create_topic
 
-    create_topic(bootstrap, topic, partitions=PARTITIONS)
     df = _values(spark, rows)
-    write = (
-        df.write.format("minibroker")
-        .mode("append")
-        .option("minibroker.bootstrap.servers", bootstrap)
-        .option("topic", topic)
-    )
+    writes = {}
+    for delivery in ("exactly_once", "at_least_once"):
+        create_topic(bootstrap, f"{topic}-{delivery}", partitions=PARTITIONS)
+        writes[delivery] = (
+            df.write.format("minibroker")
+            .mode("append")
+            .option("minibroker.bootstrap.servers", bootstrap)
+            .option("minibroker.delivery", delivery)
+            .option("topic", f"{topic}-{delivery}")
+        )
     results = [
         _timed("spark write noop", rows, df.write.format("noop").mode("overwrite").save),
         _timed(
@@ -124,16 +132,20 @@ def _measure(spark: SparkSession, bootstrap: str, topic: str, rows: int) -> list
             rows,
             df.write.format("discard").mode("append").save,
         ),
-        _timed("spark write minibroker", rows, write.save),
+        _timed("spark write minibroker exactly_once", rows, writes["exactly_once"].save),
+        _timed("spark write minibroker at_least_once", rows, writes["at_least_once"].save),
     ]
     df.unpersist()
-    written = _topic_rows(bootstrap, topic)
-    if written != rows:
-        raise RuntimeError(f"{topic} holds {written} records, {rows} were written")
+    # Every task attempt's transaction ends with one marker per partition it wrote to.
+    markers = PARTITIONS * PARTITIONS
+    for delivery, extra in (("exactly_once", markers), ("at_least_once", 0)):
+        written = _topic_offsets(bootstrap, f"{topic}-{delivery}")
+        if not rows <= written <= rows + extra:
+            raise RuntimeError(f"{topic}-{delivery} holds {written} offsets for {rows} rows")
     back = (
         spark.read.format("minibroker")
         .option("minibroker.bootstrap.servers", bootstrap)
-        .option("topic", topic)
+        .option("topic", f"{topic}-exactly_once")
         .load()
     )
     results.append(
@@ -142,10 +154,77 @@ def _measure(spark: SparkSession, bootstrap: str, topic: str, rows: int) -> list
     return results
 
 
-def run(rows: int = 5_000_000) -> list[dict]:
-    """Write `rows` 100-byte values with local[2] into noop, discard and minibroker, then
-    read them back; one dict per measurement, after a warm-up round on fewer rows
-    (JIT, Python worker start-up and imports would otherwise land on the first sink)."""
+def _stream_latency(
+    spark: SparkSession, bootstrap: str, checkpoint: Path, rate: int, seconds: float
+) -> dict:
+    """Records into topic A at `rate` per second for `seconds`, a query A -> B exactly
+    once, a read_committed consumer of B: p50/p99 of send-to-receive, after a warm-up
+    of a fifth of the run (query start-up, first micro-batches)."""
+    import threading
+
+    from client import Consumer, Producer, TopicPartition
+    from client.admin import create_topic
+
+    for name in ("stream-a", "stream-b"):
+        create_topic(bootstrap, name, partitions=PARTITIONS)
+    query = (
+        spark.readStream.format("minibroker")
+        .option("minibroker.bootstrap.servers", bootstrap)
+        .option("subscribe", "stream-a")
+        .option("startingOffsets", "earliest")
+        .load()
+        .select("value")
+        .writeStream.format("minibroker")
+        .option("minibroker.bootstrap.servers", bootstrap)
+        .option("minibroker.linger.ms", "1")
+        .option("topic", "stream-b")
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    total = int(rate * seconds)
+
+    def produce() -> None:
+        with Producer(bootstrap, linger_ms=1) as p:
+            start = time.perf_counter()
+            for i in range(total):
+                # Paced against the start, so a slow send does not lower the rate.
+                delay = start + i / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                p.send("stream-a", b"%d" % time.time_ns())
+
+    latencies: list[float] = []
+    consumer = Consumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    try:
+        consumer.assign([TopicPartition("stream-b", p) for p in range(PARTITIONS)])
+        producer = threading.Thread(target=produce)
+        producer.start()
+        deadline = time.monotonic() + seconds + 120
+        while len(latencies) < total and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=100, max_records=10_000).values():
+                now = time.time_ns()
+                latencies += [(now - int(r.value)) / 1e6 for r in records]
+        producer.join()
+    finally:
+        consumer.close()
+        query.stop()
+    if len(latencies) != total:
+        raise RuntimeError(f"stream-b got {len(latencies)} of {total} records")
+    steady = sorted(latencies[total // 5 :])
+    return {
+        "benchmark": "spark stream minibroker A -> B exactly_once, end-to-end latency",
+        "rows": total,
+        "rate_per_s": rate,
+        "p50_ms": round(steady[len(steady) // 2], 1),
+        "p99_ms": round(steady[int(len(steady) * 0.99)], 1),
+    }
+
+
+def run(rows: int = 5_000_000, stream_rate: int = 2_000, stream_s: float = 30.0) -> list[dict]:
+    """Write `rows` 100-byte values with local[2] into noop, discard and minibroker (both
+    deliveries), then read them back; one dict per measurement, after a warm-up round on
+    fewer rows (JIT, Python worker start-up and imports would otherwise land on the
+    first sink). Then the streaming latency at `stream_rate` records/s."""
     from harness.broker_process import BrokerProcess
 
     spark = _session()
@@ -155,6 +234,9 @@ def run(rows: int = 5_000_000) -> list[dict]:
             try:
                 _measure(spark, broker.bootstrap, "warm-up", min(rows, 200_000))
                 results = _measure(spark, broker.bootstrap, "bench", rows)
+                stream = _stream_latency(
+                    spark, broker.bootstrap, Path(tmp) / "checkpoint", stream_rate, stream_s
+                )
             finally:
                 broker.kill()
     finally:
@@ -162,7 +244,7 @@ def run(rows: int = 5_000_000) -> list[dict]:
     ceiling = results[1]["rows_per_s"]
     for result in results:
         result["share_of_python_ceiling"] = round(result["rows_per_s"] / ceiling, 3)
-    return results
+    return [*results, stream]
 
 
 def main() -> None:

@@ -340,6 +340,85 @@ class BrokerConfig:
         min=4096,
         max=INT64_MAX,
     )
+    group_session_timeout_ms: int = _setting(
+        45_000,
+        "A group member with no heartbeat for this long is removed and its partitions "
+        "reassigned (Kafka's group.consumer.session.timeout.ms).",
+        unit="ms",
+        min=100,
+        max=3_600_000,
+    )
+    group_heartbeat_interval_ms: int = _setting(
+        5_000,
+        "How often members are told to heartbeat; below group_session_timeout_ms "
+        "(Kafka's group.consumer.heartbeat.interval.ms).",
+        unit="ms",
+        min=10,
+        max=3_600_000,
+    )
+    group_max_rebalance_timeout_ms: int = _setting(
+        1_800_000,
+        "Largest rebalance_timeout_ms a member may ask for: how long it may keep "
+        "partitions it was told to give up (INVALID_REQUEST above it).",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
+    )
+    group_max_size: int = _setting(
+        200,
+        "Members per consumer group; one more is GROUP_MAX_SIZE_REACHED "
+        "(Kafka's group.consumer.max.size).",
+        min=1,
+        max=10_000,
+    )
+    max_groups: int = _setting(
+        10_000,
+        "Consumer groups with members the broker holds; a join that would start one more "
+        "is POLICY_VIOLATION.",
+        min=1,
+        max=1_000_000,
+    )
+    offsets_retention_ms: int = _setting(
+        7 * DAY_MS,
+        "Committed offsets of a group with no members are deleted this long after the later of "
+        "their commit and the group becoming empty (Kafka's offsets.retention.minutes).",
+        unit="ms",
+        min=1,
+        max=INT64_MAX,
+        reloadable=True,
+    )
+    offsets_retention_check_interval_ms: int = _setting(
+        600_000,
+        "How often groups are looked at for expired offsets and for members that came or "
+        "went (Kafka's offsets.retention.check.interval.ms).",
+        unit="ms",
+        min=10,
+        max=INT32_MAX,
+    )
+    max_committed_offsets: int = _setting(
+        1_000_000,
+        "Committed and pending transactional offsets held over all groups; committing a "
+        "partition a group does not hold yet beyond this is POLICY_VIOLATION.",
+        min=1,
+        max=INT32_MAX,
+        reloadable=True,
+    )
+    offsets_log_max_bytes: int = _setting(
+        64 * 1024 * 1024,
+        "The committed-offsets log is compacted into one record per group when it grows past "
+        "this (and past twice its last compacted size).",
+        unit="bytes",
+        min=4096,
+        max=INT64_MAX,
+    )
+    max_consumer_lag_series: int = _setting(
+        10_000,
+        "Consumer-lag series (group, topic, partition) /metrics shows, whole groups in name "
+        "order; the rest are counted in minibroker_consumer_group_lag_series_omitted.",
+        min=0,
+        max=INT32_MAX,
+        reloadable=True,
+    )
     auto_create_topics: bool = _setting(True, "Create a topic on Metadata with allow_auto_create.")
     default_partitions: int = _setting(
         1, "Partitions of an auto-created topic.", min=1, max=PARTITIONS_MAX
@@ -356,11 +435,18 @@ class BrokerConfig:
         """Check every setting against its declaration; raise ConfigError naming the key."""
         for name, setting in SETTINGS.items():
             setting.check(getattr(self, name))
-        # The one rule between two settings: a batch must fit in a frame.
+        # The rules between two settings: a batch must fit in a frame.
         if self.message_max_bytes > self.max_frame_bytes:
             raise ConfigError(
                 f"setting message_max_bytes={self.message_max_bytes} is invalid: expected "
                 f"at most max_frame_bytes ({self.max_frame_bytes})"
+            )
+        # A member heartbeating as told must not outlive its session.
+        if self.group_heartbeat_interval_ms >= self.group_session_timeout_ms:
+            raise ConfigError(
+                f"setting group_heartbeat_interval_ms={self.group_heartbeat_interval_ms} is "
+                f"invalid: expected less than group_session_timeout_ms "
+                f"({self.group_session_timeout_ms})"
             )
         return self
 

@@ -22,8 +22,10 @@ import anyio
 from broker import __version__ as BROKER_VERSION
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
+from broker.group_coordinator import GroupCoordinator
 from broker.log import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.metrics import BrokerMetrics
+from broker.offset_store import OffsetStore
 from broker.partition import Partition
 from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicError, TopicRegistry
@@ -150,15 +152,19 @@ class Handlers:
         producer_ids: ProducerIdManager,
         committer: GroupCommitter,
         coordinator: TransactionCoordinator,
+        offsets: OffsetStore,
         metrics: BrokerMetrics,
         advertised: tuple[str, int],
+        groups: GroupCoordinator,
     ) -> None:
         self.config = config
         self.topics = topics
         self.producer_ids = producer_ids
         self.committer = committer
         self.coordinator = coordinator
+        self.groups = groups
         coordinator.on_markers = self._wake_fetchers
+        self.offsets = offsets
         self.metrics = metrics
         self.advertised = advertised
         self._appended = anyio.Event()
@@ -178,6 +184,12 @@ class Handlers:
             "CommitTxns": coordinator.commit_txns,
             "ListTransactions": coordinator.list_transactions,
             "DescribeTxnApps": coordinator.describe_apps,
+            "ConsumerGroupHeartbeat": groups.heartbeat,
+            "ListGroups": groups.list_groups,
+            "DescribeGroups": groups.describe_groups,
+            "OffsetCommit": offsets.offset_commit,
+            "OffsetFetch": offsets.offset_fetch,
+            "TxnOffsetCommit": self.txn_offset_commit,
         }
         self.apis = frozenset(self._table)
 
@@ -298,6 +310,11 @@ class Handlers:
                     )
             topics.append(m.ListOffsetsTopicResponse(t.topic, out))
         return m.ListOffsetsResponse(topics=topics)
+
+    def txn_offset_commit(
+        self, req: m.TxnOffsetCommitRequest
+    ) -> Awaitable[m.TxnOffsetCommitResponse]:
+        return self.offsets.txn_offset_commit(req, self.coordinator)
 
     # ----------------------------------------------------------------- produce
 

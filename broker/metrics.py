@@ -19,10 +19,14 @@ label          values
 ``kind``       the fixed producer-state event kinds (`PRODUCER_EVENT_KINDS`)
 ``state``      the transaction states (`TXN_STATES`)
 ``cause``      the causes of an abort (`TXN_ABORT_CAUSES`)
+``group``      consumer group ids: of groups with members (at most `max_groups`), and
+               on the lag family of groups with committed offsets (at most
+               `max_consumer_lag_series` series)
 =============  ===================================================================
 
-Producer ids, transactional ids, client ids and connection addresses are never
-labels: they are unbounded.
+Producer ids, transactional ids, member ids, client ids and connection addresses
+are never labels: they are unbounded. Group ids are chosen by clients too, so the
+lag series stop at their setting and the rest are only counted.
 
 Hot path. The broker calls `observe_request` for every request and
 `record_produce` / `record_fetch` for every partition of a Produce / Fetch. A
@@ -45,7 +49,10 @@ Per topic-partition state (offsets, size, active producers) is not pushed on
 every append: the broker registers a callable with `set_partition_source`, and
 the collector asks it for a snapshot at scrape time. The transaction coordinator's
 state (transactions by state, commits, aborts by cause, the oldest open transaction
-per partition) comes the same way, from `set_transaction_source`. A source that
+per partition) comes the same way, from `set_transaction_source`, and the group
+coordinator's (members and state per group, rebalances, heartbeats) from
+`set_group_source`, and the committed offsets' (counts, commits, expiry, consumer
+lag) from `set_offset_source`. A source that
 raises costs its own families for that scrape, never the whole of /metrics: it is
 counted in ``minibroker_metrics_collect_errors_total`` and logged.
 
@@ -87,6 +94,9 @@ __all__ = [
     "TXN_ABORT_CAUSES",
     "TXN_STATES",
     "BrokerMetrics",
+    "GroupSnapshot",
+    "GroupStats",
+    "OffsetStats",
     "PartitionStats",
     "TxnStats",
 ]
@@ -177,6 +187,41 @@ class TxnStats(NamedTuple):
     """Per (topic, partition) with an open transaction: when the oldest one started."""
 
 
+class GroupSnapshot(NamedTuple):
+    """One consumer group, taken when Prometheus scrapes."""
+
+    state: str
+    members: int
+    rebalances: int
+    """Group epoch bumps since the group started (its group epoch)."""
+
+
+class GroupStats(NamedTuple):
+    """The group coordinator's state, taken when Prometheus scrapes."""
+
+    groups: Mapping[str, GroupSnapshot]
+    """By group id: the groups that have members."""
+    heartbeats: int
+    """ConsumerGroupHeartbeat requests handled since start."""
+
+
+class OffsetStats(NamedTuple):
+    """The committed-offsets store's state, taken when Prometheus scrapes."""
+
+    groups: int
+    """Groups holding committed or pending offsets."""
+    committed: int
+    pending: int
+    """Offsets of open transactions (TxnOffsetCommit), not yet committed."""
+    commits: Mapping[str, int]
+    """Offsets committed since start, by the API that committed them."""
+    expired: int
+    lag: Sequence[tuple[str, str, int, int]]
+    """(group, topic, partition, high watermark - committed offset)."""
+    lag_omitted: int
+    """Committed offsets whose lag is not shown (past max_consumer_lag_series)."""
+
+
 class PartitionStats(NamedTuple):
     """A snapshot of one topic-partition, taken when Prometheus scrapes."""
 
@@ -245,6 +290,8 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._partition_source: Callable[[], Iterable[PartitionStats]] | None = None
         self._transaction_source: Callable[[], TxnStats] | None = None
+        self._group_source: Callable[[], GroupStats] | None = None
+        self._offset_source: Callable[[], OffsetStats] | None = None
         self._forgotten_source: Callable[[], tuple[int, int]] | None = None
         self._data_dir: str | None = None
         self._version = __version__
@@ -359,6 +406,16 @@ class BrokerMetrics:
         same rules), and gives the transaction families their samples."""
         self._transaction_source = source
 
+    def set_group_source(self, source: Callable[[], GroupStats]) -> None:
+        """`source()` is called at every scrape, like the partition source, and gives
+        the consumer-group families their samples."""
+        self._group_source = source
+
+    def set_offset_source(self, source: Callable[[], OffsetStats]) -> None:
+        """`source()` is called at every scrape, like the partition source, and gives the
+        committed-offset families their samples."""
+        self._offset_source = source
+
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
         """`source()` is called at every scrape, on the thread that renders (the event
         loop's, with `serve_http`); it must be quick and must not block."""
@@ -413,6 +470,12 @@ class _DisabledMetrics(BrokerMetrics):
         pass
 
     def set_transaction_source(self, source: Callable[[], TxnStats]) -> None:
+        pass
+
+    def set_group_source(self, source: Callable[[], GroupStats]) -> None:
+        pass
+
+    def set_offset_source(self, source: Callable[[], OffsetStats]) -> None:
         pass
 
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
@@ -561,13 +624,16 @@ class _BrokerCollector(Collector):
         # ---- per topic-partition and transactions, asked for at scrape time
         yield from self._partition_families(samples)
         yield from self._transaction_families(samples)
+        yield from self._group_families(samples)
+        yield from self._offset_families(samples)
         yield from self._disk_families(samples)
 
         # Last: a source that failed above is already counted in this scrape.
         errors_fam = CounterMetricFamily(
             f"{ns}_metrics_collect_errors",
             "Failures to read a statistics source at scrape time (partitions, "
-            "transactions, the data dir's filesystem); the broker logs each one.",
+            "transactions, groups, committed offsets, the data dir's filesystem); the broker "
+            "logs each one.",
         )
         if samples:
             errors_fam.add_metric([], m._collect_errors)
@@ -678,6 +744,108 @@ class _BrokerCollector(Collector):
         except Exception:
             m._collect_errors += 1
             log.exception("event=metrics_transaction_source_failed")
+            return
+        yield from families
+
+    def _group_families(self, samples: bool) -> Iterator[Metric]:
+        m = self._m
+        ns = NAMESPACE
+        members = GaugeMetricFamily(
+            f"{ns}_group_members", "Members of the consumer group.", labels=["group"]
+        )
+        state = GaugeMetricFamily(
+            f"{ns}_group_state",
+            "Always 1, one series per group: the state label says which state the group "
+            "is in (EMPTY, RECONCILING, STABLE).",
+            labels=["group", "state"],
+        )
+        rebalances = CounterMetricFamily(
+            f"{ns}_group_rebalances",
+            "Group epoch bumps: joins, leaves, removals, subscription and partition-count "
+            "changes. Starts again when an emptied group comes back.",
+            labels=["group"],
+        )
+        heartbeats = CounterMetricFamily(
+            f"{ns}_group_heartbeats", "ConsumerGroupHeartbeat requests handled since start."
+        )
+        families = [members, state, rebalances, heartbeats]
+        if not samples:
+            yield from families
+            return
+        source = m._group_source
+        if source is None:
+            return
+        try:
+            stats = source()
+            for group_id, snapshot in sorted(stats.groups.items()):
+                members.add_metric([group_id], snapshot.members)
+                state.add_metric([group_id, snapshot.state], 1)
+                rebalances.add_metric([group_id], snapshot.rebalances)
+            heartbeats.add_metric([], stats.heartbeats)
+        except Exception:
+            m._collect_errors += 1
+            log.exception("event=metrics_group_source_failed")
+            return
+        yield from families
+
+    def _offset_families(self, samples: bool) -> Iterator[Metric]:
+        m = self._m
+        ns = NAMESPACE
+        groups = GaugeMetricFamily(
+            f"{ns}_consumer_groups_with_offsets",
+            "Consumer groups holding committed or pending offsets.",
+        )
+        committed = GaugeMetricFamily(
+            f"{ns}_consumer_group_committed_offsets",
+            "Committed offsets held over all groups (one per group and partition); with the "
+            "pending ones, bounded by max_committed_offsets.",
+        )
+        pending = GaugeMetricFamily(
+            f"{ns}_consumer_group_pending_offsets",
+            "Offsets committed inside open transactions (TxnOffsetCommit), not yet visible.",
+        )
+        commits = CounterMetricFamily(
+            f"{ns}_offset_commits",
+            "Offsets committed since start (one per partition), by API: OffsetCommit, or "
+            "TxnOffsetCommit when the transaction committed.",
+            labels=["api"],
+        )
+        expired = CounterMetricFamily(
+            f"{ns}_offsets_expired",
+            "Committed offsets deleted since start because offsets_retention_ms passed.",
+        )
+        lag = GaugeMetricFamily(
+            f"{ns}_consumer_group_lag",
+            "High watermark minus the group's committed offset: records the group has not "
+            "committed yet (0 when it committed past the end).",
+            labels=["group", "topic", "partition"],
+        )
+        omitted = GaugeMetricFamily(
+            f"{ns}_consumer_group_lag_series_omitted",
+            "Committed offsets whose lag series is left out because max_consumer_lag_series "
+            "series are shown.",
+        )
+        families = [groups, committed, pending, commits, expired, lag, omitted]
+        if not samples:
+            yield from families
+            return
+        source = m._offset_source
+        if source is None:
+            return
+        try:
+            stats = source()
+            groups.add_metric([], stats.groups)
+            committed.add_metric([], stats.committed)
+            pending.add_metric([], stats.pending)
+            for api, n in sorted(stats.commits.items()):
+                commits.add_metric([api], n)
+            expired.add_metric([], stats.expired)
+            for group, topic, partition, behind in stats.lag:
+                lag.add_metric([group, topic, str(partition)], behind)
+            omitted.add_metric([], stats.lag_omitted)
+        except Exception:
+            m._collect_errors += 1
+            log.exception("event=metrics_offset_source_failed")
             return
         yield from families
 

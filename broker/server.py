@@ -29,9 +29,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.data_dir import DataDir
 from broker.group_commit import GroupCommitter
+from broker.group_coordinator import GroupCoordinator, PartitionCounts
 from broker.handlers import Answer, DurableReply, Handlers, NoAnswer, SplicedReply, now_ms
 from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
+from broker.offset_store import NoMembers, OffsetLog, OffsetStore
 from broker.producer_ids import ProducerIdManager
 from broker.segment import StorageError
 from broker.topics import TopicRegistry
@@ -121,6 +123,7 @@ class Broker:
         self.connections: set[Connection] = set()
         self.handlers: Handlers | None = None
         self.coordinator: TransactionCoordinator | None = None
+        self.offsets: OffsetStore | None = None
         self.topics: TopicRegistry | None = None
         self.port = config.port
         self._stopping = False
@@ -171,18 +174,28 @@ class Broker:
                     self.topics.set_on_rolled(committer.request_flush)
                     tg.start_soon(committer.run)
                     coordinator = await self._recover_transactions(producer_ids, committer)
+                    groups = GroupCoordinator(config, PartitionCounts(self.topics))
+                    self.metrics.set_group_source(groups.stats)
+                    assert self.offsets is not None
+                    offsets = self.offsets
+                    offsets.members = groups
+                    groups.offset_groups = lambda: offsets.state.groups.keys()
                     self.handlers = Handlers(
                         config,
                         self.topics,
                         producer_ids,
                         committer,
                         coordinator,
+                        self.offsets,
                         self.metrics,
                         (config.host, self.port),
+                        groups,
                     )
                     self.data_dir.begin_run()
                     self.ready = True
                     tg.start_soon(coordinator.run)
+                    tg.start_soon(groups.run)
+                    tg.start_soon(self.offsets.run)
                     tg.start_soon(self._housekeeping)
                     serve_scope = anyio.CancelScope()
                     # Connections run outside the listener's scope: stopping accepting
@@ -234,20 +247,30 @@ class Broker:
     async def _recover_transactions(
         self, producer_ids: ProducerIdManager, committer: GroupCommitter
     ) -> TransactionCoordinator:
-        """Load the transaction log and finish what a crash left decided, before any
-        partition serves a read."""
+        """Load the committed offsets and the transaction log, and finish what a crash left
+        decided, before any partition serves a read or any offset is fetched."""
         assert self.topics is not None
+        offsets = OffsetStore(
+            self.config,
+            self.topics,
+            OffsetLog(self.config.data_path, self.config.offsets_log_max_bytes),
+            NoMembers(),
+        )
+        self.offsets = offsets
+        offsets.load()
         coordinator = TransactionCoordinator(
             self.config,
             self.topics,
             producer_ids,
             committer,
             TxnLog(self.config.data_path, self.config.transaction_log_max_bytes),
+            offsets,
         )
         self.coordinator = coordinator
         coordinator.load()
         await coordinator.recover()
         self.metrics.set_transaction_source(coordinator.stats)
+        self.metrics.set_offset_source(offsets.stats)
         return coordinator
 
     def _partition_stats(self) -> list[PartitionStats]:
@@ -308,6 +331,7 @@ class Broker:
         self.topics.apply_settings(self.config)
         self.handlers.config = self.config
         self.handlers.coordinator.config = self.config
+        self.handlers.offsets.config = self.config
         self.handlers.housekeeping()
         log.info(
             "event=reloaded applied=%s needs_restart=%s",
@@ -338,6 +362,8 @@ class Broker:
     def _close_storage(self) -> None:
         if self.coordinator is not None:
             self.coordinator.close()
+        if self.offsets is not None:
+            self.offsets.close()
         if self.topics is not None:
             self.topics.close()
         self.data_dir.mark_clean_shutdown()

@@ -7,8 +7,9 @@ IO around them. Every change is written to the transaction log and fdatasynced
 (broker/txn_log.py) before it is installed in memory and answered. Ending a
 transaction is three steps, each durable before the next: the decision (the
 entry moves to the next epoch at once, fencing the old one), the COMMIT or ABORT
-marker on every partition of the transaction, then COMPLETE. A crash between
-them is finished by `recover` before the listener opens.
+marker on every partition of the transaction (and in the offsets log, one for
+every group whose offsets joined it), then COMPLETE. A crash between them is
+finished by `recover` before the listener opens.
 
 Requests for one transactional id are serialised by a lock per id (CommitTxns
 takes the locks of all its ids, in sorted order, and of its app id), so a
@@ -21,10 +22,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -55,6 +56,7 @@ from broker.txn_state import (
     identify,
     initialized,
     prepared,
+    with_group,
     with_partitions,
 )
 from protocol import messages as m
@@ -72,6 +74,19 @@ def now_ms() -> int:
 
 class CoordinatorError(ProtocolError):
     """A request the coordinator refuses; `code` is the answer."""
+
+
+class GroupMarkers(Protocol):
+    """The committed-offsets store (broker/offset_store.py), as transactions end."""
+
+    def pending_owners(self) -> set[tuple[str, int]]:
+        """(group_id, producer_id) of every pending transactional offset."""
+        ...
+
+    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
+        """For each (producer_id, groups, committed): the producer's pending offsets in
+        those groups become committed, or are dropped; durable on return."""
+        ...
 
 
 @dataclass(slots=True)
@@ -92,12 +107,14 @@ class TransactionCoordinator:
         producer_ids: ProducerIdManager,
         committer: GroupCommitter,
         txn_log: TxnLog,
+        offsets: GroupMarkers,
     ) -> None:
         self.config = config
         self.topics = topics
         self.producer_ids = producer_ids
         self.committer = committer
         self.log = txn_log
+        self.offsets = offsets
         self.entries: OrderedDict[str, TxnEntry] = OrderedDict()  # least recently used first
         self.apps: dict[str, AppVersion] = {}
         self.counters = TxnCounters()
@@ -110,20 +127,8 @@ class TransactionCoordinator:
 
     def load(self) -> None:
         """Read the transaction log into memory (TxnLogError when it is damaged)."""
-        bodies = self.log.open()
-        for body in bodies:
-            try:
-                entries, apps, removed = body
-                for item in entries:
-                    self._install(TxnEntry.decode(item))
-                for item in apps:
-                    app = AppVersion.decode(item)
-                    self.apps[app.txn_app_id] = app
-                for tid in removed:
-                    self._forget(tid)
-            except (TxnStateError, TypeError, ValueError) as exc:
-                raise TxnLogError(f"{self.log.path}: {exc}") from exc
-        legacy = {} if bodies else self.producer_ids.legacy_transactional()
+        records = self.log.open(self._replay)
+        legacy = {} if records else self.producer_ids.legacy_transactional()
         for tid, (pid, epoch) in legacy.items():
             # Ids mapped before the coordinator existed keep their pid and fencing.
             entry = initialized(None, tid, pid, epoch, DEFAULT_TIMEOUT_MS, now_ms())
@@ -133,6 +138,19 @@ class TransactionCoordinator:
             self.producer_ids.retire_legacy()
         for entry in self.entries.values():
             self.producer_ids.remember(entry.producer_id, entry.producer_epoch)
+
+    def _replay(self, body: Any) -> None:
+        try:
+            entries, apps, removed = body
+            for item in entries:
+                self._install(TxnEntry.decode(item))
+            for item in apps:
+                app = AppVersion.decode(item)
+                self.apps[app.txn_app_id] = app
+            for tid in removed:
+                self._forget(tid)
+        except (TxnStateError, TypeError, ValueError) as exc:
+            raise TxnLogError(f"{self.log.path}: {exc}") from exc
 
     def _install(self, entry: TxnEntry) -> None:
         tid = entry.transactional_id
@@ -264,12 +282,13 @@ class TransactionCoordinator:
             return refused
         assert entry is not None
         held = entry.partitions if entry.state == ONGOING else frozenset()
+        groups = len(entry.groups) if entry.state == ONGOING else 0
         if entry.state != ONGOING or not admitted <= held:
             limit = self.config.max_partitions_per_transaction
-            if len(held | admitted) > limit:
+            if len(held | admitted) + groups > limit:
                 message = (
-                    "a transaction may write to at most "
-                    f"max_partitions_per_transaction={limit} partitions"
+                    "a transaction may hold at most "
+                    f"max_partitions_per_transaction={limit} partitions and groups"
                 )
                 for key in admitted - held:
                     refused[key] = (ErrorCode.INVALID_TXN_STATE, message)
@@ -313,8 +332,55 @@ class TransactionCoordinator:
         return None
 
     def locked(self, transactional_id: str) -> Any:
-        """The lock a transactional Produce holds from admission to append."""
+        """The lock a transactional Produce holds from admission to append, and a
+        TxnOffsetCommit from judgement to its pending offsets being written."""
         return self._locked([transactional_id])
+
+    # ------------------------------------------------------------------ TxnOffsetCommit
+
+    def judge_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int) -> None:
+        """Raise CoordinatorError unless the producer may add offsets to its transaction:
+        the fencing verdicts of EndTxn, and the states a transactional batch is refused in."""
+        entry = self.entries.get(transactional_id)
+        who = self._identify(transactional_id, entry, producer_id, producer_epoch)
+        assert entry is not None
+        if who is Identity.LAST_ENDED:
+            raise CoordinatorError(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"epoch {producer_epoch} of producer {producer_id} is fenced: its transaction "
+                "ended",
+            )
+        if entry.state in DECIDED:
+            raise CoordinatorError(
+                ErrorCode.CONCURRENT_TRANSACTIONS,
+                "the previous transaction's markers are still being written; retry",
+            )
+        if entry.state == PREPARED:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
+            )
+
+    async def add_group(self, transactional_id: str, group_id: str) -> None:
+        """Make the transaction hold the group, durably (it starts the transaction if none
+        is open). The caller holds `locked` and had the producer judged."""
+        entry = self.entries[transactional_id]
+        if entry.state == ONGOING and group_id in entry.groups:
+            return
+        limit = self.config.max_partitions_per_transaction
+        if entry.state == ONGOING and len(entry.partitions) + len(entry.groups) >= limit:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE,
+                "a transaction may hold at most "
+                f"max_partitions_per_transaction={limit} partitions and groups",
+            )
+        try:
+            await self._persist([with_group(entry, group_id, now_ms())])
+        except OSError as exc:
+            log.error("event=txn_log_write_failed id=%r error=%r", transactional_id, str(exc))
+            raise CoordinatorError(
+                ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}"
+            ) from exc
+        crash_point("txn_group_added")
 
     # ------------------------------------------------------------------ ending
 
@@ -347,20 +413,38 @@ class TransactionCoordinator:
                 f"prepared_timeout_ms={req.prepared_timeout_ms} is not in "
                 f"[1, transaction_max_prepared_ms={limit}]",
             )
-        async with self._locked([req.transactional_id]):
+        app_ids = [] if req.txn_app_id is None else [req.txn_app_id]
+        async with self._locked([req.transactional_id], app_ids):
             entry = self.entries.get(req.transactional_id)
             who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
             assert entry is not None
             if who is Identity.LAST_ENDED:
                 assert entry.last_ended is not None
                 _same_end_or_raise(entry.last_ended, None)
-            if entry.state == PREPARED:
-                return m.PrepareTxnResponse()
             if entry.state in DECIDED:
                 raise CoordinatorError(
                     ErrorCode.CONCURRENT_TRANSACTIONS,
                     "the previous transaction's markers are still being written; retry",
                 )
+            recorded = self.apps.get(req.txn_app_id) if req.txn_app_id is not None else None
+            if (
+                recorded is not None
+                and req.txn_app_version is not None
+                and req.txn_app_version <= recorded.txn_app_version
+            ):
+                # A late writer of a finished write (a Spark task still running after the
+                # driver committed or aborted): its transaction can never be committed, so
+                # it must not hold the last stable offset until its prepared timeout.
+                if entry.state in OPEN:
+                    await self._end([entry], False, "client")
+                raise CoordinatorError(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"app {req.txn_app_id!r} has version {recorded.txn_app_version} recorded, "
+                    f"at or above {req.txn_app_version}: nothing more is committed under it; "
+                    "the transaction was aborted",
+                )
+            if entry.state == PREPARED:
+                return m.PrepareTxnResponse()
             stamp = now_ms()
             await self._persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
             crash_point("txn_prepared")
@@ -511,7 +595,13 @@ class TransactionCoordinator:
                 crash_point("txn_marker_written")
                 written.append((partition, offset))
                 self.committer.request_flush(partition, batches=1)
+        groups = [
+            (e.marker_ids()[0], e.groups, e.state == PREPARE_COMMIT) for e in pending if e.groups
+        ]
         try:
+            if groups:
+                # While the partitions' markers are being synced by the group committer.
+                await self.offsets.write_markers(groups)
             for partition, offset in written:
                 await self.committer.wait_durable(partition, offset)
         except FlushFailed as exc:
@@ -566,8 +656,10 @@ class TransactionCoordinator:
         if expired:
             await self._persist([], removed=expired)
             log.info("event=txn_ids_expired ids=%d", len(expired))
-        if self.log.wants_compaction():
-            self.log.compact(self._whole_state())
+        # Only with no lock held: a change written and synced is installed in memory by
+        # its task after the sync, and a compaction before that would drop it.
+        if not self._locks and self.log.wants_compaction():
+            self.log.compact([self._whole_state()])
 
     def _locks_held(self) -> set[str]:
         return {tid for kind, tid in self._locks if kind == "txn"}
@@ -581,7 +673,9 @@ class TransactionCoordinator:
 
     async def recover(self) -> None:
         """Before serving: finish every decided transaction, and abort any transaction a
-        partition holds open that no entry claims, so no last stable offset is stuck."""
+        partition holds open that no entry claims, so no last stable offset is stuck, and
+        drop pending offsets no open transaction claims, so no OffsetFetch with
+        require_stable waits for ever."""
         decided_entries = [e for e in self.entries.values() if e.state in DECIDED]
         if decided_entries:
             log.info("event=txn_recovery decided=%d", len(decided_entries))
@@ -606,6 +700,20 @@ class TransactionCoordinator:
                 self.counters.aborts["recovery"] += 1
                 partition.log.flush()
                 assert partition.log.flushed_offset > offset
+        claimed_groups = {
+            (group_id, entry.producer_id)
+            for entry in self.entries.values()
+            if entry.state in OPEN
+            for group_id in entry.groups
+        }
+        orphans = sorted(self.offsets.pending_owners() - claimed_groups)
+        for group_id, pid in orphans:
+            log.warning("event=txn_orphan_offsets_dropped group=%r producer_id=%d", group_id, pid)
+            self.counters.aborts["recovery"] += 1
+        if orphans:
+            await self.offsets.write_markers(
+                [(pid, [group_id], False) for group_id, pid in orphans]
+            )
 
     # ------------------------------------------------------------------ listing
 

@@ -70,11 +70,18 @@ class TxnEntry:
     prepared_deadline_ms: int = -1
     partitions: frozenset[tuple[str, int]] = field(default_factory=frozenset)
     last_ended: Ended | None = None
+    groups: frozenset[str] = field(default_factory=frozenset)
+    """Consumer groups whose offsets joined the transaction (TxnOffsetCommit)."""
 
     def __post_init__(self) -> None:
         assert self.state in STATES, self.state
-        assert (self.state in ENDED) == (not self.partitions) or self.state in OPEN, self
+        assert (self.state in ENDED) == (not self.holds_anything) or self.state in OPEN, self
         assert self.state not in DECIDED or self.last_ended is not None, self
+
+    @property
+    def holds_anything(self) -> bool:
+        """Whether the transaction has partitions or groups whose markers end it."""
+        return bool(self.partitions or self.groups)
 
     @property
     def deadline_ms(self) -> int | None:
@@ -112,12 +119,15 @@ class TxnEntry:
                 last.next_producer_epoch,
                 last.by_client,
             ],
+            sorted(self.groups),
         ]
 
     @classmethod
     def decode(cls, item: Any) -> TxnEntry:
         try:
-            (tid, pid, epoch, state, timeout, updated, started, deadline, parts, last) = item
+            # Entries written before TxnOffsetCommit have no groups.
+            (tid, pid, epoch, state, timeout, updated, started, deadline, parts, last, *rest) = item
+            (groups,) = rest or ([],)
             entry = cls(
                 transactional_id=tid,
                 producer_id=pid,
@@ -129,11 +139,17 @@ class TxnEntry:
                 prepared_deadline_ms=deadline,
                 partitions=frozenset((t, p) for t, p in parts),
                 last_ended=None if last is None else Ended(*last),
+                groups=frozenset(groups),
             )
         except (TypeError, ValueError, AssertionError) as exc:
             raise TxnStateError(f"transaction entry {item!r}: {exc}") from exc
         ints = (pid, epoch, timeout, updated, started, deadline)
-        if not isinstance(tid, str) or state not in STATES or not all(type(v) is int for v in ints):
+        if (
+            not isinstance(tid, str)
+            or state not in STATES
+            or not all(type(v) is int for v in ints)
+            or not all(isinstance(g, str) for g in groups)
+        ):
             raise TxnStateError(f"transaction entry {item!r} is malformed")
         return entry
 
@@ -191,26 +207,33 @@ def initialized(
 
 def with_partitions(entry: TxnEntry, added: set[tuple[str, int]], now_ms: int) -> TxnEntry:
     """A transactional batch arrived: the transaction is ONGOING and holds `added`."""
+    ongoing = _ongoing(entry, now_ms)
+    return replace(ongoing, partitions=ongoing.partitions | added)
+
+
+def with_group(entry: TxnEntry, group_id: str, now_ms: int) -> TxnEntry:
+    """A TxnOffsetCommit arrived: the transaction is ONGOING and holds the group."""
+    ongoing = _ongoing(entry, now_ms)
+    return replace(ongoing, groups=ongoing.groups | {group_id})
+
+
+def _ongoing(entry: TxnEntry, now_ms: int) -> TxnEntry:
+    """The entry's transaction, started now unless it is already ONGOING."""
     assert entry.state == ONGOING or entry.state in ENDED, entry
-    started = entry.started_ms if entry.state == ONGOING else now_ms
-    base = entry.partitions if entry.state == ONGOING else frozenset()
+    if entry.state == ONGOING:
+        return replace(entry, updated_ms=now_ms)
     return replace(
-        entry, state=ONGOING, started_ms=started, partitions=base | added, updated_ms=now_ms
+        entry,
+        state=ONGOING,
+        started_ms=now_ms,
+        partitions=frozenset(),
+        groups=frozenset(),
+        updated_ms=now_ms,
     )
 
 
 def prepared(entry: TxnEntry, deadline_ms: int, now_ms: int) -> TxnEntry:
-    assert entry.state == ONGOING or entry.state in ENDED, entry
-    parts = entry.partitions if entry.state == ONGOING else frozenset()
-    started = entry.started_ms if entry.state == ONGOING else now_ms
-    return replace(
-        entry,
-        state=PREPARED,
-        partitions=parts,
-        started_ms=started,
-        prepared_deadline_ms=deadline_ms,
-        updated_ms=now_ms,
-    )
+    return replace(_ongoing(entry, now_ms), state=PREPARED, prepared_deadline_ms=deadline_ms)
 
 
 def decided(
@@ -226,7 +249,7 @@ def decided(
     assert entry.state in OPEN or entry.state in ENDED, entry
     ended = Ended(entry.producer_id, entry.producer_epoch, committed, *next_ids, by_client)
     pid, epoch = next_ids
-    if entry.state in OPEN and entry.partitions:
+    if entry.state in OPEN and entry.holds_anything:
         state = PREPARE_COMMIT if committed else PREPARE_ABORT
         return replace(
             entry,
@@ -242,6 +265,7 @@ def decided(
         producer_epoch=epoch,
         state=COMPLETE_COMMIT if committed else COMPLETE_ABORT,
         partitions=frozenset(),
+        groups=frozenset(),
         started_ms=-1,
         prepared_deadline_ms=-1,
         last_ended=ended,
@@ -256,6 +280,7 @@ def completed(entry: TxnEntry, now_ms: int) -> TxnEntry:
         entry,
         state=COMPLETE_COMMIT if entry.state == PREPARE_COMMIT else COMPLETE_ABORT,
         partitions=frozenset(),
+        groups=frozenset(),
         started_ms=-1,
         prepared_deadline_ms=-1,
         updated_ms=now_ms,

@@ -249,10 +249,20 @@ async def commit_transactions_async(
 
 
 async def abort_transactions_async(
-    bootstrap: str | Sequence[str], handles: Iterable[TxnHandle]
+    bootstrap: str | Sequence[str],
+    handles: Iterable[TxnHandle],
+    *,
+    app_id: str | None = None,
+    app_version: int | None = None,
 ) -> CommitTxnsResult:
-    """Abort open or prepared transactions, all or none, by their handles."""
-    return await _end_transactions(bootstrap, handles, committed=False)
+    """Abort open or prepared transactions, all or none, by their handles.
+
+    With `app_id` and `app_version` the same decision records the version as
+    finished (even with no handle): nothing more is committed under it, and a
+    PrepareTxn that names it is refused and its transaction aborted."""
+    return await _end_transactions(
+        bootstrap, handles, committed=False, app_id=app_id, app_version=app_version
+    )
 
 
 async def list_transactions_async(
@@ -426,9 +436,15 @@ def commit_transactions(
 
 
 def abort_transactions(
-    bootstrap: str | Sequence[str], handles: Iterable[TxnHandle]
+    bootstrap: str | Sequence[str],
+    handles: Iterable[TxnHandle],
+    *,
+    app_id: str | None = None,
+    app_version: int | None = None,
 ) -> CommitTxnsResult:
-    return _run(abort_transactions_async, bootstrap, list(handles))
+    return _run(
+        abort_transactions_async, bootstrap, list(handles), app_id=app_id, app_version=app_version
+    )
 
 
 def list_transactions(

@@ -407,10 +407,17 @@ class AsyncProducer:
         await _wait_all(in_flight)
         await self._end_transaction(committed=False)
 
-    async def prepare_transaction(self) -> TxnHandle:
+    async def prepare_transaction(
+        self, *, app_id: str | None = None, app_version: int | None = None
+    ) -> TxnHandle:
         """Send and wait as commit_transaction() does, then PrepareTxn: the transaction is
         complete but undecided until someone commits or aborts it by the returned
         handle (client.admin.commit_transactions), within transaction_prepared_timeout_ms.
+
+        With `app_id`/`app_version` (the ones the committer will pass) the broker refuses
+        the prepare, aborting the transaction, once that app has the version or a later
+        one recorded: TransactionAbortableError (INVALID_TXN_STATE), so a writer that
+        finishes after its write was committed or aborted leaves nothing open.
 
         The producer accepts no more records; init_transactions() starts afresh."""
         self._check_running()
@@ -424,6 +431,8 @@ class AsyncProducer:
                 producer_id=acc.producer_id,
                 producer_epoch=acc.producer_epoch,
                 prepared_timeout_ms=cfg.transaction_prepared_timeout_ms,
+                txn_app_id=app_id,
+                txn_app_version=app_version,
             ),
             self._block_deadline(),
         )
@@ -703,9 +712,15 @@ class Producer:
     def abort_transaction(self) -> None:
         self._portal.call(self._core.abort_transaction)
 
-    def prepare_transaction(self) -> TxnHandle:
-        """Flush, then PrepareTxn; the handle lets any process commit or abort it."""
-        return self._portal.call(self._core.prepare_transaction)
+    def prepare_transaction(
+        self, *, app_id: str | None = None, app_version: int | None = None
+    ) -> TxnHandle:
+        """Flush, then PrepareTxn; the handle lets any process commit or abort it.
+
+        See AsyncProducer.prepare_transaction for `app_id`/`app_version`."""
+        return self._portal.call(
+            partial(self._core.prepare_transaction, app_id=app_id, app_version=app_version)
+        )
 
     def send_offsets_to_transaction(
         self,

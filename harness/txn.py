@@ -49,13 +49,15 @@ class Txn:
             self.seqs = {}
         return r
 
-    def prepare(self, timeout_ms: int = 60_000) -> dict[str, Any]:
+    def prepare(self, timeout_ms: int = 60_000, **app: Any) -> dict[str, Any]:
+        """PrepareTxn; `app` may carry txn_app_id and txn_app_version."""
         return self.c.call(
             "PrepareTxn",
             transactional_id=self.id,
             producer_id=self.pid,
             producer_epoch=self.epoch,
             prepared_timeout_ms=timeout_ms,
+            **app,
         )
 
     def ref(self) -> dict[str, Any]:

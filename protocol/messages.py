@@ -26,7 +26,8 @@ and the client share a single codec and never touch raw maps.
 | EndTxn         | transactional_id, producer_id,            | producer_id, producer_epoch   |
 |                | producer_epoch, committed                 | (the next transaction's)      |
 | PrepareTxn     | transactional_id, producer_id,            | -                             |
-|                | producer_epoch, prepared_timeout_ms       |                               |
+|                | producer_epoch, prepared_timeout_ms,      |                               |
+|                | txn_app_id, txn_app_version               |                               |
 | CommitTxns     | transactions [{transactional_id,          | already_committed,            |
 |                | producer_id, producer_epoch}], committed, | txn_app_version, transactions |
 |                | txn_app_id, txn_app_version               | [{transactional_id, error}]   |
@@ -410,18 +411,35 @@ class EndTxnRequest(Request, tag="EndTxn"):
     committed: bool
 
 
+TxnAppVersion = Annotated[int, msgspec.Meta(ge=0)]
+
+
+def _app_fields_together(app_id: str | None, version: int | None) -> None:
+    if (app_id is None) != (version is None):
+        raise ValueError("txn_app_id and txn_app_version go together")
+
+
 class PrepareTxnResponse(Response):
     pass
 
 
 class PrepareTxnRequest(Request, tag="PrepareTxn"):
-    """The writer is done: the transaction waits, up to prepared_timeout_ms, to be ended."""
+    """The writer is done: the transaction waits, up to prepared_timeout_ms, to be ended.
+
+    With `txn_app_id`/`txn_app_version` the writer says under which app version it
+    will be committed: once that app has a version at or above it recorded, the
+    prepare is refused and the transaction aborted (a late task of a finished write)."""
 
     response = PrepareTxnResponse
     transactional_id: TransactionalId
     producer_id: int
     producer_epoch: int
     prepared_timeout_ms: int
+    txn_app_id: TransactionalId | None = None
+    txn_app_version: TxnAppVersion | None = None
+
+    def __post_init__(self) -> None:
+        _app_fields_together(self.txn_app_id, self.txn_app_version)
 
 
 class TxnRef(msgspec.Struct):
@@ -449,12 +467,11 @@ class CommitTxnsRequest(Request, tag="CommitTxns"):
     transactions: list[TxnRef]
     committed: bool
     txn_app_id: TransactionalId | None = None
-    txn_app_version: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    txn_app_version: TxnAppVersion | None = None
 
     def __post_init__(self) -> None:
         _unique([t.transactional_id for t in self.transactions], "transactional_id")
-        if (self.txn_app_id is None) != (self.txn_app_version is None):
-            raise ValueError("txn_app_id and txn_app_version go together")
+        _app_fields_together(self.txn_app_id, self.txn_app_version)
 
     def entry_count(self) -> int:
         return len(self.transactions)

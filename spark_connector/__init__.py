@@ -1,15 +1,20 @@
 """PySpark data source for minibroker: `df.write.format("minibroker")` and
 `spark.read.format("minibroker")`, shaped like Spark's Kafka sink and source.
 
-Delivery guarantee of the writer: no duplicates from network retries (the
-idempotent producer's resends are deduplicated by the broker); at least once
-across Spark task retries (rows pushed by a failed task attempt stay in the log
-and its retry pushes them again). Exactly once comes with transactions.
+`spark.readStream.format("minibroker")` and `df.writeStream.format("minibroker")`
+are the streaming source and sink.
+
+Delivery guarantee of the writers (`minibroker.delivery`): `exactly_once` by default,
+one transaction per task attempt, committed all at once by the driver (per
+micro-batch for a stream); `at_least_once` writes without transactions, so a
+retried task's rows may be stored twice. See spark_connector/README.md.
 """
 
 from spark_connector.options import MinibrokerOptionError
 from spark_connector.reader import SCHEMA, MinibrokerReader, OffsetRange
-from spark_connector.source import MinibrokerDataSource
+from spark_connector.source import MinibrokerDataSource, use_in_this_thread
+from spark_connector.stream_reader import MinibrokerStreamReader
+from spark_connector.stream_writer import MinibrokerStreamWriter
 from spark_connector.writer import MinibrokerCommitMessage, MinibrokerWriter, PartitionRange
 
 __all__ = [
@@ -18,7 +23,10 @@ __all__ = [
     "MinibrokerDataSource",
     "MinibrokerOptionError",
     "MinibrokerReader",
+    "MinibrokerStreamReader",
+    "MinibrokerStreamWriter",
     "MinibrokerWriter",
     "OffsetRange",
     "PartitionRange",
+    "use_in_this_thread",
 ]

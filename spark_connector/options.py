@@ -8,9 +8,11 @@ than in every task.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from pyspark.sql.types import (
@@ -84,13 +86,20 @@ def _settings(config_class: type, exclude: frozenset[str]) -> dict[str, Converte
     }
 
 
-# Settings the connector owns: transactions need begin/commit calls the writer does not
-# make yet, and the reader positions its consumer itself.
-_PRODUCER_OWNED = frozenset({"transactional_id", "transaction_timeout_ms", "partitioner"})
+# Settings the connector owns: the writer names each task's transaction itself, and
+# the reader positions its consumer itself.
+_PRODUCER_OWNED = frozenset({"transactional_id", "partitioner"})
 _CONSUMER_OWNED = frozenset({"auto_offset_reset", "isolation_level", "consumer_timeout_ms"})
 
 # The writer's promise rests on these, so they are set even where the client agrees.
 PRODUCER_DEFAULTS: dict[str, Any] = {"enable_idempotence": True, "acks": "all"}
+# A task's transaction runs from its first row to its prepare: the whole task, which
+# can take far longer than the client's 60 s. Kafka's transaction.max.timeout.ms.
+TASK_TRANSACTION_TIMEOUT_MS = 900_000
+
+DELIVERY = "minibroker.delivery"
+EXACTLY_ONCE = "exactly_once"
+AT_LEAST_ONCE = "at_least_once"
 
 
 def _bootstrap(options: Mapping[str, str]) -> str:
@@ -153,6 +162,7 @@ class WriteOptions:
     producer: dict[str, Any]
     columns: frozenset[str]
     delivery_timeout_s: float
+    exactly_once: bool = True
 
 
 def _is_text_or_binary(data_type: DataType) -> bool:
@@ -197,25 +207,63 @@ def check_write_schema(schema: StructType, topic_option: str | None) -> frozense
     return frozenset(name for name in checks if name in types)
 
 
+def _delivery(options: Mapping[str, str]) -> bool:
+    """Whether `minibroker.delivery` asks exactly once (the default)."""
+    raw = options.get(DELIVERY, EXACTLY_ONCE).strip().lower()
+    if raw not in (EXACTLY_ONCE, AT_LEAST_ONCE):
+        raise MinibrokerOptionError(
+            f"option {DELIVERY!r} must be {EXACTLY_ONCE} or {AT_LEAST_ONCE}, got {raw!r}"
+        )
+    return raw == EXACTLY_ONCE
+
+
 def write_options(options: Mapping[str, str], schema: StructType) -> WriteOptions:
     bootstrap = _bootstrap(options)
     topic = options.get("topic")
     if topic is not None and not topic.strip():
         raise MinibrokerOptionError("option 'topic' must not be empty")
+    exactly_once = _delivery(options)
     from client.config import ProducerConfig
 
+    settings = {k: v for k, v in options.items() if k != DELIVERY}
     producer = {
         **PRODUCER_DEFAULTS,
-        **client_config(options, ProducerConfig, role="producer", exclude=_PRODUCER_OWNED),
+        **client_config(settings, ProducerConfig, role="producer", exclude=_PRODUCER_OWNED),
     }
-    config = checked(ProducerConfig, bootstrap, producer, "producer")
+    if exactly_once:
+        producer.setdefault("transaction_timeout_ms", TASK_TRANSACTION_TIMEOUT_MS)
+        # Checked as the tasks will build it: a transactional producer.
+        config = checked(
+            ProducerConfig, bootstrap, {**producer, "transactional_id": "check"}, "producer"
+        )
+    else:
+        config = checked(ProducerConfig, bootstrap, producer, "producer")
     return WriteOptions(
         bootstrap,
         topic,
         producer,
         check_write_schema(schema, topic),
         config.delivery_timeout_ms / 1000,
+        exactly_once,
     )
+
+
+def stream_app_id(options: Mapping[str, str]) -> str:
+    """The streaming sink's identity across restarts: its checkpoint, as Spark's own is.
+
+    Spark hands the sink the `checkpointLocation` option, or only `queryName` when the
+    location comes from spark.sql.streaming.checkpointLocation (root/queryName); a
+    query with neither starts from a fresh checkpoint every run, so no identity holds.
+    The id is a digest: checkpoint paths can be longer than a transactional id."""
+    location = (options.get("checkpointlocation") or "").strip()
+    name = (options.get("queryname") or "").strip()
+    if not location and not name:
+        raise MinibrokerOptionError(
+            f"exactly-once streaming needs the query's identity: set option "
+            f"'checkpointLocation' or a queryName (or {DELIVERY}={AT_LEAST_ONCE})"
+        )
+    identity = f"checkpoint:{location}" if location else f"query:{name}"
+    return "spark-stream-" + hashlib.sha256(identity.encode()).hexdigest()[:20]
 
 
 # ----------------------------------------------------------------------------- reader
@@ -248,6 +296,11 @@ class ReadOptions:
     max_records_per_partition: int | None
     poll_timeout_ms: int
     consumer: dict[str, Any]
+    # Streaming only: topics by regular expression, the offsets one micro-batch may
+    # span, and whether offsets lost to retention fail the query.
+    pattern: re.Pattern[str] | None = None
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
 
 
 def _offsets(options: Mapping[str, str], name: str, default: int) -> OffsetSpec:
@@ -293,36 +346,102 @@ def _offsets(options: Mapping[str, str], name: str, default: int) -> OffsetSpec:
     return OffsetSpec(default, specific)
 
 
+def _topics(options: Mapping[str, str], streaming: bool) -> tuple[tuple[str, ...], str | None]:
+    """The topics named by `topic` or `subscribe`, or a `subscribePattern` (streaming)."""
+    names = ("topic", "subscribe", "subscribepattern") if streaming else ("topic", "subscribe")
+    given = [n for n in names if options.get(n) is not None]
+    if len(given) != 1:
+        choices = ["'topic' (one topic)", "'subscribe' (comma-separated topics)"]
+        if streaming:
+            choices.append("'subscribePattern' (a regular expression)")
+        raise MinibrokerOptionError(
+            f"set exactly one of option {', '.join(choices[:-1])} or {choices[-1]}"
+        )
+    name = given[0]
+    raw = options[name]
+    if name == "subscribepattern":
+        if not raw.strip():
+            raise MinibrokerOptionError("option 'subscribePattern' must not be empty")
+        return (), raw.strip()
+    topics = tuple(dict.fromkeys(t.strip() for t in raw.split(",") if t.strip()))
+    if not topics or (name == "topic" and len(topics) != 1):
+        raise MinibrokerOptionError(f"option {name!r} must name a topic, got {raw!r}")
+    return topics, None
+
+
+def _check_offset_topics(display: str, spec: OffsetSpec, topics: tuple[str, ...]) -> None:
+    unknown = sorted(set(spec.specific) - set(topics))
+    if unknown:
+        raise MinibrokerOptionError(
+            f"option {display!r} names topics that are not read: {', '.join(unknown)}"
+        )
+    missing = sorted(set(topics) - set(spec.specific)) if spec.specific else []
+    if missing:
+        raise MinibrokerOptionError(
+            f"option {display!r} must give offsets for every topic read; "
+            f"missing: {', '.join(missing)}"
+        )
+
+
 def read_options(options: Mapping[str, str]) -> ReadOptions:
     bootstrap = _bootstrap(options)
-    topic = options.get("topic")
-    subscribe = options.get("subscribe")
-    if (topic is None) == (subscribe is None):
-        raise MinibrokerOptionError(
-            "set exactly one of option 'topic' (one topic) or 'subscribe' (comma-separated topics)"
-        )
-    raw_topics = topic if topic is not None else subscribe
-    assert raw_topics is not None
-    topics = tuple(dict.fromkeys(t.strip() for t in raw_topics.split(",") if t.strip()))
-    if not topics or (topic is not None and len(topics) != 1):
-        name = "topic" if topic is not None else "subscribe"
-        raise MinibrokerOptionError(f"option {name!r} must name a topic, got {raw_topics!r}")
-
+    topics, _ = _topics(options, streaming=False)
     starting = _offsets(options, STARTING, EARLIEST)
     ending = _offsets(options, ENDING, LATEST)
-    for display, spec in (("startingOffsets", starting), ("endingOffsets", ending)):
-        unknown = sorted(set(spec.specific) - set(topics))
-        if unknown:
-            raise MinibrokerOptionError(
-                f"option {display!r} names topics that are not read: {', '.join(unknown)}"
-            )
-        missing = sorted(set(topics) - set(spec.specific)) if spec.specific else []
-        if missing:
-            raise MinibrokerOptionError(
-                f"option {display!r} must give offsets for every topic read; "
-                f"missing: {', '.join(missing)}"
-            )
+    _check_offset_topics("startingOffsets", starting, topics)
+    _check_offset_topics("endingOffsets", ending, topics)
+    return _consume_options(options, bootstrap, topics, starting, ending)
 
+
+def stream_read_options(options: Mapping[str, str]) -> ReadOptions:
+    """Spark's Kafka source options for `readStream`: startingOffsets (default latest,
+    as Kafka's), maxOffsetsPerTrigger, failOnDataLoss, subscribePattern; no endingOffsets."""
+    bootstrap = _bootstrap(options)
+    topics, pattern = _topics(options, streaming=True)
+    if options.get(ENDING) is not None:
+        raise MinibrokerOptionError("option 'endingOffsets' is for batch reads, not readStream")
+    starting = _offsets(options, STARTING, LATEST)
+    compiled = None
+    if pattern is not None:
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise MinibrokerOptionError(
+                f"option 'subscribePattern' is not a regular expression: {exc}"
+            ) from None
+        unmatched = sorted(t for t in starting.specific if not compiled.fullmatch(t))
+        if unmatched:
+            raise MinibrokerOptionError(
+                f"option 'startingOffsets' names topics the pattern does not match: "
+                f"{', '.join(unmatched)}"
+            )
+    else:
+        _check_offset_topics("startingOffsets", starting, topics)
+    max_offsets = None
+    raw_max = options.get("maxoffsetspertrigger")
+    if raw_max is not None:
+        max_offsets = _int("maxOffsetsPerTrigger", raw_max)
+        if max_offsets < 1:
+            raise MinibrokerOptionError(
+                f"option 'maxOffsetsPerTrigger' must be >= 1, got {max_offsets}"
+            )
+    fail_on_data_loss = _bool("failOnDataLoss", options.get("failondataloss", "true"))
+    base = _consume_options(options, bootstrap, topics, starting, OffsetSpec(LATEST))
+    return replace(
+        base,
+        pattern=compiled,
+        max_offsets_per_trigger=max_offsets,
+        fail_on_data_loss=fail_on_data_loss,
+    )
+
+
+def _consume_options(
+    options: Mapping[str, str],
+    bootstrap: str,
+    topics: tuple[str, ...],
+    starting: OffsetSpec,
+    ending: OffsetSpec,
+) -> ReadOptions:
     isolation = options.get("isolation.level", "read_committed").strip().lower()
     if isolation not in ISOLATION_LEVELS:
         raise MinibrokerOptionError(

@@ -192,39 +192,45 @@ class MinibrokerReader(DataSourceReader):
         return split(ranges, self.options.max_records_per_partition)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from client import TopicPartition
-
         if not isinstance(partition, OffsetRange):
             return  # nothing to read: Spark plans one InputPartition(None) for an empty list
-        tp = TopicPartition(partition.topic, partition.partition)
-        consumer = open_consumer(self.options)
-        try:
-            consumer.assign([tp])
-            consumer.seek(tp, partition.start)
-            position = partition.start
-            stalled_since = time.monotonic()
-            while position < partition.end:
-                polled = consumer.poll(timeout_ms=_POLL_MS, max_records=_POLL_RECORDS)
-                records = polled.get(tp)
-                if records and records[-1].offset >= partition.end:
-                    records = [r for r in records if r.offset < partition.end]
-                    if not records:
-                        break  # the next record lies past the range: a gap ends it
-                if records:
-                    position = records[-1].offset + 1
-                    stalled_since = time.monotonic()
-                    yield to_arrow(records, partition.topic, partition.partition)
-                    continue
-                # Offsets without a record to return (transaction markers, aborted
-                # batches) still move the consumer's position on.
-                position = max(position, consumer.position(tp))
-                if position >= partition.end:
-                    break
-                if time.monotonic() - stalled_since > self.options.poll_timeout_ms / 1000:
-                    raise TimeoutError(
-                        f"no record of {partition.topic}[{partition.partition}] at offset "
-                        f"{position} within pollTimeoutMs={self.options.poll_timeout_ms}; "
-                        f"the planned range ends at {partition.end}"
-                    )
-        finally:
-            consumer.close()
+        yield from read_range(self.options, partition)
+
+
+def read_range(options: ReadOptions, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """The records of one planned range, in Arrow batches (a task of the batch or the
+    streaming reader)."""
+    from client import TopicPartition
+
+    tp = TopicPartition(partition.topic, partition.partition)
+    consumer = open_consumer(options)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, partition.start)
+        position = partition.start
+        stalled_since = time.monotonic()
+        while position < partition.end:
+            polled = consumer.poll(timeout_ms=_POLL_MS, max_records=_POLL_RECORDS)
+            records = polled.get(tp)
+            if records and records[-1].offset >= partition.end:
+                records = [r for r in records if r.offset < partition.end]
+                if not records:
+                    break  # the next record lies past the range: a gap ends it
+            if records:
+                position = records[-1].offset + 1
+                stalled_since = time.monotonic()
+                yield to_arrow(records, partition.topic, partition.partition)
+                continue
+            # Offsets without a record to return (transaction markers, aborted
+            # batches) still move the consumer's position on.
+            position = max(position, consumer.position(tp))
+            if position >= partition.end:
+                break
+            if time.monotonic() - stalled_since > options.poll_timeout_ms / 1000:
+                raise TimeoutError(
+                    f"no record of {partition.topic}[{partition.partition}] at offset "
+                    f"{position} within pollTimeoutMs={options.poll_timeout_ms}; "
+                    f"the planned range ends at {partition.end}"
+                )
+    finally:
+        consumer.close()

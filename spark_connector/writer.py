@@ -1,10 +1,14 @@
-"""The Arrow writer: each Spark task pushes its rows through one idempotent Producer.
+"""The Arrow writer: each Spark task attempt pushes its rows through one Producer.
 
-Guarantee: no duplicates from network retries (the idempotent producer resends
-a batch with its original sequence number, which the broker deduplicates); at
-least once across Spark task retries (a retried task pushes all its rows again,
-and the rows its failed attempt had already pushed stay in the log). Exactly
-once comes with transactions.
+Delivery `exactly_once` (the default): each task attempt writes inside its own
+transaction and prepares it; the driver's `commit` makes the winning attempts
+visible with one CommitTxns and aborts every other transaction of the write,
+`abort` aborts them all (spark_connector/transactions.py). If `save()` returned,
+every row is visible exactly once to read_committed readers; if it raised, none is.
+
+Delivery `at_least_once`: one idempotent producer per task, no transaction: no
+duplicates from network retries (the broker deduplicates resends), but a retried
+task pushes all its rows again and a failed job leaves what it pushed in the log.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import contextlib
 import logging
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,10 +26,11 @@ import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
+from spark_connector import transactions
 from spark_connector.options import WriteOptions
 
 if TYPE_CHECKING:
-    from client import BatchMetadata
+    from client import BatchMetadata, Producer, TxnHandle
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -58,13 +63,29 @@ class PartitionRange:
 
 @dataclass(frozen=True)
 class MinibrokerCommitMessage(WriterCommitMessage):
-    """One successful task's report, sent to the driver's `commit`."""
+    """One successful task's report, sent to the driver's `commit`.
+
+    `handle` is the attempt's prepared transaction (exactly once). `finished` says the
+    write had ended before the attempt could prepare (its transaction was aborted, and
+    `rows`/`ranges` are empty): a streaming micro-batch re-run after its commit."""
 
     write_id: str
     task_partition: int
     attempt: int
     rows: int
     ranges: tuple[PartitionRange, ...] = field(default_factory=tuple)
+    handle: TxnHandle | None = None
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class TaskAttempt:
+    """Which task attempt runs: its Spark partition, attempt number and, in a streaming
+    query, the micro-batch id."""
+
+    partition: int
+    attempt: int
+    batch_id: int | None = None
 
 
 def merge_ranges(ranges: Iterable[PartitionRange]) -> dict[tuple[str, int], PartitionRange]:
@@ -95,7 +116,7 @@ def _headers(column: pa.ChunkedArray) -> list[list[tuple[str, bytes]] | None]:
     return [None if row is None else list(map(_header, row)) for row in column.to_pylist()]
 
 
-def _logger() -> logging.Logger:
+def driver_log() -> logging.Logger:
     """Spark runs commit/abort in a bare Python worker whose stderr reaches the driver's
     console; without a level and a handler set there, the INFO summary would be dropped."""
     if log.level == logging.NOTSET:
@@ -107,58 +128,117 @@ def _logger() -> logging.Logger:
     return log
 
 
-class MinibrokerWriter(DataSourceArrowWriter):
-    """Built once on the driver and pickled into every task: holds options only."""
+class ArrowSends:
+    """The task side the batch and the streaming writer share: Arrow rows into sends of
+    one producer per task attempt, inside the attempt's transaction when exactly once."""
 
     # Spark hands over Arrow batches of 10,000 rows (spark.sql.execution.arrow.
     # maxRecordsPerBatch); joining them into sends of about this many bytes lets the
     # producer cut full wire batches instead of one full and one small per Spark batch.
     send_bytes = 4 << 20
+    options: WriteOptions
 
-    def __init__(self, options: WriteOptions) -> None:
-        self.options = options
-        self.write_id = uuid.uuid4().hex[:12]
+    def task_attempt(self) -> TaskAttempt:
+        context = TaskContext.get()
+        if context is None:
+            return TaskAttempt(0, 0)
+        batch = context.getLocalProperty("streaming.sql.batchId")
+        return TaskAttempt(
+            context.partitionId(), context.attemptNumber(), None if batch is None else int(batch)
+        )
 
-    # ------------------------------------------------------------------ in each task
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> MinibrokerCommitMessage:
+    def write_attempt(
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        task: TaskAttempt,
+        write_id: str,
+        app_version: int,
+    ) -> MinibrokerCommitMessage:
+        """Send every row; exactly once, in a transaction named after `write_id` (also the
+        app id) and the attempt, prepared under `app_version`."""
         from client import Producer
 
-        context = TaskContext.get()
-        task_partition = context.partitionId() if context else 0
-        attempt = context.attemptNumber() if context else 0
+        txn_id = (
+            transactions.transactional_id(write_id, task.partition, task.attempt)
+            if self.options.exactly_once
+            else None
+        )
         # The producer connects lazily and rides out dropped connections and broker
         # restarts itself, resending with the same sequence numbers.
-        producer = Producer(bootstrap_servers=self.options.bootstrap, **self.options.producer)
-        futures = []
+        producer = Producer(
+            bootstrap_servers=self.options.bootstrap,
+            transactional_id=txn_id,
+            **self.options.producer,
+        )
         metadata: list[BatchMetadata] = []
         close_s = self.options.delivery_timeout_s
+        handle = None
+        finished = False
         try:
-            for table in self._coalesced(iterator):
-                for topic, partition, values, keys, headers in self._groups(table):
-                    futures.append(
-                        producer.send_batch(
-                            topic, values, keys=keys, partition=partition, headers=headers
-                        )
-                    )
-            # The producer retries each batch (same sequence numbers) until
-            # delivery_timeout_ms; the margin only guards against a wedged client.
-            wait_s = self.options.delivery_timeout_s + 30
-            producer.flush(timeout=wait_s)
-            for future in futures:
-                metadata.extend(future.get(timeout=wait_s))
+            if txn_id is not None:
+                producer.init_transactions()
+                producer.begin_transaction()
+            metadata = self._send_all(producer, iterator)
+            if txn_id is not None:
+                handle = self._prepare(producer, write_id, app_version)
+                finished = handle is None
         except BaseException:
-            # Rows already handed over still get delivered, so what a failed attempt
-            # leaves behind is exactly what it pushed; the original error is what matters.
+            # An open transaction is aborted by close(); without one, rows already
+            # handed over still get delivered. The original error is what matters.
             with contextlib.suppress(Exception):
                 producer.close(timeout=close_s)
             raise
         producer.close(timeout=close_s)
+        if finished:
+            metadata = []
         ranges = merge_ranges(PartitionRange.of(m) for m in metadata)
         rows = sum(m.record_count for m in metadata)
         return MinibrokerCommitMessage(
-            self.write_id, task_partition, attempt, rows, tuple(ranges.values())
+            write_id, task.partition, task.attempt, rows, tuple(ranges.values()), handle, finished
         )
+
+    def _send_all(
+        self, producer: Producer, iterator: Iterator[pa.RecordBatch]
+    ) -> list[BatchMetadata]:
+        futures = []
+        for table in self._coalesced(iterator):
+            for topic, partition, values, keys, headers in self._groups(table):
+                futures.append(
+                    producer.send_batch(
+                        topic, values, keys=keys, partition=partition, headers=headers
+                    )
+                )
+        # The producer retries each batch (same sequence numbers) until
+        # delivery_timeout_ms; the margin only guards against a wedged client.
+        wait_s = self.options.delivery_timeout_s + 30
+        producer.flush(timeout=wait_s)
+        metadata: list[BatchMetadata] = []
+        for future in futures:
+            metadata.extend(future.get(timeout=wait_s))
+        return metadata
+
+    def _prepare(self, producer: Producer, app_id: str, app_version: int) -> TxnHandle | None:
+        """PrepareTxn under the write's app version; None when the broker refused it because
+        the write had already ended (and aborted the transaction)."""
+        from client import TransactionAbortableError
+        from client.admin import describe_txn_apps
+        from protocol.errors import ErrorCode
+
+        try:
+            return producer.prepare_transaction(app_id=app_id, app_version=app_version)
+        except TransactionAbortableError as exc:
+            if exc.code != ErrorCode.INVALID_TXN_STATE:
+                raise
+            apps = describe_txn_apps(self.options.bootstrap, [app_id])
+            if not any(a.txn_app_version >= app_version for a in apps):
+                raise
+            driver_log().info(
+                "minibroker write %s version %d had ended before this attempt prepared; "
+                "its transaction was aborted",
+                app_id,
+                app_version,
+            )
+            return None
 
     def _coalesced(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
         pending: list[pa.RecordBatch] = []
@@ -235,36 +315,95 @@ class MinibrokerWriter(DataSourceArrowWriter):
                 None if header_column is None else _headers(pc.take(header_column, take)),
             )
 
+
+class MinibrokerWriter(ArrowSends, DataSourceArrowWriter):
+    """Built once on the driver and pickled into every task and into the driver's commit:
+    holds options and the write id, which names the write's transactions and app."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+        self.write_id = "spark-" + uuid.uuid4().hex[:16]
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> MinibrokerCommitMessage:
+        return self.write_attempt(iterator, self.task_attempt(), self.write_id, 0)
+
     # ------------------------------------------------------------------ on the driver
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, MinibrokerCommitMessage)]
+        how = ""
+        if self.options.exactly_once:
+            handles = [m.handle for m in done if m.handle is not None]
+            ended = transactions.commit(
+                self.options.bootstrap, self.write_id, handles, self.write_id, 0
+            )
+            how = (
+                f" exactly once ({'already committed: this is a retry; ' if ended.already else ''}"
+                f"{ended.aborted} other transactions of the write aborted)"
+            )
         merged = merge_ranges(r for m in done for r in m.ranges)
         rows = sum(m.rows for m in done)
         retried = sum(1 for m in done if m.attempt > 0)
-        _logger().info(
-            "minibroker write %s committed: %d rows from %d tasks (%d retried) to %s",
+        driver_log().info(
+            "minibroker write %s committed%s: %d rows from %d tasks (%d retried) to %s",
             self.write_id,
+            how,
             rows,
             len(done),
             retried,
-            _describe(merged) or "no partition",
+            describe_ranges(merged) or "no partition",
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         done = [m for m in messages if isinstance(m, MinibrokerCommitMessage)]
-        rows = sum(m.rows for m in done)
-        _logger().warning(
-            "minibroker write %s aborted: %d of %d tasks had finished; their %d rows and "
-            "whatever the failed tasks had pushed stay in the log (a log cannot be undone)",
+        if not self.options.exactly_once:
+            driver_log().warning(
+                "minibroker write %s aborted: %d of %d tasks had finished; their %d rows and "
+                "whatever the failed tasks had pushed stay in the log (at_least_once)",
+                self.write_id,
+                len(done),
+                len(messages),
+                sum(m.rows for m in done),
+            )
+            return
+        aborted = end_or_explain(
+            lambda: transactions.abort(self.options.bootstrap, self.write_id, self.write_id, 0),
+            self.write_id,
+        )
+        if transactions.committed(self.options.bootstrap, self.write_id):
+            # The commit was made, but its answer never reached the driver.
+            driver_log().error(
+                "minibroker write %s was committed before this abort (its answer was lost): "
+                "its rows ARE visible although the job failed",
+                self.write_id,
+            )
+            return
+        driver_log().warning(
+            "minibroker write %s aborted: nothing of it is visible; %d of %d tasks had "
+            "finished; %d transactions of the write aborted",
             self.write_id,
             len(done),
             len(messages),
-            rows,
+            aborted,
         )
 
 
-def _describe(merged: dict[tuple[str, int], PartitionRange]) -> str:
+def end_or_explain(end: Callable[[], int], prefix: str) -> int:
+    """Run the driver's abort; when the broker cannot be reached, say what stays open."""
+    try:
+        return end()
+    except Exception:
+        driver_log().exception(
+            "could not abort the transactions of %s: they hold read_committed readers back "
+            "until their timeout (minibroker.transaction.prepared.timeout.ms once prepared); "
+            "`minibroker txn list --prefix %s` and `minibroker txn abort ID` end them now",
+            prefix,
+            transactions.sweep_prefix(prefix),
+        )
+        raise
+
+
+def describe_ranges(merged: dict[tuple[str, int], PartitionRange]) -> str:
     return ", ".join(
         f"{t}[{p}] {r.count} rows in offsets {r.first_offset}..{r.last_offset}"
         for (t, p), r in sorted(merged.items())

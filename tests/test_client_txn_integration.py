@@ -39,6 +39,7 @@ from client.admin import (
 from client.errors import CommitTxnsError
 from client.types import ConsumerRecord
 from harness.broker_process import BrokerProcess
+from protocol.errors import ErrorCode
 from tests.test_client_cli import cli
 
 FAST = {"retry_backoff_ms": 20, "request_timeout_ms": 5_000, "delivery_timeout_ms": 10_000}
@@ -295,6 +296,31 @@ def test_prepare_then_commit_elsewhere_with_app_version_idempotence(
         b"first-2",
     ]
     assert len(read_all(broker.bootstrap, "t", "read_uncommitted")) == 9
+
+
+def test_a_prepare_under_a_finished_app_version_is_refused_and_leaves_nothing_open(
+    broker: BrokerProcess,
+) -> None:
+    """The late Spark task: its write was aborted (the version recorded as finished) before
+    it prepared; the refusal aborts its transaction and the producer can still close."""
+    create_topic(broker.bootstrap, "t", 1)
+    late = transactional(broker, "job.p0.a1")
+    try:
+        late.begin_transaction()
+        late.send("t", b"late", partition=0)
+        late.flush()
+        result = abort_transactions(broker.bootstrap, [], app_id="job", app_version=0)
+        assert (result.already_committed, result.txn_app_version) == (False, 0)
+        with pytest.raises(TransactionAbortableError, match="version 0 recorded") as refused:
+            late.prepare_transaction(app_id="job", app_version=0)
+        assert refused.value.code == ErrorCode.INVALID_TXN_STATE
+        [listing] = list_transactions(broker.bootstrap, "job.")
+        assert listing.state == "COMPLETE_ABORT"
+        late.abort_transaction()  # the producer goes on
+    finally:
+        late.close()
+    assert read_all(broker.bootstrap, "t", "read_committed") == []
+    assert values(read_all(broker.bootstrap, "t", "read_uncommitted")) == [b"late"]
 
 
 def test_commit_transactions_is_all_or_nothing(broker: BrokerProcess) -> None:

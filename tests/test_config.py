@@ -32,6 +32,10 @@ def test_toml_then_flags_override(tmp_path: Path) -> None:
         ("port = 70000\n", "setting port=70000 is invalid"),
         ('backend = "gevent"\n', "setting backend='gevent' is invalid"),
         ("message_max_bytes = 999999999\n", "message_max_bytes"),
+        (
+            "group_session_timeout_ms = 1000\ngroup_heartbeat_interval_ms = 1000\n",
+            "expected less than group_session_timeout_ms (1000)",
+        ),
         ("port = [\n", "not valid TOML"),
     ],
 )

@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 
-from broker.metrics import PRODUCER_EVENT_KINDS, BrokerMetrics, PartitionStats, TxnStats
+from broker.metrics import (
+    PRODUCER_EVENT_KINDS,
+    BrokerMetrics,
+    OffsetStats,
+    PartitionStats,
+    TxnStats,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -75,6 +81,17 @@ def exercised_metrics(data_dir: Path) -> BrokerMetrics:
             commits=3,
             aborts={"client": 1},
             oldest_open_ms={("orders", 0): now_ms - 5_000},
+        )
+    )
+    m.set_offset_source(
+        lambda: OffsetStats(
+            groups=2,
+            committed=3,
+            pending=1,
+            commits={"OffsetCommit": 7, "TxnOffsetCommit": 2},
+            expired=1,
+            lag=[("billing", "orders", 0, 10), ("billing", "orders", 1, 0)],
+            lag_omitted=1,
         )
     )
     return m
@@ -154,6 +171,7 @@ def test_every_alert_is_tested_and_documented() -> None:
         "ProducerIdCapNearLimit",
         "TransactionOpenTooLong",
         "TransactionsTimingOut",
+        "ConsumerLagGrowing",
     } <= set(alerts)
     tested = set(re.findall(r"alertname: (\w+)", (DEPLOY / "alerts_test.yml").read_text()))
     assert set(alerts) <= tested

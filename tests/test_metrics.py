@@ -22,10 +22,19 @@ from broker.metrics import (
     TXN_ABORT_CAUSES,
     TXN_STATES,
     BrokerMetrics,
+    GroupSnapshot,
+    GroupStats,
+    OffsetStats,
     PartitionStats,
     TxnStats,
 )
 
+GROUP_FAMILIES = (
+    "minibroker_group_members",
+    "minibroker_group_state",
+    "minibroker_group_rebalances",
+    "minibroker_group_heartbeats",
+)
 NOW_S = 1_700_000_000.0
 """The wall clock of the metrics in these tests (`BrokerMetrics._clock`)."""
 
@@ -76,6 +85,23 @@ def exercise(m: BrokerMetrics) -> None:
                 ("orders", 0): int(NOW_S * 1000) - 90_500,
                 ("orders", 1): int(NOW_S * 1000) - 250,
             },
+        )
+    )
+    m.set_group_source(
+        lambda: GroupStats(
+            {"billing": GroupSnapshot("STABLE", 3, 7), "audit": GroupSnapshot("RECONCILING", 1, 2)},
+            heartbeats=41,
+        )
+    )
+    m.set_offset_source(
+        lambda: OffsetStats(
+            groups=2,
+            committed=3,
+            pending=1,
+            commits={"OffsetCommit": 5, "TxnOffsetCommit": 2},
+            expired=4,
+            lag=[("billing", "orders", 0, 6), ("billing", "orders", 1, 0)],
+            lag_omitted=1,
         )
     )
 
@@ -149,6 +175,28 @@ def test_every_metric_has_the_expected_value(tmp_path) -> None:
     assert s[(age, (("partition", "1"), ("topic", "orders")))] == 0.25
     assert len([name for name, _ in s if name == age]) == 2
 
+    # Groups: members, the state (one series per group), rebalances, heartbeats.
+    assert s[("minibroker_group_members", (("group", "billing"),))] == 3
+    assert s[("minibroker_group_members", (("group", "audit"),))] == 1
+    assert {labels: v for (name, labels), v in s.items() if name == "minibroker_group_state"} == {
+        (("group", "audit"), ("state", "RECONCILING")): 1,
+        (("group", "billing"), ("state", "STABLE")): 1,
+    }
+    assert s[("minibroker_group_rebalances_total", (("group", "billing"),))] == 7
+    assert s[("minibroker_group_heartbeats_total", ())] == 41
+    # Committed offsets: counts, commits by API, and the lag of each (group, partition).
+    assert s[("minibroker_consumer_groups_with_offsets", ())] == 2
+    assert s[("minibroker_consumer_group_committed_offsets", ())] == 3
+    assert s[("minibroker_consumer_group_pending_offsets", ())] == 1
+    assert s[("minibroker_offset_commits_total", (("api", "OffsetCommit"),))] == 5
+    assert s[("minibroker_offset_commits_total", (("api", "TxnOffsetCommit"),))] == 2
+    assert s[("minibroker_offsets_expired_total", ())] == 4
+    lag = "minibroker_consumer_group_lag"
+    billing = (("group", "billing"),)
+    assert s[(lag, (*billing, ("partition", "0"), ("topic", "orders")))] == 6
+    assert s[(lag, (*billing, ("partition", "1"), ("topic", "orders")))] == 0
+    assert s[("minibroker_consumer_group_lag_series_omitted", ())] == 1
+
     p0 = (("partition", "0"), ("topic", "orders"))
     p1 = (("partition", "1"), ("topic", "orders"))
     assert s[("minibroker_log_end_offset", p0)] == 15
@@ -186,7 +234,7 @@ def test_names_follow_prometheus_conventions() -> None:
         for s in family.samples:
             assert set(s.labels) <= {
                 *("api", "error", "topic", "partition", "kind", "version", "le"),
-                *("state", "cause"),
+                *("state", "cause", "group"),
             }
 
 
@@ -214,8 +262,28 @@ def test_series_read_zero_before_anything_happens() -> None:
     # Not exported until the broker says what they are.
     assert ("minibroker_producer_ids_max", ()) not in s
     assert not any(name == "minibroker_log_end_offset" for name, _ in s)
-    # No transaction family before the broker registers its coordinator.
-    assert not any("transaction" in name for name, _ in s)
+    # No transaction or group family before the broker registers its coordinators.
+    assert not any("transaction" in name or name.startswith(GROUP_FAMILIES) for name, _ in s)
+
+
+def test_group_series_for_a_coordinator_without_groups() -> None:
+    m = BrokerMetrics()
+    m.set_group_source(lambda: GroupStats({}, 0))
+    s = samples(m)
+    assert s[("minibroker_group_heartbeats_total", ())] == 0
+    assert not any(name.startswith("minibroker_group_members") for name, _ in s)
+
+
+def test_a_failing_group_source_does_not_break_the_scrape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    m = BrokerMetrics()
+    m.set_group_source(lambda: GroupStats({"g": None}, 1))  # type: ignore[dict-item]
+    s = samples(m)
+    assert s[("minibroker_metrics_collect_errors_total", ())] == 1
+    assert not any(name.startswith(GROUP_FAMILIES) for name, _ in s)
+    assert ("minibroker_requests_total", (("api", "unknown"),)) in s
+    assert "event=metrics_group_source_failed" in caplog.text
 
 
 def test_transaction_series_read_zero_for_a_coordinator_with_nothing_yet() -> None:
@@ -295,6 +363,17 @@ def test_a_failing_transaction_source_does_not_break_the_scrape(
     assert "event=metrics_transaction_source_failed" in caplog.text
     # Each scrape tries again, and counts again.
     assert samples(m)[("minibroker_metrics_collect_errors_total", ())] == 2
+
+
+def test_a_failing_offset_source_does_not_break_the_scrape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    m = BrokerMetrics()
+    m.set_offset_source(lambda: OffsetStats(1, 1, 0, {}, 0, None, 0))  # type: ignore[arg-type]
+    s = samples(m)
+    assert s[("minibroker_metrics_collect_errors_total", ())] == 1
+    assert not any("offset" in name or "consumer" in name for name, _ in s)
+    assert "event=metrics_offset_source_failed" in caplog.text
 
 
 def test_registries_are_private() -> None:

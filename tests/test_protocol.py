@@ -267,7 +267,12 @@ REQUESTS = [
     m.ListOffsetsRequest(topics=[m.ListOffsetsTopic("t", [m.ListOffsetsPartition(0, -2)])]),
     m.EndTxnRequest(transactional_id="tx", producer_id=3, producer_epoch=1, committed=True),
     m.PrepareTxnRequest(
-        transactional_id="tx", producer_id=3, producer_epoch=1, prepared_timeout_ms=60_000
+        transactional_id="tx",
+        producer_id=3,
+        producer_epoch=1,
+        prepared_timeout_ms=60_000,
+        txn_app_id="sink",
+        txn_app_version=4,
     ),
     m.CommitTxnsRequest(
         transactions=[m.TxnRef("a", 1, 0), m.TxnRef("b", 2, 5)],
@@ -354,19 +359,26 @@ def test_spliced_frame_equals_the_plain_frame(lengths: list[int]) -> None:
         {"txn_app_id": "sink", "txn_app_version": -1},
     ],
 )
-def test_commit_txns_app_fields_go_together(fields: dict[str, object]) -> None:
-    body = msgpack.packb(
+@pytest.mark.parametrize(
+    "request_",
+    [
         {
             "api": "CommitTxns",
-            "v": 1,
-            "cid": 9,
             "committed": True,
-            "transactions": [
-                {"transactional_id": "a", "producer_id": 1, "producer_epoch": 0},
-            ],
-            **fields,
-        }
-    )
+            "transactions": [{"transactional_id": "a", "producer_id": 1, "producer_epoch": 0}],
+        },
+        {
+            "api": "PrepareTxn",
+            "transactional_id": "a",
+            "producer_id": 1,
+            "producer_epoch": 0,
+            "prepared_timeout_ms": 1000,
+        },
+    ],
+    ids=lambda r: r["api"],
+)
+def test_app_fields_go_together(request_: dict[str, object], fields: dict[str, object]) -> None:
+    body = msgpack.packb({"v": 1, "cid": 9, **request_, **fields})
     with pytest.raises(m.RequestRefused) as refused:
         m.decode_request(body)
     assert refused.value.code == ErrorCode.INVALID_REQUEST and refused.value.cid == 9

@@ -262,6 +262,82 @@ def test_commit_txns_app_version_makes_a_rerun_commit_nothing(c: WireClient) -> 
     assert (r["already_committed"], r["txn_app_version"]) == (True, 7)
 
 
+def test_a_late_prepare_of_a_finished_app_version_is_refused_and_aborted(c: WireClient) -> None:
+    """A Spark task still running after the driver committed its write: its PrepareTxn
+    names the write's app version, which is recorded, so its transaction is aborted at
+    once instead of holding the stable offset until its prepared timeout."""
+    winner = Txn(c, "w.p0.a1")
+    assert winner.send("t", 0, [b"winner"])["error"] == 0
+    assert winner.prepare(txn_app_id="w", txn_app_version=0)["error"] == 0
+    late = Txn(c, "w.p0.a0")
+    assert late.send("t", 0, [b"late"])["error"] == 0
+    r = c.call(
+        "CommitTxns", transactions=[winner.ref()], committed=True, txn_app_id="w", txn_app_version=0
+    )
+    assert (r["error"], r["already_committed"]) == (0, False)
+    assert c.fetch("t", 0, 0, isolation_level=1)["last_stable_offset"] == 1  # late holds it
+    refused = late.prepare(txn_app_id="w", txn_app_version=0)
+    assert refused["error"] == ErrorCode.INVALID_TXN_STATE, refused
+    assert "version 0 recorded" in refused["message"]
+    rc = c.fetch("t", 0, 0, isolation_level=1)
+    assert rc["last_stable_offset"] == rc["high_watermark"] == 4
+    assert committed_view(rc) == [b"winner"]
+    assert log_view(c.fetch("t", 0, 0)) == [
+        ("data", [b"winner"]),
+        ("data", [b"late"]),
+        ("COMMIT", winner.pid),
+        ("ABORT", late.pid),
+    ]
+    states = {t["transactional_id"]: t["state"] for t in c.call("ListTransactions")["transactions"]}
+    assert states == {"w.p0.a0": "COMPLETE_ABORT", "w.p0.a1": "COMPLETE_COMMIT"}
+    # The writer's own abort afterwards is the retry of what happened: answered 0.
+    assert late.end(committed=False)["error"] == 0
+    # A later version of the same app is not finished: its prepare is accepted.
+    nxt = Txn(c, "w.p0.a2")
+    assert nxt.send("t", 1, [b"next"])["error"] == 0
+    assert nxt.prepare(txn_app_id="w", txn_app_version=1)["error"] == 0
+
+
+def test_an_abort_with_an_app_version_finishes_it_durably(broker: BrokerProcess) -> None:
+    """CommitTxns aborting with an app version records it (the driver's abort of a Spark
+    write): every later PrepareTxn under that version is refused, across a kill -9."""
+    with WireClient(broker.bootstrap) as c:
+        assert c.create_topic("t", 1) == 0
+        running = Txn(c, "job.p0.a0")
+        assert running.send("t", 0, [b"half"])["error"] == 0
+        r = c.call(
+            "CommitTxns", transactions=[], committed=False, txn_app_id="job", txn_app_version=0
+        )
+        assert (r["error"], r["already_committed"], r["txn_app_version"]) == (0, False, 0)
+        assert running.prepare(txn_app_id="job", txn_app_version=0)["error"] == (
+            ErrorCode.INVALID_TXN_STATE
+        )
+        rc = c.fetch("t", 0, 0, isolation_level=1)
+        assert rc["last_stable_offset"] == rc["high_watermark"] == 2
+        assert committed_view(rc) == []
+        # Without the app fields (an older client) PrepareTxn is what it always was.
+        plain = Txn(c, "job.p1.a0")
+        assert plain.send("t", 0, [b"plain"])["error"] == 0
+        assert plain.prepare()["error"] == 0
+    broker.restart(kill=True)
+    with WireClient(broker.bootstrap) as c:
+        empty = Txn(c, "job.p2.a0")  # nothing written: refused all the same, no marker
+        assert empty.prepare(txn_app_id="job", txn_app_version=0)["error"] == (
+            ErrorCode.INVALID_TXN_STATE
+        )
+        apps = c.call("DescribeTxnApps", txn_app_ids=["job"])["apps"]
+        assert [(a["txn_app_id"], a["txn_app_version"]) for a in apps] == [("job", 0)]
+        listed = {
+            t["transactional_id"]: t["state"] for t in c.call("ListTransactions")["transactions"]
+        }
+        assert listed == {
+            "job.p0.a0": "COMPLETE_ABORT",
+            "job.p1.a0": "PREPARED",
+            "job.p2.a0": "EMPTY",
+        }
+        assert len(log_view(c.fetch("t", 0, 0))) == 3  # half, ABORT, plain: no new marker
+
+
 def test_list_transactions_filters_by_prefix_and_state(c: WireClient) -> None:
     a, b = Txn(c, "spark-a"), Txn(c, "spark-b")
     Txn(c, "other")

@@ -6,13 +6,15 @@ and the transaction log's recovery rules (broker/txn_log.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from broker.producer_state import PartitionProducerState, SnapshotError
+from broker.record_log import encode_record
 from broker.txn_index import AbortedIndex, AbortedTxn, TxnIndexError, decode_entries, encode_entries
-from broker.txn_log import TxnLog, TxnLogError, encode_record
+from broker.txn_log import TxnLog, TxnLogError
 from broker.txn_state import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
@@ -145,9 +147,11 @@ def test_evicting_a_producer_keeps_its_open_transaction() -> None:
 
 
 def test_txn_log_cuts_a_torn_tail_and_compacts(tmp_path: Path) -> None:
+    bodies: list[Any] = []
+
     async def main() -> None:
         log = TxnLog(tmp_path, max_bytes=4096)
-        assert log.open() == []
+        assert log.open(bodies.append) == 0 and bodies == []
         for i in range(3):
             await log.append([[], [["app", i, i]], []])
         log.close()
@@ -155,20 +159,23 @@ def test_txn_log_cuts_a_torn_tail_and_compacts(tmp_path: Path) -> None:
         whole = path.read_bytes()
         path.write_bytes(whole + encode_record(["torn"])[:-3])
         log = TxnLog(tmp_path, max_bytes=4096)
-        assert [b[1][0][1] for b in log.open()] == [0, 1, 2]
+        assert log.open(bodies.append) == 3
+        assert [b[1][0][1] for b in bodies] == [0, 1, 2]
         assert path.read_bytes() == whole
         while not log.wants_compaction():
             await log.append([[], [["app", 9, 9]], []])
-        log.compact([[], [["app", 9, 9]], []])
+        log.compact([[[], [["app", 9, 9]], []]])
         log.close()
-        assert TxnLog(tmp_path, max_bytes=4096).open() == [[[], [["app", 9, 9]], []]]
+        bodies.clear()
+        TxnLog(tmp_path, max_bytes=4096).open(bodies.append)
+        assert bodies == [[[], [["app", 9, 9]], []]]
 
     anyio.run(main)
 
 
 def test_txn_log_refuses_damage_before_intact_records(tmp_path: Path) -> None:
     log = TxnLog(tmp_path, max_bytes=4096)
-    log.open()
+    log.open(lambda body: None)
     log.append_now([[], [], ["a"]])
     log.append_now([[], [], ["b"]])
     log.close()
@@ -176,4 +183,4 @@ def test_txn_log_refuses_damage_before_intact_records(tmp_path: Path) -> None:
     data[9] ^= 0xFF  # inside the first record's body
     log.path.write_bytes(bytes(data))
     with pytest.raises(TxnLogError, match="later record is intact"):
-        TxnLog(tmp_path, max_bytes=4096).open()
+        TxnLog(tmp_path, max_bytes=4096).open(lambda body: None)

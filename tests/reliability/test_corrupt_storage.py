@@ -7,8 +7,8 @@ transactional id; then the broker is stopped by kill -9 or by SIGTERM.
 
 Each trial copies it, picks one file of one kind (kinds are listed from the
 data dir itself: `.log`, `.index`, `.timeindex`, `.snapshot`, `recovery-point`,
-`topic.meta`, `producer_id_block`, `txn.wal`, `format_version`, the
-clean-shutdown marker, and any kind that appears later), and damages it at a
+`topic.meta`, `producer_id_block`, `txn.wal`, `offsets.wal`, `format_version`,
+the clean-shutdown marker, and any kind that appears later), and damages it at a
 seeded random point: truncate there, flip one byte there, or append junk (a
 torn extra write). Then the broker starts, and either
 
@@ -22,7 +22,9 @@ torn extra write). Then the broker starts, and either
   state survived), new producer ids differ from every id issued before, and the
   transactional id keeps its producer id with a higher epoch (or, when the
   transaction log itself lost its record, gets a producer id never issued
-  before: its old instance stays fenced).
+  before: its old instance stays fenced), and the group's committed offsets are
+  all there (or, when the offsets log lost its last record, those of the last
+  commit are gone and the rest are there).
 
 Trials: every (kind, damage) pair once, after a randomly chosen stop, quick;
 3 times after each kind of stop under MINIBROKER_RELIABILITY=full.
@@ -47,6 +49,7 @@ TOPICS = ("alpha", "beta")
 PARTITIONS = 2
 BATCHES = 24  # per partition: about 5 segments of 1 KiB
 TXN_ID = "tx-reliability"
+GROUP = "g-reliability"
 CONFIG = "segment_bytes = 1024\nindex_interval_bytes = 128\n"
 DAMAGES = ("truncate", "flip", "append")
 KINDS = (
@@ -58,6 +61,7 @@ KINDS = (
     "topic.meta",
     "producer_id_block",
     "txn.wal",
+    "offsets.wal",
     "format_version",
     ".clean_shutdown",
 )
@@ -72,6 +76,7 @@ class Pristine:
     producer: tuple[int, int]
     issued: frozenset[int]
     txn: tuple[int, int]
+    offsets: list[dict[tuple[str, int], int]]  # committed, one commit after the other
 
 
 def build_pristine(root: Path, stop: str) -> Pristine:
@@ -105,12 +110,41 @@ def build_pristine(root: Path, stop: str) -> Pristine:
                         last[(topic, partition)] = (r["base_offset"], seq, values)
                         seq += n
                     records[(topic, partition)] = acked
+            committed = [{(t, 0): 3 for t in TOPICS}, {(TOPICS[0], 1): 5}]
+            for offsets in committed:
+                r = c.call("OffsetCommit", group_id=GROUP, topics=commit_topics(offsets))
+                assert {p["error"] for t in r["topics"] for p in t["partitions"]} == {0}, r
     finally:
         if stop == "kill":
             broker.kill()
         else:
             assert broker.terminate() == 0
-    return Pristine(root / "data", records, last, (pid, epoch), frozenset(issued), txn)
+    return Pristine(root / "data", records, last, (pid, epoch), frozenset(issued), txn, committed)
+
+
+def commit_topics(offsets: dict[tuple[str, int], int]) -> list[dict[str, object]]:
+    topics: dict[str, list[dict[str, int]]] = {}
+    for (topic, partition), offset in offsets.items():
+        topics.setdefault(topic, []).append({"partition": partition, "offset": offset})
+    return [{"topic": t, "partitions": ps} for t, ps in topics.items()]
+
+
+def offsets_kept(p: Pristine, damage: Damage) -> dict[tuple[str, int], int]:
+    """The group's offsets after the damage: all of them, unless the offsets log was cut
+    or flipped; then a torn last record is cut, so the commits from the damaged one on
+    are lost (a damaged first record followed by a good one refuses the start)."""
+    first, last = p.offsets
+    if kind_of(damage.path) != "offsets.wal" or damage.how == "append":
+        return {**first, **last}
+    content = (p.data / damage.path).read_bytes()
+    first_end = 8 + int.from_bytes(content[:4], "big")  # length and crc, then the body
+    return first if damage.at >= first_end else {}
+
+
+def committed_offsets(c: WireClient) -> dict[tuple[str, int], int]:
+    r = c.call("OffsetFetch", group_id=GROUP, topics=None)
+    assert r["error"] == 0, r
+    return {(t["topic"], p["partition"]): p["offset"] for t in r["topics"] for p in t["partitions"]}
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +282,7 @@ def check_started(broker: BrokerProcess, p: Pristine, damage: Damage) -> None:
                 (pid, epoch),
                 p.txn,
             )
+            assert committed_offsets(c) == offsets_kept(p, damage)
 
 
 def run_trial(p: Pristine, damage: Damage, root: Path, backend: str, rng: random.Random) -> str:

@@ -8,58 +8,22 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
-from pyspark import TaskContext
 from pyspark.errors import PySparkException
-from pyspark.sql import DataFrame, DataFrameWriter, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from client import Consumer, TopicPartition
-from client.admin import create_topic
 from harness.broker_process import BrokerProcess
-from spark_connector import MinibrokerCommitMessage, MinibrokerDataSource, MinibrokerWriter
+from spark_connector import use_in_this_thread
 from spark_connector.reader import HEADERS_TYPE
+from tests.spark.faults import FailingOnceWriter, FaultSource
+from tests.spark.topics import end_offsets, ends_at, new_topic, read, writer
 
 pytestmark = pytest.mark.spark
-
-
-def new_topic(broker: BrokerProcess, partitions: int) -> str:
-    name = f"spark-{uuid.uuid4().hex[:8]}"
-    create_topic(broker.bootstrap, name, partitions=partitions)
-    return name
-
-
-def writer(df: DataFrame, broker: BrokerProcess, fmt: str = "minibroker") -> DataFrameWriter:
-    return (
-        df.write.format(fmt)
-        .mode("append")
-        .option("minibroker.bootstrap.servers", broker.bootstrap)
-        .option("minibroker.linger.ms", "2")
-    )
-
-
-def read(spark: SparkSession, broker: BrokerProcess, **options: str) -> DataFrame:
-    reader = spark.read.format("minibroker").option(
-        "minibroker.bootstrap.servers", broker.bootstrap
-    )
-    for name, value in options.items():
-        reader = reader.option(name, value)
-    return reader.load()
-
-
-def end_offsets(broker: BrokerProcess, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer(bootstrap_servers=broker.bootstrap)
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        return {tp.partition: offset for tp, offset in consumer.end_offsets(tps).items()}
-    finally:
-        consumer.close()
 
 
 # --------------------------------------------------------------------------- round trip
@@ -145,7 +109,9 @@ def test_offsets_options_and_split_partitions(
     df = spark.range(0, 1000).selectExpr(
         "cast(id as string) as value", "cast(id % 2 as int) as partition"
     )
-    writer(df, shared_broker).option("topic", topic).save()
+    # No transaction markers, so that records and offsets are the same numbers.
+    delivery = {"minibroker.delivery": "at_least_once"}
+    writer(df, shared_broker).options(**delivery).option("topic", topic).save()
     assert end_offsets(shared_broker, topic, 2) == {0: 500, 1: 500}
 
     split = read(spark, shared_broker, topic=topic, maxRecordsPerPartition="100")
@@ -170,49 +136,22 @@ def test_offsets_options_and_split_partitions(
 # --------------------------------------------------------------------------- failures
 
 
-class FailingOnceWriter(MinibrokerWriter):
-    """Fails Spark partition 0's first attempt after handing FAIL_AFTER rows to the producer."""
-
-    FAIL_AFTER = 700
-    send_bytes = 1  # hand each Arrow batch over at once, so the count is exact
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> MinibrokerCommitMessage:
-        context = TaskContext.get()
-        if context is None or (context.partitionId(), context.attemptNumber()) != (0, 0):
-            return super().write(iterator)
-
-        def until_failure() -> Iterator[pa.RecordBatch]:
-            left = self.FAIL_AFTER
-            for batch in iterator:
-                yield batch.slice(0, left)
-                left -= min(left, batch.num_rows)
-                if left == 0:
-                    raise RuntimeError("injected failure of the first attempt")
-
-        return super().write(until_failure())
-
-
-class FailingOnceSource(MinibrokerDataSource):
-    """Registered explicitly, which also shows `spark.dataSource.register` works."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "minibroker_failing_once"
-
-    def writer(self, schema: StructType, overwrite: bool) -> MinibrokerWriter:
-        return FailingOnceWriter(super().writer(schema, overwrite).options)
-
-
 def test_failed_attempt_is_retried_at_least_once(
     spark: SparkSession, shared_broker: BrokerProcess
 ) -> None:
-    """The documented guarantee: rows the failed attempt pushed appear twice, no row is lost."""
-    spark.dataSource.register(FailingOnceSource)
+    """at_least_once: rows the failed attempt pushed appear twice, no row is lost."""
+    spark.dataSource.register(FaultSource)
     topic = new_topic(shared_broker, partitions=2)
     total = 4000
     # Spark partition 0 holds values 0..1999 in order.
     df = spark.range(0, total, numPartitions=2).selectExpr("cast(id as string) as value")
-    writer(df, shared_broker, fmt="minibroker_failing_once").option("topic", topic).save()
+    (
+        writer(df, shared_broker, fmt="minibroker_faults")
+        .option("test.fault", "failing_once")
+        .option("topic", topic)
+        .option("minibroker.delivery", "at_least_once")
+        .save()
+    )
 
     counts = Counter(
         int(r.value) for r in read(spark, shared_broker, topic=topic).select("value").collect()
@@ -225,7 +164,8 @@ def test_failed_attempt_is_retried_at_least_once(
 
 
 def test_broker_killed_during_write_loses_no_row(spark: SparkSession, tmp_path: Path) -> None:
-    """kill -9 mid-write, restart on the same port: the job completes, every row once."""
+    """kill -9 mid-write, restart on the same port: the job completes, every row once (the
+    tasks' open transactions survive the restart, their resends are deduplicated)."""
     broker = BrokerProcess(tmp_path / "data", backend="trio").start()
     try:
         topic = new_topic(broker, partitions=2)
@@ -238,7 +178,7 @@ def test_broker_killed_during_write_loses_no_row(spark: SparkSession, tmp_path: 
         def crash_mid_write() -> None:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                written = sum(end_offsets(broker, topic, 2).values())
+                written = sum(ends_at(broker, topic, 2, "read_uncommitted"))
                 if written >= 20_000:
                     broker.kill()
                     crashes.append(written)
@@ -312,6 +252,29 @@ def test_format_works_without_register(spark: SparkSession, shared_broker: Broke
     df = spark.range(5).selectExpr("cast(id as string) as value")
     writer(df, shared_broker).option("topic", topic).save()
     assert read(spark, shared_broker, topic=topic).count() == 5
+
+
+def test_format_works_from_another_thread_once_it_uses_the_session(
+    spark: SparkSession, shared_broker: BrokerProcess
+) -> None:
+    topic = new_topic(shared_broker, partitions=1)
+    outcome: list[object] = []
+
+    def save() -> None:
+        use_in_this_thread(spark)
+        try:
+            writer(spark.range(7).selectExpr("cast(id as string) as value"), shared_broker).option(
+                "topic", topic
+            ).save()
+            outcome.append("saved")
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=save)
+    thread.start()
+    thread.join(timeout=120)
+    assert outcome == ["saved"]
+    assert read(spark, shared_broker, topic=topic).count() == 7
 
 
 def test_installed_distribution_is_found_by_sparks_lookup() -> None:

@@ -18,7 +18,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from client import BatchMetadata, ConsumerRecord
+from client import BatchMetadata, ConsumerRecord, TxnHandle
 from spark_connector import (
     SCHEMA,
     MinibrokerCommitMessage,
@@ -27,8 +27,16 @@ from spark_connector import (
     OffsetRange,
     PartitionRange,
 )
-from spark_connector.options import read_options, write_options
+from spark_connector.options import (
+    DELIVERY,
+    TASK_TRANSACTION_TIMEOUT_MS,
+    read_options,
+    stream_app_id,
+    stream_read_options,
+    write_options,
+)
 from spark_connector.reader import ARROW_SCHEMA, HEADERS_TYPE, split, to_arrow
+from spark_connector.stream_reader import from_json, rate_limited, to_json
 from spark_connector.writer import MinibrokerWriter
 
 BOOT = {"minibroker.bootstrap.servers": "127.0.0.1:1"}
@@ -257,7 +265,7 @@ def test_null_topic_fails_the_task() -> None:
 
 
 def test_commit_logs_one_line_summary(caplog: pytest.LogCaptureFixture) -> None:
-    writer = writer_for(VALUE_ONLY, topic="t")
+    writer = writer_for(VALUE_ONLY, topic="t", **{DELIVERY: "at_least_once"})
     messages = [
         MinibrokerCommitMessage(writer.write_id, 0, 0, 3, (PartitionRange("t", 0, 3, 0, 4),)),
         MinibrokerCommitMessage(writer.write_id, 1, 1, 2, (PartitionRange("t", 0, 2, 2, 6),)),
@@ -273,6 +281,95 @@ def test_commit_logs_one_line_summary(caplog: pytest.LogCaptureFixture) -> None:
     )
     assert aborted.levelno == logging.WARNING
     assert "aborted: 1 of 2 tasks had finished" in aborted.getMessage()
+
+
+def test_delivery_is_exactly_once_unless_told() -> None:
+    opts = write_options({**BOOT, "topic": "t"}, VALUE_ONLY)
+    assert opts.exactly_once
+    assert opts.producer["transaction_timeout_ms"] == TASK_TRANSACTION_TIMEOUT_MS
+    assert DELIVERY.replace(".", "_") not in opts.producer
+    told = write_options(
+        {**BOOT, "topic": "t", DELIVERY: "AT_LEAST_ONCE", "minibroker.transaction.timeout.ms": "5"},
+        VALUE_ONLY,
+    )
+    assert not told.exactly_once
+    with pytest.raises(MinibrokerOptionError, match="must be exactly_once or at_least_once"):
+        write_options({**BOOT, "topic": "t", DELIVERY: "twice"}, VALUE_ONLY)
+    with pytest.raises(MinibrokerOptionError, match="transaction_timeout_ms must be positive"):
+        write_options({**BOOT, "topic": "t", "minibroker.transaction.timeout.ms": "0"}, VALUE_ONLY)
+
+
+def test_commit_message_pickles_with_its_handle() -> None:
+    message = MinibrokerCommitMessage("w", 3, 1, 10, (), TxnHandle("w.p3.a1", 7, 2))
+    assert pickle.loads(pickle.dumps(message)) == message
+
+
+def test_stream_identity_is_the_checkpoint_or_else_the_query_name() -> None:
+    by_checkpoint = stream_app_id({"checkpointlocation": "/ck/q1", "queryname": "a"})
+    assert by_checkpoint == stream_app_id({"checkpointlocation": " /ck/q1 ", "queryname": "b"})
+    assert by_checkpoint != stream_app_id({"checkpointlocation": "/ck/q2"})
+    assert by_checkpoint.startswith("spark-stream-") and len(by_checkpoint) == 33
+    assert stream_app_id({"queryname": "q"}) != stream_app_id({"queryname": "r"})
+    with pytest.raises(MinibrokerOptionError, match="needs the query's identity"):
+        stream_app_id({})
+    source = MinibrokerDataSource({**BOOT, "topic": "t", "checkpointlocation": "/ck"})
+    assert source.streamWriter(VALUE_ONLY, overwrite=False).app_id == stream_app_id(
+        {"checkpointlocation": "/ck"}
+    )
+    loose = MinibrokerDataSource({**BOOT, "topic": "t", DELIVERY: "at_least_once"})
+    assert loose.streamWriter(VALUE_ONLY, overwrite=False).app_id is None
+
+
+def test_stream_read_options() -> None:
+    opts = stream_read_options(
+        {
+            **BOOT,
+            "subscribepattern": "orders-.*",
+            "startingoffsets": '{"orders-1": {"0": 4}}',
+            "maxoffsetspertrigger": "500",
+            "failondataloss": "false",
+        }
+    )
+    assert opts.pattern is not None and opts.pattern.fullmatch("orders-2")
+    assert opts.topics == ()
+    assert opts.max_offsets_per_trigger == 500
+    assert not opts.fail_on_data_loss
+    plain = stream_read_options({**BOOT, "subscribe": "a"})
+    assert (plain.starting.default, plain.fail_on_data_loss, plain.pattern) == (-1, True, None)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({**BOOT, "topic": "a", "subscribepattern": "b"}, "exactly one of option 'topic'"),
+        ({**BOOT, "subscribepattern": "("}, "not a regular expression"),
+        ({**BOOT, "subscribepattern": "a.*", "startingoffsets": '{"b": {"0": 1}}'}, "match: b"),
+        ({**BOOT, "topic": "a", "endingoffsets": "latest"}, "'endingOffsets' is for batch"),
+        ({**BOOT, "topic": "a", "maxoffsetspertrigger": "0"}, "'maxOffsetsPerTrigger' must be"),
+        ({**BOOT, "topic": "a", "failondataloss": "no"}, "'failOnDataLoss' must be true"),
+    ],
+)
+def test_bad_stream_read_options_are_named(options: dict[str, str], message: str) -> None:
+    with pytest.raises(MinibrokerOptionError, match=message):
+        stream_read_options(options)
+
+
+def test_schema_accepts_a_stream_by_pattern() -> None:
+    assert MinibrokerDataSource({**BOOT, "subscribepattern": "a.*"}).schema() == SCHEMA
+
+
+def test_stream_offsets_are_json_per_topic_partition() -> None:
+    offsets = {("a", 0): 5, ("a", 1): 7, ("b", 0): 0}
+    assert to_json(offsets) == {"a": {"0": 5, "1": 7}, "b": {"0": 0}}
+    assert from_json(to_json(offsets)) == offsets
+
+
+def test_rate_limit_shares_offsets_by_lag_and_moves_every_partition() -> None:
+    start = {("a", 0): 0, ("a", 1): 100}
+    end = {("a", 0): 900, ("a", 1): 200, ("b", 0): 1}  # b[0] is new: it starts at 0
+    assert rate_limited(start, end, 10_000) == end
+    cut = rate_limited(start, end, 100)
+    assert cut == {("a", 0): 89, ("a", 1): 109, ("b", 0): 1}  # 900, 100, 1 of 1001 behind
 
 
 def test_partition_range_of_batch_metadata() -> None:

@@ -1,0 +1,295 @@
+"""The group coordinator: ConsumerGroupHeartbeat, ListGroups, DescribeGroups, the
+session and rebalance timers, and the membership questions of the offsets store
+(docs/protocol.md section 6, docs/consumer-groups.md).
+
+The transitions are pure (broker/group_state.py); this module holds the groups,
+serialises the requests of one group with a lock, and expires members at the
+earliest deadline any group has (a timer woken early when a nearer deadline
+appears, never a polling loop).
+
+Membership is soft state: nothing of it is written to disk. After a restart
+every group is empty, every member's heartbeat answers UNKNOWN_MEMBER_ID and the
+member rejoins. A group whose last member goes is dropped (a later join starts it
+again at epoch 1; member ids are random, so no old id is ever valid in it); the
+offsets store sees that at its next retention sweep (`has_members`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
+from contextlib import asynccontextmanager
+
+import anyio
+
+from broker import group_state
+from broker.config import BrokerConfig
+from broker.group_assignor import TopicPartition
+from broker.group_state import EMPTY, NO_DEADLINE, Group, GroupSettings
+from broker.metrics import GroupSnapshot, GroupStats
+from broker.topics import TopicRegistry
+from protocol import messages as m
+from protocol.errors import ErrorCode
+
+log = logging.getLogger(f"minibroker.{__name__}")
+
+
+def monotonic_ms() -> int:
+    """The clock of sessions and rebalance timeouts: a wall clock stepped back or forth
+    must not expire a whole broker's members."""
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PartitionCounts(Mapping[str, int]):
+    """The live partition count of every topic, read where a transition looks one up."""
+
+    def __init__(self, topics: TopicRegistry) -> None:
+        self._registry = topics
+
+    def __getitem__(self, name: str) -> int:
+        return len(self._registry.topics[name].partitions)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._registry.topics)
+
+    def __len__(self) -> int:
+        return len(self._registry.topics)
+
+
+class GroupCoordinator:
+    def __init__(self, config: BrokerConfig, partition_counts: Mapping[str, int]) -> None:
+        self.config = config
+        self.settings = GroupSettings(
+            session_timeout_ms=config.group_session_timeout_ms,
+            max_size=config.group_max_size,
+            max_rebalance_timeout_ms=config.group_max_rebalance_timeout_ms,
+        )
+        self.partition_counts = partition_counts
+        self.groups: dict[str, Group] = {}
+        self.heartbeats = 0
+        # Set by the offsets store: told (group id, wall-clock ms) when a group's last
+        # member goes; asked which groups hold committed offsets, so ListGroups and
+        # DescribeGroups show those as EMPTY.
+        self.offset_groups: Callable[[], Collection[str]] = frozenset
+        self._locks: dict[str, anyio.Lock] = {}
+        self._timers: list[tuple[int, str]] = []  # (deadline, group id), a heap
+        self._scheduled: dict[str, int] = {}  # group id -> its earliest entry in the heap
+        self._wake = anyio.Event()
+
+    # ------------------------------------------------------------------ locking
+
+    @asynccontextmanager
+    async def locked(self, group_id: str) -> AsyncIterator[None]:
+        """Hold one group still: a commit that checks a member and then writes holds
+        this, so no heartbeat moves the member's epoch in between."""
+        lock = self._locks.setdefault(group_id, anyio.Lock())
+        async with lock:
+            try:
+                yield
+            finally:
+                # Dropped when nobody else waits, so the table is as small as the load.
+                if lock.statistics().tasks_waiting == 0 and self._locks.get(group_id) is lock:
+                    del self._locks[group_id]
+
+    # ------------------------------------------------------------------ requests
+
+    async def heartbeat(
+        self, req: m.ConsumerGroupHeartbeatRequest
+    ) -> m.ConsumerGroupHeartbeatResponse:
+        async with self.locked(req.group_id):
+            self.heartbeats += 1
+            group = self.groups.get(req.group_id)
+            if group is None:
+                joining = req.member_id == "" and req.member_epoch == m.MEMBER_EPOCH_JOIN
+                if joining and len(self.groups) >= self.config.max_groups:
+                    return m.ConsumerGroupHeartbeatResponse(
+                        error=ErrorCode.POLICY_VIOLATION,
+                        message=f"the broker holds max_groups={self.config.max_groups} groups",
+                    )
+                group = Group(req.group_id)
+            result = group_state.heartbeat(
+                group,
+                req,
+                req.client_id,
+                self.partition_counts,
+                monotonic_ms(),
+                self.settings,
+                uuid.uuid4().hex,
+            )
+            if result.error:
+                return m.ConsumerGroupHeartbeatResponse(error=result.error, message=result.message)
+            _log_changes(group, result.group)
+            self._install(result.group, result.deadline_ms)
+            return m.ConsumerGroupHeartbeatResponse(
+                member_id=result.member_id,
+                member_epoch=result.member_epoch,
+                heartbeat_interval_ms=self.config.group_heartbeat_interval_ms,
+                assignment=None if result.assignment is None else _by_topic(result.assignment),
+            )
+
+    def list_groups(self, _: m.ListGroupsRequest) -> m.ListGroupsResponse:
+        listed = {
+            group_id: m.GroupListing(group_id, group.state, len(group.members))
+            for group_id, group in self.groups.items()
+        }
+        for group_id in self.offset_groups():
+            listed.setdefault(group_id, m.GroupListing(group_id, EMPTY, 0))
+        return m.ListGroupsResponse(groups=[listed[g] for g in sorted(listed)])
+
+    def describe_groups(self, req: m.DescribeGroupsRequest) -> m.DescribeGroupsResponse:
+        with_offsets = self.offset_groups()
+        out = []
+        for group_id in req.group_ids:
+            group = self.groups.get(group_id)
+            if group is not None:
+                out.append(_described(group))
+            elif group_id in with_offsets:
+                out.append(m.GroupDescription(group_id, state=EMPTY, group_epoch=0))
+            else:
+                out.append(
+                    m.GroupDescription(group_id, ErrorCode.GROUP_ID_NOT_FOUND, group_state.DEAD)
+                )
+        return m.DescribeGroupsResponse(groups=out)
+
+    # ------------------------------------------------------------------ for the offsets store
+
+    def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
+        """May this member commit offsets for the group (Kafka's validateOffsetCommit)?
+
+        A negative epoch commits from outside the group: allowed while it has no
+        members. Otherwise the member must be known (else UNKNOWN_MEMBER_ID) and name
+        its current epoch: a newer one is FENCED_MEMBER_EPOCH, an older one
+        STALE_MEMBER_EPOCH."""
+        group = self.groups.get(group_id)
+        if group is None and member_epoch < 0:
+            return ErrorCode.NONE
+        member = None if group is None else group.members.get(member_id)
+        if member is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if member_epoch > member.member_epoch:
+            return ErrorCode.FENCED_MEMBER_EPOCH
+        if member_epoch < member.member_epoch:
+            return ErrorCode.STALE_MEMBER_EPOCH
+        return ErrorCode.NONE
+
+    def has_members(self, group_id: str) -> bool:
+        return group_id in self.groups
+
+    def group_ids(self) -> list[str]:
+        """The groups with members, sorted."""
+        return sorted(self.groups)
+
+    # ------------------------------------------------------------------ timers
+
+    async def run(self) -> None:
+        """Expire members at the earliest deadline; a nearer one wakes the wait."""
+        while True:
+            now = monotonic_ms()
+            while self._timers and self._timers[0][0] <= now:
+                deadline, group_id = heapq.heappop(self._timers)
+                if self._scheduled.get(group_id) == deadline:
+                    del self._scheduled[group_id]
+                    try:
+                        await self._expire(group_id)
+                    except Exception:
+                        # A bug in one group must not stop the others' timers; that
+                        # group is looked at again after its next heartbeat.
+                        log.exception("event=group_expiry_failed group=%r", group_id)
+            self._wake = anyio.Event()
+            delay_s = None if not self._timers else (self._timers[0][0] - monotonic_ms()) / 1000
+            with anyio.move_on_after(delay_s):
+                await self._wake.wait()
+
+    async def _expire(self, group_id: str) -> None:
+        async with self.locked(group_id):
+            group = self.groups.get(group_id)
+            if group is None:
+                return
+            result = group_state.expire(group, monotonic_ms(), self.settings)
+            for member_id, reason in sorted(result.removed.items()):
+                log.info(
+                    "event=group_member_expired group=%r member=%s reason=%s",
+                    group_id,
+                    member_id,
+                    reason,
+                )
+            self._install(result.group, result.deadline_ms)
+
+    def _install(self, group: Group, deadline_ms: int) -> None:
+        group_id = group.group_id
+        if not group.members:
+            self._scheduled.pop(group_id, None)
+            if self.groups.pop(group_id, None) is not None:
+                log.info("event=group_empty group=%r epoch=%d", group_id, group.group_epoch)
+            return
+        self.groups[group_id] = group
+        scheduled = self._scheduled.get(group_id)
+        if deadline_ms != NO_DEADLINE and (scheduled is None or deadline_ms < scheduled):
+            # A later deadline needs no entry: the earlier one fires, finds nothing due
+            # and schedules the real one.
+            self._scheduled[group_id] = deadline_ms
+            if not self._timers or deadline_ms < self._timers[0][0]:
+                self._wake.set()
+            heapq.heappush(self._timers, (deadline_ms, group_id))
+
+    # ------------------------------------------------------------------ metrics
+
+    def stats(self) -> GroupStats:
+        """For the metrics scrape."""
+        return GroupStats(
+            {
+                group_id: GroupSnapshot(group.state, len(group.members), group.group_epoch)
+                for group_id, group in self.groups.items()
+            },
+            self.heartbeats,
+        )
+
+
+def _log_changes(before: Group, after: Group) -> None:
+    """Joins and leaves are rare and worth a line each; heartbeats are not."""
+    if before.group_epoch == after.group_epoch:
+        return
+    for event, ids in (
+        ("joined", after.members.keys() - before.members.keys()),
+        ("left", before.members.keys() - after.members.keys()),
+    ):
+        for member_id in sorted(ids):
+            log.info(
+                "event=group_member_%s group=%r member=%s epoch=%d",
+                event,
+                after.group_id,
+                member_id,
+                after.group_epoch,
+            )
+
+
+def _by_topic(partitions: frozenset[TopicPartition]) -> list[m.GroupTopicPartitions]:
+    topics: dict[str, list[int]] = {}
+    for topic, index in sorted(partitions):
+        topics.setdefault(topic, []).append(index)
+    return [m.GroupTopicPartitions(t, ps) for t, ps in topics.items()]
+
+
+def _described(group: Group) -> m.GroupDescription:
+    return m.GroupDescription(
+        group.group_id,
+        state=group.state,
+        group_epoch=group.group_epoch,
+        members=[
+            m.GroupMemberDescription(
+                member.member_id,
+                member.member_epoch,
+                member.client_id,
+                sorted(member.subscribed_topics),
+                _by_topic(member.assigned),
+            )
+            for _, member in sorted(group.members.items())
+        ],
+    )

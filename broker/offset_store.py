@@ -1,0 +1,492 @@
+"""Committed consumer offsets: OffsetCommit, OffsetFetch, TxnOffsetCommit, the markers
+of transactions that hold offsets, retention, and `<data_dir>/groups/offsets.wal`
+(docs/protocol.md section 6, docs/consumer-groups.md "Committed offsets").
+
+The state and its records are pure (broker/offset_state.py); this module orders
+the IO around them. Every change that is answered is written to the log and
+fdatasynced (broker/record_log.py, shared rounds) before it is installed in memory
+and answered. Changes of one group are serialised by a lock per group, from the
+write to the install, so memory always holds what replaying the file gives.
+
+Who may commit is the group membership's business: the store asks a `MemberCheck`
+(the group coordinator once the listener opens; `NoMembers` during recovery). Which
+producer may add offsets to a transaction is the transaction coordinator's: the
+store asks a `TxnJoin`, which also adds the group to the transaction durably; the
+coordinator in turn has the store write the markers (`write_markers`) when the
+transaction ends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Container, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+import anyio
+
+from broker.config import BrokerConfig
+from broker.crash_points import crash_point
+from broker.metrics import OffsetStats
+from broker.offset_state import (
+    Entry,
+    OffsetState,
+    OffsetStateError,
+    Pending,
+    commit_record,
+    empty_record,
+    empty_since,
+    expire_record,
+    markers_record,
+    pending_record,
+)
+from broker.record_log import RecordLog, RecordLogError
+from broker.topics import TopicRegistry
+from broker.txn_coordinator import now_ms
+from protocol import messages as m
+from protocol.errors import ErrorCode, ProtocolError
+
+log = logging.getLogger(f"minibroker.{__name__}")
+
+DIRECTORY = "groups"
+FILE = "offsets.wal"
+
+
+class OffsetLogError(RecordLogError):
+    """The offsets log is damaged before its end; the broker will not start on it."""
+
+
+class OffsetLog(RecordLog):
+    error = OffsetLogError
+
+    def __init__(self, data_dir: Path, max_bytes: int) -> None:
+        super().__init__(data_dir / DIRECTORY, FILE, max_bytes)
+
+
+class MemberCheck(Protocol):
+    """What the group membership tells the store."""
+
+    def locked(self, group_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the group's membership still from the member check to the answer, so no
+        heartbeat moves the member's epoch or partitions in between."""
+        ...
+
+    def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
+        """NONE when the member may commit for the group at this epoch, else why not
+        (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH)."""
+        ...
+
+    def has_members(self, group_id: str) -> bool: ...
+
+
+class NoMembers:
+    """Membership while no group coordinator runs: every group is empty, so only a commit
+    from outside the group (member_id "", epoch -1) passes."""
+
+    @asynccontextmanager
+    async def locked(self, group_id: str) -> AsyncIterator[None]:
+        yield  # no member, nothing to hold still
+
+    def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
+        if member_id == "" and member_epoch == m.MEMBER_EPOCH_NONE:
+            return ErrorCode.NONE
+        return ErrorCode.UNKNOWN_MEMBER_ID
+
+    def has_members(self, group_id: str) -> bool:
+        return False
+
+
+class TxnJoin(Protocol):
+    """What the transaction coordinator does for a TxnOffsetCommit."""
+
+    def locked(self, transactional_id: str) -> AbstractAsyncContextManager[None]: ...
+
+    def judge_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int) -> None:
+        """Raise ProtocolError unless this producer may add offsets to its transaction."""
+        ...
+
+    async def add_group(self, transactional_id: str, group_id: str) -> None:
+        """Make the transaction hold the group, durably; ProtocolError when it may not."""
+        ...
+
+
+class Verdicts(NamedTuple):
+    """A commit request judged partition by partition: the offsets to write, and the
+    error of every partition (0 for those written, if the write succeeds)."""
+
+    accepted: list[Entry]
+    errors: dict[tuple[str, int], ErrorCode]
+    new_keys: int
+
+
+class OffsetStore:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        topics: TopicRegistry,
+        offsets_log: OffsetLog,
+        members: MemberCheck,
+    ) -> None:
+        self.config = config
+        self.topics = topics
+        self.log = offsets_log
+        self.members = members
+        self.state = OffsetState()
+        self._locks: dict[str, anyio.Lock] = {}
+        self._reserved = 0  # new offsets of commits written but not installed yet
+        self._failed: OSError | None = None
+        self._commits: Counter[str] = Counter({"OffsetCommit": 0, "TxnOffsetCommit": 0})
+        self._expired = 0
+
+    def load(self) -> None:
+        """Read the offsets log into memory (OffsetLogError when it is damaged)."""
+        self.log.open(self._replay)
+        log.info(
+            "event=offsets_loaded groups=%d offsets=%d", len(self.state.groups), self.state.held
+        )
+
+    def _replay(self, body: Any) -> None:
+        try:
+            self.state.apply(body)
+        except OffsetStateError as exc:
+            raise OffsetLogError(f"{self.log.path}: {exc}") from exc
+
+    # ------------------------------------------------------------------ locks and writes
+
+    @asynccontextmanager
+    async def _locked(self, group_ids: Iterable[str]) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            for group_id in sorted(set(group_ids)):
+                lock = self._locks.setdefault(group_id, anyio.Lock())
+                await stack.enter_async_context(lock)
+                stack.callback(self._release, group_id, lock)
+            yield
+
+    def _release(self, group_id: str, lock: anyio.Lock) -> None:
+        # As in the transaction coordinator: the table stays as small as the load.
+        if lock.statistics().tasks_waiting == 0 and self._locks.get(group_id) is lock:
+            del self._locks[group_id]
+
+    async def _write_durably(
+        self,
+        record: list[object],
+        *,
+        written_point: str | None = None,
+        durable_point: str | None = None,
+    ) -> None:
+        """Write `record`, wait until it is durable, install it. OSError when it could not
+        be: then nothing is installed. A failed write leaves the file as it was; after a
+        failed fdatasync the file's state is unknown, so the store takes no more writes
+        until a restart reads it again."""
+        if self._failed is not None:
+            raise OSError(f"an earlier fdatasync of {self.log.path} failed: {self._failed}")
+        end = self.log.write(record)
+        if written_point is not None:
+            crash_point(written_point)
+        try:
+            await self.log.durable(end)
+        except OSError as exc:
+            self._failed = exc
+            log.error("event=offsets_log_sync_failed path=%s error=%r", self.log.path, str(exc))
+            raise
+        if durable_point is not None:
+            crash_point(durable_point)
+        self.state.apply(record)
+
+    def _judge(
+        self, group_id: str, topics: list[m.OffsetCommitTopic], producer_id: int
+    ) -> Verdicts:
+        """Which partitions exist and fit under max_committed_offsets."""
+        accepted: list[Entry] = []
+        errors: dict[tuple[str, int], ErrorCode] = {}
+        room = self.config.max_committed_offsets - self.state.held - self._reserved
+        group = self.state.group(group_id)
+        held: Container[tuple[str, int]] = (
+            ()
+            if group is None
+            else group.committed
+            if producer_id < 0
+            else group.pending.get(producer_id, {})
+        )
+        new_keys = 0
+        for t in topics:
+            for p in t.partitions:
+                key = (t.topic, p.partition)
+                if self.topics.partition(*key) is None:
+                    errors[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if key not in held:
+                    if new_keys >= room:
+                        errors[key] = ErrorCode.POLICY_VIOLATION
+                        continue
+                    new_keys += 1
+                accepted.append((key, Pending(p.offset, p.metadata)))
+        return Verdicts(accepted, errors, new_keys)
+
+    # ------------------------------------------------------------------ OffsetCommit
+
+    async def offset_commit(self, req: m.OffsetCommitRequest) -> m.OffsetCommitResponse:
+        async with self.members.locked(req.group_id):
+            refused = self.members.check_member(req.group_id, req.member_id, req.member_epoch)
+            if refused:
+                return m.OffsetCommitResponse(
+                    error=refused,
+                    message=_member_message(refused, req.group_id, req.member_id, req.member_epoch),
+                    topics=_all_errors(req.topics, refused),
+                )
+            return await self._commit(req)
+
+    async def _commit(self, req: m.OffsetCommitRequest) -> m.OffsetCommitResponse:
+        async with self._locked([req.group_id]):
+            verdicts = self._judge(req.group_id, req.topics, -1)
+            message: str | None = None
+            if verdicts.accepted:
+                stamp = now_ms()
+                since = empty_since(
+                    self.state.group(req.group_id), self.members.has_members(req.group_id), stamp
+                )
+                record = commit_record(req.group_id, since, stamp, verdicts.accepted)
+                message = await self._write(record, verdicts, "offset_commit_durable")
+                if message is None:
+                    self._commits["OffsetCommit"] += len(verdicts.accepted)
+        return m.OffsetCommitResponse(
+            error=ErrorCode.KAFKA_STORAGE_ERROR if message else ErrorCode.NONE,
+            message=message or _partition_message(verdicts),
+            topics=_answer(req.topics, verdicts.errors),
+        )
+
+    async def _write(self, record: list[object], verdicts: Verdicts, point: str) -> str | None:
+        """Write a judged commit durably; on failure every accepted partition is answered
+        KAFKA_STORAGE_ERROR and the reason returned."""
+        self._reserved += verdicts.new_keys
+        try:
+            await self._write_durably(record, durable_point=point)
+            return None
+        except OSError as exc:
+            for key, _ in verdicts.accepted:
+                verdicts.errors[key] = ErrorCode.KAFKA_STORAGE_ERROR
+            return f"offsets log: {exc}"
+        finally:
+            self._reserved -= verdicts.new_keys
+
+    # ------------------------------------------------------------------ TxnOffsetCommit
+
+    async def txn_offset_commit(
+        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin
+    ) -> m.TxnOffsetCommitResponse:
+        """The producer is judged, then the member, then the partitions; the group joins
+        the transaction (durably) before the pending offsets are written (durably)."""
+        async with txn.locked(req.transactional_id):
+            try:
+                txn.judge_offsets(req.transactional_id, req.producer_id, req.producer_epoch)
+            except ProtocolError as exc:
+                return _txn_refused(req, exc.code, exc.message)
+            async with self.members.locked(req.group_id):
+                refused = self.members.check_member(req.group_id, req.member_id, req.member_epoch)
+                if refused:
+                    why = _member_message(refused, req.group_id, req.member_id, req.member_epoch)
+                    return _txn_refused(req, refused, why)
+                return await self._add_pending(req, txn)
+
+    async def _add_pending(
+        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin
+    ) -> m.TxnOffsetCommitResponse:
+        """The producer and the member passed: judge the partitions, add the group to the
+        transaction, write the pending offsets."""
+        async with self._locked([req.group_id]):
+            verdicts = self._judge(req.group_id, req.topics, req.producer_id)
+            message: str | None = None
+            if verdicts.accepted:
+                try:
+                    await txn.add_group(req.transactional_id, req.group_id)
+                except ProtocolError as exc:
+                    return _txn_refused(req, exc.code, exc.message)
+                since = empty_since(
+                    self.state.group(req.group_id),
+                    self.members.has_members(req.group_id),
+                    now_ms(),
+                )
+                record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
+                message = await self._write(record, verdicts, "txn_offsets_pending_durable")
+        return m.TxnOffsetCommitResponse(
+            error=ErrorCode.KAFKA_STORAGE_ERROR if message else ErrorCode.NONE,
+            message=message or _partition_message(verdicts),
+            topics=_answer(req.topics, verdicts.errors),
+        )
+
+    # ------------------------------------------------------------------ markers
+
+    def pending_owners(self) -> set[tuple[str, int]]:
+        """(group_id, producer_id) of every pending transactional offset."""
+        return self.state.pending_owners()
+
+    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
+        """End transactions in their groups: for each (producer_id, groups, committed),
+        the pending offsets the producer holds there become committed, or are dropped.
+        One record for all, durable on return; a group where the producer holds none
+        is skipped (its marker was written before a crash). OSError on a storage failure."""
+        wanted = [(g, pid, committed) for pid, groups, committed in markers for g in sorted(groups)]
+        async with self._locked(g for g, _, _ in wanted):
+            due = [w for w in wanted if self.state.holds_pending(w[0], w[1])]
+            if not due:
+                return
+            committed_offsets = sum(
+                len(group.pending[pid])
+                for g, pid, committed in due
+                if committed and (group := self.state.group(g)) is not None
+            )
+            await self._write_durably(
+                markers_record(now_ms(), due),
+                written_point="txn_group_markers_written",
+            )
+            self._commits["TxnOffsetCommit"] += committed_offsets
+
+    # ------------------------------------------------------------------ OffsetFetch
+
+    def offset_fetch(self, req: m.OffsetFetchRequest) -> m.OffsetFetchResponse:
+        group = self.state.group(req.group_id)
+        if req.topics is not None:
+            wanted = [(t.topic, p) for t in req.topics for p in t.partitions]
+        elif group is None:
+            wanted = []
+        else:
+            keys = set(group.committed)
+            if req.require_stable:
+                # A partition whose first offset is still in a transaction is unstable too.
+                keys.update(k for offsets in group.pending.values() for k in offsets)
+            wanted = sorted(keys)
+        by_topic: dict[str, list[m.OffsetFetchPartition]] = {}
+        for topic, index in wanted:
+            key = (topic, index)
+            committed = None if group is None else group.committed.get(key)
+            out = m.OffsetFetchPartition(index)
+            if req.require_stable and group is not None and group.is_pending(key):
+                out.error = ErrorCode.UNSTABLE_OFFSET_COMMIT
+            elif committed is not None:
+                out.offset, out.metadata = committed.offset, committed.metadata
+            elif self.topics.partition(topic, index) is None:
+                out.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            by_topic.setdefault(topic, []).append(out)
+        return m.OffsetFetchResponse(
+            topics=[m.OffsetFetchTopic(t, parts) for t, parts in by_topic.items()]
+        )
+
+    # ------------------------------------------------------------------ housekeeping
+
+    async def run(self) -> None:
+        """Follow the groups' membership, expire offsets past retention, compact."""
+        while True:
+            await anyio.sleep(self.config.offsets_retention_check_interval_ms / 1000)
+            try:
+                self.sweep(now_ms())
+            except OSError:
+                # A disk that fails here must not stop the sweeps: what was not
+                # written is looked at again next time.
+                log.exception("event=offsets_sweep_failed")
+
+    def sweep(self, stamp: int) -> None:
+        """Compact the log when due, then look at every group not being written. The
+        sweep's records are written, not synced: one lost in a crash is redone by the
+        first sweep after the restart."""
+        if self._failed is not None:
+            return
+        if not self._locks and self.log.wants_compaction():
+            # Every record written is installed: writers hold a group lock until then.
+            self.log.compact(self.state.snapshot())
+        retention = self.config.offsets_retention_ms
+        for group_id in [g for g in self.state.groups if g not in self._locks]:
+            group = self.state.group(group_id)
+            assert group is not None
+            since = empty_since(group, self.members.has_members(group_id), stamp)
+            if since != group.empty_since_ms:
+                self._write_now(empty_record(group_id, since))
+            expired = self.state.expired(group_id, stamp, retention)
+            if expired:
+                self._write_now(expire_record(group_id, expired))
+                self._expired += len(expired)
+                log.info("event=offsets_expired group=%r offsets=%d", group_id, len(expired))
+
+    def _write_now(self, record: list[object]) -> None:
+        """Write and install at once, with no wait between: no other write of the group
+        can come between them."""
+        self.log.write(record)
+        self.state.apply(record)
+
+    def stats(self) -> OffsetStats:
+        """For the metrics scrape: counts, and the lag of committed offsets, for at most
+        max_consumer_lag_series partitions (groups in name order)."""
+        limit = self.config.max_consumer_lag_series
+        lag: list[tuple[str, str, int, int]] = []
+        committed = pending = 0
+        for group_id in sorted(self.state.groups):
+            group = self.state.groups[group_id]
+            committed += len(group.committed)
+            pending += group.held() - len(group.committed)
+            if len(lag) + len(group.committed) > limit:
+                continue
+            for (topic, index), c in sorted(group.committed.items()):
+                partition = self.topics.partition(topic, index)
+                if partition is not None:
+                    lag.append(
+                        (group_id, topic, index, max(0, partition.log.log_end_offset - c.offset))
+                    )
+        return OffsetStats(
+            len(self.state.groups),
+            committed,
+            pending,
+            dict(self._commits),
+            self._expired,
+            lag,
+            committed - len(lag),
+        )
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def _all_errors(topics: list[m.OffsetCommitTopic], code: ErrorCode) -> list[m.TopicPartitionErrors]:
+    return [
+        m.TopicPartitionErrors(t.topic, [m.PartitionError(p.partition, code) for p in t.partitions])
+        for t in topics
+    ]
+
+
+def _answer(
+    topics: list[m.OffsetCommitTopic], errors: dict[tuple[str, int], ErrorCode]
+) -> list[m.TopicPartitionErrors]:
+    return [
+        m.TopicPartitionErrors(
+            t.topic,
+            [
+                m.PartitionError(p.partition, errors.get((t.topic, p.partition), ErrorCode.NONE))
+                for p in t.partitions
+            ],
+        )
+        for t in topics
+    ]
+
+
+def _txn_refused(
+    req: m.TxnOffsetCommitRequest, code: ErrorCode, message: str | None
+) -> m.TxnOffsetCommitResponse:
+    return m.TxnOffsetCommitResponse(
+        error=code, message=message, topics=_all_errors(req.topics, code)
+    )
+
+
+def _member_message(code: ErrorCode, group_id: str, member_id: str, member_epoch: int) -> str:
+    return (
+        f"{ErrorCode.name_of(code)}: member {member_id!r} at epoch {member_epoch} may not "
+        f"commit for group {group_id!r}"
+    )
+
+
+def _partition_message(verdicts: Verdicts) -> str | None:
+    codes = set(verdicts.errors.values())
+    if ErrorCode.POLICY_VIOLATION in codes:
+        return "max_committed_offsets is reached: offsets of partitions not yet held are refused"
+    if codes:
+        return "some partitions do not exist"
+    return None

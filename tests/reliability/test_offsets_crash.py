@@ -1,0 +1,200 @@
+"""kill -9 at every durable step of committing offsets, then restart: what was made
+durable is kept, and a transaction's offsets show iff it committed.
+
+The broker is killed (a) after an OffsetCommit is durable but before its answer,
+(b) in a TxnOffsetCommit after the group joined the transaction but before the
+pending offsets were written, (c) after the pending offsets are durable but before
+the answer, and, in a transaction holding data on a partition and offsets in two
+groups, (d) after the decision, (e) after the groups' marker is written but not
+synced, (f) after every marker is durable but before COMPLETE. Points are armed with
+MINIBROKER_CRASH_AT (broker/crash_points.py). Last, (g) pending offsets whose
+transaction the coordinator lost (its last txn.wal record cut) are dropped at start,
+so OffsetFetch with require_stable does not answer UNSTABLE_OFFSET_COMMIT for ever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.crash_points import ENV
+from broker.record_log import scan_records
+from harness.broker_process import BrokerProcess
+from harness.txn import Txn, committed_view
+from harness.wire import WireClient
+from protocol.errors import ErrorCode
+
+DROPPED = (ConnectionError, OSError, EOFError)
+UNSTABLE = ErrorCode.UNSTABLE_OFFSET_COMMIT
+
+
+def fresh(tmp_path: Path, backend: str, crash_at: str | None) -> BrokerProcess:
+    env = {ENV: crash_at} if crash_at else None
+    broker = BrokerProcess(tmp_path / "data", backend=backend, env=env).start()
+    with WireClient(broker.bootstrap) as c:
+        assert c.create_topic("t", 2) == 0
+    return broker
+
+
+def restart_clean(broker: BrokerProcess) -> BrokerProcess:
+    """Wait for the armed process to die, then start it again unarmed."""
+    assert broker.proc is not None
+    broker.proc.wait(15)
+    broker.env = None
+    return broker.start(broker.port)
+
+
+def commit(c: WireClient, group: str, offsets: dict[int, int]) -> dict[str, Any]:
+    return c.call("OffsetCommit", group_id=group, topics=_topics(offsets))
+
+
+def txn_commit(tx: Txn, group: str, offsets: dict[int, int]) -> dict[str, Any]:
+    return tx.c.call(
+        "TxnOffsetCommit",
+        transactional_id=tx.id,
+        producer_id=tx.pid,
+        producer_epoch=tx.epoch,
+        group_id=group,
+        topics=_topics(offsets),
+    )
+
+
+def _topics(offsets: dict[int, int]) -> list[dict[str, Any]]:
+    return [
+        {"topic": "t", "partitions": [{"partition": p, "offset": o} for p, o in offsets.items()]}
+    ]
+
+
+def fetch(c: WireClient, group: str) -> dict[int, tuple[int, int]]:
+    """(offset, error) of both partitions, with require_stable."""
+    r = c.call(
+        "OffsetFetch",
+        group_id=group,
+        topics=[{"topic": "t", "partitions": [0, 1]}],
+        require_stable=True,
+    )
+    return {p["partition"]: (p["offset"], p["error"]) for p in r["topics"][0]["partitions"]}
+
+
+def test_kill_after_a_commit_is_durable_keeps_it(tmp_path: Path, backend: str) -> None:
+    broker = fresh(tmp_path, backend, "offset_commit_durable")
+    try:
+        with WireClient(broker.bootstrap) as c, pytest.raises(DROPPED):
+            commit(c, "g", {0: 5, 1: 6})
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            assert fetch(c, "g") == {0: (5, 0), 1: (6, 0)}
+            assert commit(c, "g", {0: 7})["error"] == 0
+            assert fetch(c, "g") == {0: (7, 0), 1: (6, 0)}
+    finally:
+        broker.kill()
+
+
+@pytest.mark.parametrize("crash_at", ["txn_group_added", "txn_offsets_pending_durable"])
+def test_kill_inside_txn_offset_commit_leaves_the_transaction_open(
+    tmp_path: Path, backend: str, crash_at: str
+) -> None:
+    broker = fresh(tmp_path, backend, crash_at)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert commit(c, "g", {0: 1})["error"] == 0
+            tx = Txn(c)
+            assert tx.send("t", 1, [b"out"])["error"] == 0
+            with pytest.raises(DROPPED):
+                txn_commit(tx, "g", {0: 10})
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "ONGOING"
+            if crash_at == "txn_group_added":
+                # The group joined; no offset of it was written.
+                assert fetch(c, "g") == {0: (1, 0), 1: (-1, 0)}
+            else:
+                assert fetch(c, "g") == {0: (-1, UNSTABLE), 1: (-1, 0)}
+            tx.c = c
+            assert txn_commit(tx, "g", {0: 10})["error"] == 0  # the client's retry
+            assert tx.end(committed=True)["error"] == 0
+            assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
+            assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"out"]
+    finally:
+        broker.kill()
+
+
+@pytest.mark.parametrize(
+    "crash_at,committed",
+    [
+        ("txn_decided", True),
+        ("txn_decided", False),
+        ("txn_group_markers_written", True),
+        ("txn_markers_durable", False),
+    ],
+)
+def test_kill_after_the_decision_shows_offsets_iff_committed(
+    tmp_path: Path, backend: str, crash_at: str, committed: bool
+) -> None:
+    broker = fresh(tmp_path, backend, crash_at)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert commit(c, "g", {0: 1, 1: 1})["error"] == 0
+            tx = Txn(c)
+            old = (tx.pid, tx.epoch)
+            assert tx.send("t", 0, [b"out"])["error"] == 0
+            assert txn_commit(tx, "g", {0: 20, 1: 21})["error"] == 0
+            assert txn_commit(tx, "h", {1: 30})["error"] == 0
+            with pytest.raises(DROPPED):
+                tx.end(committed=committed)
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == ("COMPLETE_COMMIT" if committed else "COMPLETE_ABORT")
+            if committed:
+                assert fetch(c, "g") == {0: (20, 0), 1: (21, 0)}
+                assert fetch(c, "h") == {0: (-1, 0), 1: (30, 0)}
+            else:
+                assert fetch(c, "g") == {0: (1, 0), 1: (1, 0)}
+                assert fetch(c, "h") == {0: (-1, 0), 1: (-1, 0)}
+            view = committed_view(c.fetch("t", 0, 0, isolation_level=1))
+            assert view == ([b"out"] if committed else [])
+            # The client's retry of EndTxn gets the answer it lost.
+            r = c.call(
+                "EndTxn",
+                transactional_id=tx.id,
+                producer_id=old[0],
+                producer_epoch=old[1],
+                committed=committed,
+            )
+            assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
+    finally:
+        broker.kill()
+
+
+def test_pending_offsets_no_transaction_claims_are_dropped_at_start(
+    tmp_path: Path, backend: str
+) -> None:
+    broker = fresh(tmp_path, backend, "txn_offsets_pending_durable")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert commit(c, "g", {0: 1})["error"] == 0
+            tx = Txn(c)
+            with pytest.raises(DROPPED):
+                txn_commit(tx, "g", {0: 10})
+        assert broker.proc is not None
+        broker.proc.wait(15)
+        # The coordinator loses the record that put the group in the transaction (a torn
+        # last record is cut): the pending offsets now belong to no transaction.
+        wal = tmp_path / "data" / "transactions" / "txn.wal"
+        data = wal.read_bytes()
+        assert (
+            len(list(scan_records(data, wal))) == 2
+        )  # InitProducerId's entry, then the group joining
+        wal.write_bytes(data[:-1])
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            assert fetch(c, "g") == {0: (1, 0), 1: (-1, 0)}
+            assert "event=txn_orphan_offsets_dropped" in broker.log_text()
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "EMPTY"
+    finally:
+        broker.kill()
