@@ -24,6 +24,7 @@ from client.accumulator import monotonic_ms
 from client.config import ConsumerConfig
 from client.connection import Connection, Reconnector
 from client.errors import (
+    MEMBER_ERRORS,
     CommitFailedError,
     ConnectionLostError,
     MinibrokerError,
@@ -225,6 +226,10 @@ class ConsumerCoordinator:
                 code = next(iter(failed.values()))
                 newer_epoch = code == ErrorCode.STALE_MEMBER_EPOCH and m.member_epoch != epoch
                 if not (code in RETRIABLE or newer_epoch) or monotonic_ms() >= deadline:
+                    if as_member and code in MEMBER_ERRORS:
+                        # The member learns what became of it from its next heartbeat.
+                        m.heartbeat_soon(monotonic_ms())
+                        self.wake()
                     where = ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(failed))
                     raise error_for(
                         code,

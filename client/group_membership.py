@@ -162,6 +162,10 @@ class GroupMembership:
         self.owned |= partitions
         self._heartbeat_now(now_ms)
 
+    def heartbeat_soon(self, now_ms: float) -> None:
+        """Something else (a refused commit) says the membership may have changed: ask now."""
+        self._heartbeat_now(now_ms)
+
     def lost_handled(self, now_ms: float) -> None:
         """on_partitions_lost ran (from the application's poll): rejoin with epoch 0."""
         self.owned = _NONE

@@ -275,9 +275,13 @@ async def test_a_stale_epoch_commit_is_refused_unless_the_member_moved_on_meanwh
                 while not c.assignment():
                     await c.getmany(timeout_ms=20)
             fake.errors["OffsetCommit"] = [E.STALE_MEMBER_EPOCH]
+            heartbeats = len(fake.requests("ConsumerGroupHeartbeat"))
             with pytest.raises(StaleMemberEpochError, match="STALE_MEMBER_EPOCH"):
                 await c.commit({tp: 1})
             assert tp not in fake.offsets
+            with anyio.fail_after(10):  # the refusal made it heartbeat at once; let that end
+                while len(fake.requests("ConsumerGroupHeartbeat")) < heartbeats + 2:
+                    await anyio.sleep(0.01)
 
             def epoch_moves(request: Any) -> None:
                 # A heartbeat answer with a newer epoch reached the member while its commit,

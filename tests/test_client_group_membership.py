@@ -302,3 +302,10 @@ def test_a_member_not_polled_for_max_poll_interval_leaves_and_loses_its_partitio
 def test_subscribing_to_nothing_is_refused() -> None:
     with pytest.raises(ValueError, match="unsubscribe"):
         make().subscribe([], 0)
+
+
+def test_heartbeat_soon_asks_at_once_and_never_later_than_planned() -> None:
+    m = joined([T0])
+    assert m.poll(10) == (None, INTERVAL)
+    m.heartbeat_soon(10)  # a commit was refused: what became of this member?
+    assert send(m, 10).member_epoch == 1

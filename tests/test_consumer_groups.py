@@ -8,7 +8,8 @@
   processing).
 - Committed offsets survive a broker kill -9; a new consumer resumes from them.
 - A member that lost its partitions cannot commit for them, in or out of a
-  transaction.
+  transaction; one the broker forgot (a restart) is refused, learns it, rejoins
+  and resumes from the committed offset.
 - The consume-transform-produce loop of examples/exactly_once_loop.py, SIGKILLed
   at seeded random points 20 times and restarted: the output topic, read
   committed, holds each input record's transform exactly once.
@@ -41,6 +42,7 @@ from client import (
     Producer,
     TopicPartition,
     TxnOffsetCommitFailedError,
+    UnknownMemberIdError,
 )
 from client.admin import (
     alter_group_offsets,
@@ -60,10 +62,12 @@ LIMIT_S = 60.0
 FAST = {"retry_backoff_ms": 20, "request_timeout_ms": 10_000, "fetch_max_wait_ms": 100}
 
 
-def group_broker(tmp_path: Path, backend: str, session_ms: int = SESSION_MS) -> BrokerProcess:
+def group_broker(
+    tmp_path: Path, backend: str, session_ms: int = SESSION_MS, heartbeat_ms: int = HEARTBEAT_MS
+) -> BrokerProcess:
     settings = (
         f"group_session_timeout_ms = {session_ms}\n"
-        f"group_heartbeat_interval_ms = {min(HEARTBEAT_MS, session_ms // 5)}\n"
+        f"group_heartbeat_interval_ms = {min(heartbeat_ms, session_ms // 5)}\n"
     )
     return BrokerProcess(
         tmp_path / "data", backend=backend, extra_args=config_file(tmp_path, settings)
@@ -367,6 +371,49 @@ def test_a_member_that_lost_its_partitions_cannot_commit_them(broker: BrokerProc
         with pytest.raises(NonEmptyGroupError):
             alter_group_offsets(bootstrap, "g", {tp: 0})  # from outside, while it has a member
     assert list_group_offsets(bootstrap, "g") == {tp: (3, None)}
+
+
+def test_a_member_the_broker_forgot_cannot_commit_and_rejoins_from_the_committed_offset(
+    tmp_path: Path, backend: str
+) -> None:
+    # Heartbeats every 30 s: after the restart the member believes in its membership until
+    # its refused commit makes it ask.
+    proc = group_broker(tmp_path, backend, session_ms=150_000, heartbeat_ms=30_000)
+    try:
+        bootstrap = proc.bootstrap
+        create_topic(bootstrap, "in", 1)
+        produce(bootstrap, "in", {0: [f"v{i}" for i in range(10)]})
+        tp = TopicPartition("in", 0)
+        calls: list[str] = []
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+                calls.append("assigned")
+
+            def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+                calls.append("lost")
+
+        got: list[Any] = []
+        config = {"group_id": "g", "enable_auto_commit": False, "auto_offset_reset": "earliest"}
+        with Consumer(
+            "in", bootstrap_servers=bootstrap, listener=Listener(), **config, **FAST
+        ) as c:
+
+            def take() -> None:
+                got.extend(r for records in c.poll(timeout_ms=50).values() for r in records)
+
+            wait_for(lambda: len(got) == 10, "every record", take)
+            c.commit({tp: 5})
+            proc.restart(kill=True)  # memberships are soft state: the broker forgets them
+            with pytest.raises(UnknownMemberIdError):
+                c.commit()  # offset 10, refused: this member no longer owns the partition
+            assert list_group_offsets(bootstrap, "g") == {tp: (5, None)}
+            del got[:]
+            wait_for(lambda: len(got) == 5, "the uncommitted records again", take)
+        assert calls == ["assigned", "lost", "assigned"]
+        assert [r.offset for r in got] == [5, 6, 7, 8, 9]
+    finally:
+        proc.kill()
 
 
 # --------------------------------------------------------------------------- exactly once
