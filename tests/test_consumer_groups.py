@@ -303,6 +303,7 @@ def test_members_share_partitions_one_owner_at_a_time_and_read_every_record_once
         for member in members:
             member.kill() if isinstance(member, ProcessMember) else member.close()
     ownership.check_single_owner()
+    assert all(member.values for member in everyone), "a member read nothing"
     counts = consumed()
     assert sorted(counts) == sorted(produced)
     assert [v for v, n in counts.items() if n > 1] == []
