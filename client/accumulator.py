@@ -62,6 +62,7 @@ import anyio
 
 from client.errors import (
     FENCING_CODES,
+    MEMBER_ERRORS,
     TXN_FATAL_CODES,
     ConnectionLostError,
     DeliveryTimeoutError,
@@ -71,6 +72,7 @@ from client.errors import (
     RecordTooLargeError,
     TransactionAbortableError,
     TransactionAbortedError,
+    TxnOffsetCommitFailedError,
     error_for,
 )
 from client.types import BatchMetadata, RecordMetadata
@@ -856,9 +858,15 @@ class RecordAccumulator:
             self._bump_needed = True
         self._finish(batch, error, -1, done)
 
-    def _make_abortable(self, cause: BaseException, done: list[ProducerBatch]) -> None:
-        """The transaction lost a batch: fail its queued ones now and allow only an abort."""
-        self._txn_error = TransactionAbortableError(
+    def _make_abortable(
+        self,
+        cause: BaseException,
+        done: list[ProducerBatch],
+        kind: type[TransactionAbortableError] = TransactionAbortableError,
+    ) -> None:
+        """The transaction lost a batch (or its offsets): fail its queued ones now and allow
+        only an abort."""
+        self._txn_error = kind(
             f"the transaction must be aborted: {cause}", getattr(cause, "code", None)
         )
         self._enter(TxnState.ABORTABLE_ERROR)
@@ -1120,6 +1128,35 @@ class RecordAccumulator:
             )
             self._enter(TxnState.ABORTABLE_ERROR)
             raise self._txn_error
+
+    def begin_send_offsets(self) -> None:
+        """send_offsets_to_transaction() starts: only inside a begun transaction."""
+        with self.lock:
+            self._txn_require("send_offsets_to_transaction()", TxnState.IN_TRANSACTION)
+
+    def on_send_offsets(
+        self, error: int, message: str | None
+    ) -> tuple[MinibrokerError | None, list[ProducerBatch]]:
+        """TxnOffsetCommit's answer: (the error to raise or None, the batches finished now).
+
+        Fencing is fatal. Any other refusal leaves the transaction abortable, its queued
+        batches failed: TxnOffsetCommitFailedError when the group refused the consumer's
+        member (fenced, stale or unknown), as Kafka's CommitFailedException there."""
+        with self.lock:
+            if error == ErrorCode.NONE:
+                return None, []
+            exc = self._txn_answer_error(error, "TxnOffsetCommit", message)
+            if self.fatal_error is not None:
+                return exc, []
+            done: list[ProducerBatch] = []
+            if self.txn_state in _ONGOING:
+                kind = (
+                    TxnOffsetCommitFailedError
+                    if error in MEMBER_ERRORS
+                    else TransactionAbortableError
+                )
+                self._make_abortable(exc, done, kind)
+            return self._txn_error or exc, done
 
     @property
     def transaction_open(self) -> bool:

@@ -1,4 +1,4 @@
-"""Small admin helpers (topics and transactions) for the CLI, tests and scripts.
+"""Small admin helpers (topics, transactions, consumer groups) for the CLI, tests and scripts.
 
 Each helper opens one connection, does its requests and closes it. The async
 versions run in the caller's event loop; the sync ones run the async version on
@@ -9,11 +9,16 @@ operator use: `commit_transactions` / `abort_transactions` end prepared
 transactions by their `TxnHandle`s with one CommitTxns (atomic over all of them,
 idempotent per `app_id`/`app_version`); `list_transactions`, `describe_txn_apps`
 and `abort_transaction` (one lingering transaction, by its transactional id).
+
+The group helpers are Kafka's Admin calls: `list_groups`, `describe_groups`,
+`list_group_offsets` (OffsetFetch) and `alter_group_offsets` (OffsetCommit from
+outside the group, member "" and epoch -1, which the broker refuses while the
+group has members).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -21,28 +26,38 @@ from anyio.from_thread import start_blocking_portal
 
 from client.config import DEFAULT_BOOTSTRAP, parse_bootstrap
 from client.connection import Connection, open_connection
+from client.coordinator import commit_errors, commit_topics, normalize_offsets
 from client.errors import (
     CommitTxnsError,
     ConnectionLostError,
     MinibrokerTimeoutError,
+    NonEmptyGroupError,
     TopicAlreadyExistsError,
     UnknownTopicError,
     error_for,
 )
+from client.group_membership import to_wire
 from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
-from client.types import CommitTxnsResult, TxnHandle
+from client.types import CommitTxnsResult, OffsetAndMetadata, TopicPartition, TxnHandle
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
 from protocol.messages import (
     ISOLATION_READ_UNCOMMITTED,
+    NO_OFFSET,
     TIMESTAMP_EARLIEST,
     TIMESTAMP_LATEST,
     CommitTxnsRequest,
     CreatableTopic,
     CreateTopicsRequest,
+    DescribeGroupsRequest,
     DescribeTxnAppsRequest,
+    GroupDescription,
+    GroupListing,
+    ListGroupsRequest,
     ListTransactionsRequest,
     MetadataRequest,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
     Request,
     TransactionListing,
     TxnApp,
@@ -299,6 +314,89 @@ async def abort_transaction_async(
     return None
 
 
+# --------------------------------------------------------------------------- consumer groups
+
+
+async def list_groups_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+) -> list[GroupListing]:
+    """Every consumer group the broker knows: id, state and member count, sorted by id."""
+
+    async def work(conn: Connection) -> list[GroupListing]:
+        response = await _request(conn, ListGroupsRequest())
+        return sorted(response.groups, key=lambda g: g.group_id)
+
+    return await _with_connection(bootstrap, work)
+
+
+async def describe_groups_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, group_ids: Sequence[str] = ()
+) -> list[GroupDescription]:
+    """State, epoch and members (id, epoch, client id, subscription, assignment) of each
+    group; a group the broker does not know comes back with its error code set."""
+
+    async def work(conn: Connection) -> list[GroupDescription]:
+        response = await _request(conn, DescribeGroupsRequest(group_ids=list(group_ids)))
+        return list(response.groups)
+
+    return await _with_connection(bootstrap, work)
+
+
+async def list_group_offsets_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    group_id: str = "",
+    partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
+) -> dict[TopicPartition, OffsetAndMetadata]:
+    """The group's committed offsets (of `partitions`, default all of them); partitions
+    without one are left out."""
+    wanted = None if partitions is None else frozenset(TopicPartition(*tp) for tp in partitions)
+
+    async def work(conn: Connection) -> dict[TopicPartition, OffsetAndMetadata]:
+        request = OffsetFetchRequest(
+            group_id=group_id, topics=None if wanted is None else to_wire(wanted)
+        )
+        response = await _request(conn, request)
+        found: dict[TopicPartition, OffsetAndMetadata] = {}
+        for entry in response.topics:
+            for part in entry.partitions:
+                tp = TopicPartition(entry.topic, part.partition)
+                if part.error:
+                    raise error_for(part.error, f"offsets of group {group_id!r}, {tp}")
+                if part.offset != NO_OFFSET:
+                    found[tp] = OffsetAndMetadata(part.offset, part.metadata)
+        return dict(sorted(found.items()))
+
+    return await _with_connection(bootstrap, work)
+
+
+async def alter_group_offsets_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    group_id: str = "",
+    offsets: Mapping[Any, int | OffsetAndMetadata] | None = None,
+) -> None:
+    """Set the group's committed offsets ({partition: offset of the next record to read}),
+    from outside the group. The broker allows it only while the group has no members:
+    NonEmptyGroupError otherwise."""
+    chosen = normalize_offsets(offsets or {})
+
+    async def work(conn: Connection) -> None:
+        request = OffsetCommitRequest(group_id=group_id, topics=commit_topics(chosen))
+        response = await conn.request(request, TIMEOUT_S)
+        failed = commit_errors(response.error, response.topics, chosen)
+        if not failed:
+            return
+        code = next(iter(failed.values()))
+        if code in (ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.NON_EMPTY_GROUP):
+            raise NonEmptyGroupError(
+                f"group {group_id!r} has members: its offsets can only be altered while it "
+                "has none (stop its consumers first)",
+                code,
+            )
+        raise error_for(code, f"alter offsets of group {group_id!r}", response.message)
+
+    await _with_connection(bootstrap, work)
+
+
 def _run(func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     with start_blocking_portal() as portal:
         return portal.call(lambda: func(*args, **kwargs))
@@ -367,3 +465,34 @@ def abort_transaction(
     bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, transactional_id: str = ""
 ) -> TransactionListing | None:
     return _run(abort_transaction_async, bootstrap, transactional_id)
+
+
+def list_groups(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) -> list[GroupListing]:
+    return _run(list_groups_async, bootstrap)
+
+
+def describe_groups(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, group_ids: Sequence[str] = ()
+) -> list[GroupDescription]:
+    return _run(describe_groups_async, bootstrap, list(group_ids))
+
+
+def list_group_offsets(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    group_id: str = "",
+    partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
+) -> dict[TopicPartition, OffsetAndMetadata]:
+    return _run(
+        list_group_offsets_async,
+        bootstrap,
+        group_id,
+        None if partitions is None else list(partitions),
+    )
+
+
+def alter_group_offsets(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    group_id: str = "",
+    offsets: Mapping[Any, int | OffsetAndMetadata] | None = None,
+) -> None:
+    _run(alter_group_offsets_async, bootstrap, group_id, dict(offsets or {}))

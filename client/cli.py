@@ -9,6 +9,8 @@
     minibroker txn list [--prefix P] [--state ONGOING]...
     minibroker txn abort TRANSACTIONAL_ID
     minibroker txn apps [APP_ID...]
+    minibroker groups list | describe GROUP
+    minibroker groups reset-offsets GROUP --topic T --to-earliest | --to-latest | --to-offset N
 
 `register(subparsers)` adds them to the parser `minibroker_cli` builds; each subcommand sets
 `func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092).
@@ -28,18 +30,23 @@ from client import perf
 from client.admin import (
     OPEN_TXN_STATES,
     abort_transaction,
+    alter_group_offsets,
     create_topic,
+    describe_groups,
     describe_topic,
     describe_txn_apps,
+    list_group_offsets,
+    list_groups,
     list_topics,
     list_transactions,
 )
 from client.config import DEFAULT_BOOTSTRAP
 from client.consumer import Consumer
-from client.errors import MinibrokerError
+from client.errors import MinibrokerError, NonEmptyGroupError
 from client.producer import Producer
 from client.types import ConsumerRecord, TopicPartition
-from protocol.messages import TXN_STATES
+from protocol.errors import ErrorCode
+from protocol.messages import TXN_STATES, GroupDescription, GroupMemberDescription
 
 # Exit codes: 1 for an error reported by the broker or the client, 2 for bad usage.
 EXIT_ERROR = 1
@@ -47,7 +54,7 @@ EXIT_USAGE = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `topics`, `produce`, `consume`, `perf-produce`, `perf-consume` and `txn`."""
+    """Add `topics`, `produce`, `consume`, `perf-produce`, `perf-consume`, `txn` and `groups`."""
     topics = subparsers.add_parser("topics", help="create, list and describe topics")
     verbs = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
 
@@ -114,6 +121,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     txn_abort.add_argument("transactional_id")
     txn_apps = _command(txn_verbs, "apps", "the committed version of transactional apps", _txn_apps)
     txn_apps.add_argument("app_ids", nargs="*", metavar="APP_ID", help="default: every app")
+
+    groups = subparsers.add_parser(
+        "groups", help="list and describe consumer groups, reset their offsets"
+    )
+    group_verbs = groups.add_subparsers(dest="groups_command", required=True, metavar="ACTION")
+    _command(group_verbs, "list", "consumer groups, their state and member count", _groups_list)
+    group_describe = _command(
+        group_verbs,
+        "describe",
+        "members, assignment, committed offsets and lag of a group (like kafka-consumer-groups)",
+        _groups_describe,
+    )
+    group_describe.add_argument("group")
+    reset = _command(
+        group_verbs,
+        "reset-offsets",
+        "set a group's committed offsets for a topic (only while the group has no members)",
+        _groups_reset_offsets,
+    )
+    reset.add_argument("group")
+    reset.add_argument("--topic", required=True)
+    reset.add_argument("--partition", type=int, action="append", help="default: all")
+    target = reset.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true")
+    target.add_argument("--to-latest", action="store_true")
+    target.add_argument("--to-offset", type=int, metavar="N", help="clamped to the log's range")
+    reset.add_argument("--dry-run", action="store_true", help="show the new offsets, change none")
 
     perf.add_produce_arguments(
         _command(
@@ -351,6 +385,123 @@ def _txn_apps(args: argparse.Namespace) -> int:
     print("TxnAppId\tVersion\tCommittedMs")
     for app in describe_txn_apps(args.bootstrap_server, args.app_ids or None):
         print(f"{app.txn_app_id}\t{app.txn_app_version}\t{app.committed_ms}")
+    return 0
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def _groups_list(args: argparse.Namespace) -> int:
+    print("GROUP\tSTATE\tMEMBERS")
+    for group in list_groups(args.bootstrap_server):
+        print(f"{group.group_id}\t{group.state}\t{group.members}")
+    return 0
+
+
+def _describe_group(bootstrap: str, group_id: str) -> GroupDescription:
+    """The group's description (GROUP_ID_NOT_FOUND: no members, state DEAD); other errors
+    raise."""
+    (description,) = describe_groups(bootstrap, [group_id])
+    if description.error and description.error != ErrorCode.GROUP_ID_NOT_FOUND:
+        raise MinibrokerError(
+            f"consumer group {group_id!r}: {ErrorCode.name_of(description.error)}",
+            description.error,
+        )
+    return description
+
+
+def _groups_describe(args: argparse.Namespace) -> int:
+    bootstrap, group_id = args.bootstrap_server, args.group
+    description = _describe_group(bootstrap, group_id)
+    committed = list_group_offsets(bootstrap, group_id)
+    if description.error and not committed:
+        print(f"minibroker: consumer group {group_id!r} does not exist", file=sys.stderr)
+        return EXIT_ERROR
+    owner: dict[TopicPartition, GroupMemberDescription] = {}
+    for member in description.members:
+        for entry in member.assignment:
+            for p in entry.partitions:
+                owner[TopicPartition(entry.topic, p)] = member
+    partitions = sorted(set(committed) | set(owner))
+    ends: dict[TopicPartition, int] = {}
+    for topic in sorted({tp.topic for tp in partitions}):
+        try:
+            for p in describe_topic(bootstrap, topic)["partitions"]:
+                ends[TopicPartition(topic, p["partition"])] = p["end_offset"]
+        except MinibrokerError:
+            pass  # a topic deleted since: no log-end offset, no lag
+    state = "EMPTY" if description.error else description.state
+    print(
+        f"Group: {group_id}\tState: {state}\tEpoch: {max(description.group_epoch, 0)}\t"
+        f"Members: {len(description.members)}"
+    )
+    print()
+    print("GROUP\tTOPIC\tPARTITION\tCURRENT-OFFSET\tLOG-END-OFFSET\tLAG\tCONSUMER-ID\tCLIENT-ID")
+    for tp in partitions:
+        current = committed.get(tp)
+        end = ends.get(tp)
+        lag = "-" if current is None or end is None else str(max(end - current.offset, 0))
+        holder = owner.get(tp)
+        print(
+            "\t".join(
+                [
+                    group_id,
+                    tp.topic,
+                    str(tp.partition),
+                    "-" if current is None else str(current.offset),
+                    "-" if end is None else str(end),
+                    lag,
+                    "-" if holder is None else holder.member_id,
+                    "-" if holder is None else holder.client_id or "-",
+                ]
+            )
+        )
+    print()
+    print("MEMBER-ID\tEPOCH\tCLIENT-ID\tSUBSCRIBED\tASSIGNMENT")
+    for member in description.members:
+        assignment = ",".join(
+            f"{entry.topic}-{p}" for entry in member.assignment for p in sorted(entry.partitions)
+        )
+        print(
+            f"{member.member_id}\t{member.member_epoch}\t{member.client_id or '-'}\t"
+            f"{','.join(member.subscribed_topics) or '-'}\t{assignment or '-'}"
+        )
+    return 0
+
+
+def _groups_reset_offsets(args: argparse.Namespace) -> int:
+    bootstrap, group_id = args.bootstrap_server, args.group
+    description = _describe_group(bootstrap, group_id)
+    if description.members:
+        raise NonEmptyGroupError(
+            f"group {group_id!r} has {len(description.members)} member(s) (state "
+            f"{description.state}): offsets can only be reset while it has none; stop its "
+            "consumers first"
+        )
+    partitions = describe_topic(bootstrap, args.topic)["partitions"]
+    chosen = set(args.partition or [p["partition"] for p in partitions])
+    unknown = chosen - {p["partition"] for p in partitions}
+    if unknown:
+        raise ValueError(f"topic {args.topic!r} has no partition {sorted(unknown)}")
+    plan: dict[TopicPartition, int] = {}
+    for p in partitions:
+        if p["partition"] not in chosen:
+            continue
+        earliest, latest = p["beginning_offset"], p["end_offset"]
+        if args.to_earliest:
+            offset = earliest
+        elif args.to_latest:
+            offset = latest
+        else:
+            offset = min(max(args.to_offset, earliest), latest)
+        plan[TopicPartition(args.topic, p["partition"])] = offset
+    if not args.dry_run:
+        alter_group_offsets(bootstrap, group_id, plan)
+    print("GROUP\tTOPIC\tPARTITION\tNEW-OFFSET")
+    for tp, offset in sorted(plan.items()):
+        print(f"{group_id}\t{tp.topic}\t{tp.partition}\t{offset}")
+    if args.dry_run:
+        print("(dry run: nothing changed)", file=sys.stderr)
     return 0
 
 

@@ -137,12 +137,30 @@ class ProducerConfig:
             raise ValueError("partitioner must be 'murmur2', 'crc32' or a callable")
 
 
+# Kafka's consumer protocol (KIP-848) leaves these to the broker; a client setting would be
+# silently ignored there, so naming one is an error that says where the setting lives.
+BROKER_SIDE_GROUP_SETTINGS = {
+    "session_timeout_ms": "the broker's group_session_timeout_ms",
+    "heartbeat_interval_ms": "the broker's group_heartbeat_interval_ms",
+    "partition_assignment_strategy": "the broker's assignor",
+}
+
+
 @dataclass(slots=True)
 class ConsumerConfig:
-    """Consumer settings (no consumer groups: offsets are the caller's to store)."""
+    """Consumer settings. Without `group_id` offsets are the caller's to store; with one the
+    broker keeps them and, for subscribed topics, shares the partitions among the group."""
 
     bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
     client_id: str = "minibroker-python"
+    group_id: str | None = None
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = 5_000
+    # The longest the application may go between polls before the member leaves the group
+    # and its partitions go to others; sent to the broker as the rebalance timeout.
+    max_poll_interval_ms: int = 300_000
+    # None: max_poll_interval_ms, as Kafka's consumers do.
+    rebalance_timeout_ms: int | None = None
     auto_offset_reset: str = "latest"
     # Kafka's consumers default to read_uncommitted; ours (and the Spark reader) to
     # read_committed, so that aborted and still-open transactions are never read by default.
@@ -155,6 +173,7 @@ class ConsumerConfig:
     consumer_timeout_ms: float = math.inf
     request_timeout_ms: int = 30_000
     retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
     check_crcs: bool = True
@@ -162,6 +181,10 @@ class ConsumerConfig:
 
     def __post_init__(self) -> None:
         self.servers = parse_bootstrap(self.bootstrap_servers)
+        if self.group_id is not None and not self.group_id:
+            raise ValueError("group_id must be a non-empty string (or None for no group)")
+        if self.rebalance_timeout_ms is None:
+            self.rebalance_timeout_ms = self.max_poll_interval_ms
         if self.auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
         if self.isolation_level not in ("read_committed", "read_uncommitted"):
@@ -171,6 +194,9 @@ class ConsumerConfig:
             "max_partition_fetch_bytes",
             "max_poll_records",
             "request_timeout_ms",
+            "auto_commit_interval_ms",
+            "max_poll_interval_ms",
+            "rebalance_timeout_ms",
         ):
             _positive(name, getattr(self, name))
         for name in (
@@ -178,6 +204,7 @@ class ConsumerConfig:
             "fetch_max_wait_ms",
             "consumer_timeout_ms",
             "retry_backoff_ms",
+            "retry_backoff_max_ms",
             "reconnect_backoff_ms",
             "reconnect_backoff_max_ms",
         ):

@@ -1,25 +1,37 @@
-"""The consumer: manual assignment, caller-owned offsets, prefetching fetch loop.
+"""The consumer: prefetching fetch loop, manual assignment or a consumer group.
 
 `AsyncConsumer` runs on AnyIO. A background task keeps one Fetch in flight
 for every assigned partition whose buffer has room (at most
 PREFETCH_PER_PARTITION fetched byte runs per partition), so the network and
 the broker work while the caller processes records; `getmany` only decodes.
-Control requests (ListOffsets, Metadata) use a second connection so they never
-queue behind a long-polling Fetch.
+Control requests (ListOffsets, Metadata, the group's heartbeats and offsets)
+use a second connection so they never queue behind a long-polling Fetch.
+
+Without `group_id`, `assign`/`seek` and offsets are the caller's, and topics
+named at construction are assigned all their partitions (new ones picked up
+when metadata shows them). With `group_id`, named topics are subscribed: the
+broker shares their partitions among the group's members (KIP-848; heartbeats
+in client/coordinator.py, decisions in client/group_membership.py), committed
+offsets are where a new partition starts, and `commit()` stores them. Rebalance
+callbacks run inside the application's poll, as in Kafka: a partition is given
+up only after `on_partitions_revoked` returned (and, with enable_auto_commit,
+its position was committed), and records of a revoked partition are never
+returned after that callback.
 
 `Consumer` is the same core on a daemon thread's event loop, with kafka-python's
-`poll()` and iteration. Consumer groups are out of scope: `assign`/`seek` and
-offsets are the caller's, and topics named at construction are assigned all
-their partitions (new ones picked up when metadata shows them).
+`poll()` and iteration; its rebalance callbacks are plain functions run on the
+caller's thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -28,19 +40,29 @@ import anyio
 import anyio.abc
 
 from client._portal import PortalThread
-from client.config import ConsumerConfig
+from client.accumulator import monotonic_ms
+from client.config import BROKER_SIDE_GROUP_SETTINGS, ConsumerConfig
 from client.connection import Connection, Reconnector
+from client.coordinator import ConsumerCoordinator, normalize_offsets
 from client.errors import (
     ConnectionLostError,
+    IllegalStateError,
     MinibrokerError,
     MinibrokerTimeoutError,
+    NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     UnknownTopicError,
     error_for,
 )
 from client.fetcher import FetchedRecords, gc_paused
+from client.group_membership import Changes, MemberState
 from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
-from client.types import ConsumerRecord, TopicPartition
+from client.types import (
+    ConsumerGroupMetadata,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    TopicPartition,
+)
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
 from protocol.messages import (
@@ -65,6 +87,55 @@ REFILL_RECORDS = 20_000
 TOPIC_RETRY_S = 0.5
 
 Assignable = str | TopicPartition | tuple[str, int]
+Partitions = frozenset[TopicPartition]
+Offsets = Mapping[TopicPartition, int | OffsetAndMetadata]
+CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], BaseException | None], object]
+
+
+class ConsumerRebalanceListener:
+    """Callbacks around a rebalance of a subscribed consumer (Kafka's and aiokafka's
+    ConsumerRebalanceListener); subclass it and override what you need.
+
+    They run inside the application's poll (`getmany`/`poll`/iteration), never
+    concurrently with its processing. On `AsyncConsumer` they may be coroutines
+    (`async def`); on `Consumer` they are plain methods run on the polling thread.
+
+    - `on_partitions_revoked(revoked)`: before the partitions are given up; their
+      records are no longer returned, their positions still commit (with
+      enable_auto_commit they were committed just before this call).
+    - `on_partitions_assigned(assigned)`: after new partitions were added and before
+      any of their records is returned; `seek()` here picks where they start.
+    - `on_partitions_lost(lost)`: the member was fenced, so the partitions may
+      already be another member's and commits would be refused. The default calls
+      `on_partitions_revoked`, as Kafka's does.
+
+    An exception from a callback is raised from the poll, after the rebalance step
+    it belongs to was completed."""
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> Any:
+        return None
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> Any:
+        return None
+
+    def on_partitions_lost(self, lost: set[TopicPartition]) -> Any:
+        return self.on_partitions_revoked(lost)
+
+
+def _callback(
+    listener: ConsumerRebalanceListener, step: str
+) -> Callable[[set[TopicPartition]], Any]:
+    if step == "lost":
+        return listener.on_partitions_lost
+    if step == "revoke":
+        return listener.on_partitions_revoked
+    return listener.on_partitions_assigned
+
+
+def _steps(changes: Changes) -> list[tuple[str, Partitions]]:
+    """A rebalance's steps in Kafka's order: lost first, then revoked, then assigned."""
+    steps = (("lost", changes.lost), ("revoke", changes.revoke), ("assign", changes.assign))
+    return [(step, partitions) for step, partitions in steps if partitions]
 
 
 class AsyncConsumer:
@@ -72,12 +143,24 @@ class AsyncConsumer:
 
     def __init__(
         self,
-        *topics: Assignable,
+        *assigned: Assignable,
+        topics: Iterable[str] | None = None,
+        listener: ConsumerRebalanceListener | None = None,
         bootstrap_servers: str | Sequence[str] = "127.0.0.1:9092",
         **config: Any,
     ) -> None:
+        """Topic names (positional or `topics=`) are subscribed with a `group_id`, else
+        assigned all their partitions; TopicPartitions are assigned."""
+        for name, where in BROKER_SIDE_GROUP_SETTINGS.items():
+            if name in config:
+                raise ValueError(
+                    f"{name} is not a consumer setting under KIP-848's consumer protocol: "
+                    f"it is {where}"
+                )
         self.config = cfg = ConsumerConfig(bootstrap_servers=bootstrap_servers, **config)
-        self._unresolved = [t for t in topics if isinstance(t, str)]
+        names = [t for t in assigned if isinstance(t, str)] + list(topics or ())
+        partitions = [TopicPartition(*t) for t in assigned if not isinstance(t, str)]
+        self._unresolved = [] if cfg.group_id else names
         self._assignment: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int | None] = {}
         self._fetch_offsets: dict[TopicPartition, int] = {}
@@ -106,9 +189,30 @@ class AsyncConsumer:
         self._fetch_wakeup: anyio.Event | None = None
         self._state = "new"
         self._fatal: MinibrokerError | None = None
-        for t in topics:
-            if not isinstance(t, str):
-                self._add(TopicPartition(*t))
+        # The group's side; None without group_id.
+        self._coordinator = (
+            None
+            if cfg.group_id is None
+            else ConsumerCoordinator(
+                cfg,
+                self._control_connector,
+                partial(self._control, checked=False),
+                self._on_group_change,
+            )
+        )
+        self._listener = listener or ConsumerRebalanceListener()
+        self._revoking: set[TopicPartition] = (
+            set()
+        )  # still assigned, no longer fetched nor returned
+        self._from_committed: set[TopicPartition] = set()  # to start at the committed offset
+        self._next_auto_commit_ms = monotonic_ms() + cfg.auto_commit_interval_ms
+        self._auto_committed: dict[TopicPartition, int] = {}
+        if names and cfg.group_id:
+            if partitions:
+                raise ValueError("name topics to subscribe or partitions to assign, not both")
+            self.subscribe(names, listener)
+        for tp in partitions:
+            self._add(tp)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -126,11 +230,18 @@ class AsyncConsumer:
             await self.stop()
             raise
         self._tg.start_soon(self._fetcher, name="minibroker-fetcher")
+        if self._coordinator is not None:
+            self._coordinator.start(self._tg)
 
     async def stop(self) -> None:
+        """Leave the group (revoking its partitions: commit with enable_auto_commit, then
+        on_partitions_revoked) or commit a manual assignment's positions, then close."""
         if self._state != "running":
             self._state = "closed"
             return
+        if self._coordinator is not None and self._fatal is None:
+            with anyio.move_on_after(self.config.request_timeout_ms / 1000):
+                await self._close_group()
         self._state = "closed"
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
@@ -152,8 +263,46 @@ class AsyncConsumer:
 
     # ------------------------------------------------------------------ assignment and offsets
 
+    def subscribe(
+        self, topics: Iterable[str], listener: ConsumerRebalanceListener | None = None
+    ) -> None:
+        """Join the group (`group_id`) for `topics`, or change the subscription: the broker
+        assigns this member a share of their partitions, through the listener's callbacks."""
+        coordinator = self._require_group("subscribe()")
+        if self._assignment and not coordinator.is_member:
+            raise IllegalStateError("subscribe() after assign(): unsubscribe() or assign([]) first")
+        if listener is not None:
+            self._listener = listener
+        coordinator.membership.subscribe(list(topics), monotonic_ms())
+        coordinator.wake()
+
+    async def unsubscribe(self) -> None:
+        """Give up every partition (auto-commit, then on_partitions_revoked) and leave the group."""
+        coordinator = self._require_group("unsubscribe()")
+        if coordinator.is_member:
+            await self._rebalance(self._leaving_changes())
+            await coordinator.leave()
+
+    def subscription(self) -> set[str]:
+        """The subscribed topics (empty when not subscribed)."""
+        if self._coordinator is None:
+            return set()
+        return set(self._coordinator.membership.subscription)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """Group id, member id and epoch, for `producer.send_offsets_to_transaction()`."""
+        coordinator = self._require_group("group_metadata()")
+        m = coordinator.membership
+        if not coordinator.is_member:
+            return ConsumerGroupMetadata(coordinator.group_id)
+        return ConsumerGroupMetadata(coordinator.group_id, m.member_id, m.member_epoch)
+
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
-        """Consume exactly these partitions (replacing any previous assignment)."""
+        """Consume exactly these partitions (replacing any previous assignment). With a
+        `group_id` they start at the group's committed offsets and commit as member "" with
+        epoch -1 (allowed while the group has no members)."""
+        if self._coordinator is not None and self._coordinator.is_member:
+            raise IllegalStateError("assign() while subscribed: unsubscribe() first")
         wanted = [TopicPartition(*tp) for tp in partitions]
         self._unresolved = []
         for tp in list(self._assignment):
@@ -185,6 +334,38 @@ class AsyncConsumer:
         tps = list(partitions) or list(self._assignment)
         for tp, offset in (await self.end_offsets(tps)).items():
             self._set_position(tp, offset)
+
+    async def commit(self, offsets: Offsets | None = None) -> None:
+        """Commit `offsets` ({partition: offset of the NEXT record to read, or
+        OffsetAndMetadata}), by default the position of every assigned partition; returns
+        once they are durable. CommitFailedError when the group refuses this member
+        (fenced, or no longer a member: its partitions may be someone else's)."""
+        coordinator = self._require_group("commit()")
+        chosen = self._consumed_positions() if offsets is None else offsets
+        await coordinator.commit(normalize_offsets(chosen), as_member=coordinator.is_member)
+
+    def commit_async(
+        self, offsets: Offsets | None = None, callback: CommitCallback | None = None
+    ) -> None:
+        """Start a commit and return at once; `callback(offsets, error or None)` runs when
+        it is done, on the event loop. Commits are sent in call order."""
+        coordinator = self._require_group("commit_async()")
+        self._check_running()
+        chosen = normalize_offsets(self._consumed_positions() if offsets is None else offsets)
+        assert self._tg is not None
+        self._tg.start_soon(self._commit_in_background, coordinator, chosen, callback)
+
+    async def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
+        """The group's committed offset for `partition` (the next record to read), or None.
+        Under read_committed it waits (up to request_timeout_ms) for an open transaction
+        holding an offset of that partition to end."""
+        coordinator = self._require_group("committed()")
+        tp = TopicPartition(*partition)
+        found = await coordinator.committed(
+            [tp], require_stable=self.config.read_committed, retry=True
+        )
+        committed = found.get(tp)
+        return None if committed is None else committed.offset
 
     async def position(self, partition: TopicPartition | tuple[str, int]) -> int:
         """The offset of the next record to be returned (resolving auto_offset_reset if due)."""
@@ -240,11 +421,35 @@ class AsyncConsumer:
         """Records fetched so far, waiting up to `timeout_ms` for the first one.
 
         At most `max_records` (default max_poll_records) in total, taken
-        round-robin across partitions; limited to `partitions` when given."""
+        round-robin across partitions; limited to `partitions` when given. A subscribed
+        consumer runs its rebalance callbacks and auto-commits here, as Kafka's poll does."""
+        return await self._poll(partitions, timeout_ms, max_records, group_work=True)
+
+    async def _poll(
+        self,
+        partitions: Sequence[TopicPartition],
+        timeout_ms: float,
+        max_records: int | None,
+        *,
+        group_work: bool,
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """getmany(); without `group_work` (the sync face, which does it on its own thread)
+        it returns early, empty, when a rebalance is due."""
         self._check_running()
         limit = max_records or self.config.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
+        coordinator = self._coordinator
         while True:
+            if coordinator is not None:
+                coordinator.membership.polled(monotonic_ms())
+                if group_work:
+                    if coordinator.rebalance_due:
+                        await self._rebalance(coordinator.membership.pending())
+                    if self._auto_commit_due():
+                        self._auto_commit(self._consumed_positions())
+                elif coordinator.rebalance_due:
+                    return {}
+                self._check_running()
             with gc_paused():
                 records = self._collect(limit, partitions)
             if records:
@@ -303,12 +508,16 @@ class AsyncConsumer:
         self._positions[tp] = None
         self._buffers[tp] = deque()
         self._epochs[tp] = self._epochs.get(tp, 0) + 1
+        if self._coordinator is not None:
+            self._from_committed.add(tp)
 
     def _remove(self, tp: TopicPartition) -> None:
         self._positions.pop(tp, None)
         self._buffers.pop(tp, None)
         self._fetch_offsets.pop(tp, None)
         self._errors.pop(tp, None)
+        self._from_committed.discard(tp)
+        self._revoking.discard(tp)
         self._epochs[tp] = self._epochs.get(tp, 0) + 1
 
     def _set_position(self, tp: TopicPartition, offset: int) -> None:
@@ -316,8 +525,163 @@ class AsyncConsumer:
         self._fetch_offsets[tp] = offset
         self._buffers[tp].clear()
         self._errors.pop(tp, None)
+        self._from_committed.discard(tp)
         self._epochs[tp] += 1
         self._wake_fetcher()
+
+    # ------------------------------------------------------------------ the group
+
+    def _require_group(self, call: str) -> ConsumerCoordinator:
+        if self._coordinator is None:
+            raise IllegalStateError(f"{call} needs a group_id")
+        return self._coordinator
+
+    def _on_group_change(self) -> None:
+        """The heartbeat task learnt something the application's poll must act on."""
+        assert self._coordinator is not None
+        fatal = self._coordinator.membership.fatal_error
+        if fatal is not None and self._fatal is None:
+            self._fatal = fatal
+        self._notify_data()
+
+    def _consumed_positions(self) -> dict[TopicPartition, int]:
+        """What a commit without offsets stores: the position of every assigned partition."""
+        return {tp: p for tp in self._assignment if (p := self._positions.get(tp)) is not None}
+
+    def _leaving_changes(self) -> Changes:
+        """What leaving the group does to the owned partitions: lost when fenced, else revoked."""
+        assert self._coordinator is not None
+        m = self._coordinator.membership
+        if m.state is MemberState.FENCED:
+            return Changes(lost=m.owned)
+        return Changes(revoke=m.owned)
+
+    async def _rebalance(self, changes: Changes) -> None:
+        """Go through `changes` with the listener's callbacks (awaited when coroutines)."""
+        failure: BaseException | None = None
+        for step, partitions in _steps(changes):
+            await self._start_step(step, partitions)
+            try:
+                outcome = _callback(self._listener, step)(set(partitions))
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception as exc:
+                log.exception("rebalance callback for %s failed", step)
+                failure = failure or exc
+            self._finish_step(step, partitions)
+        if failure is not None:
+            raise failure
+
+    async def _start_step(self, step: str, partitions: Partitions) -> None:
+        """Before a rebalance callback. Revoked and lost partitions are no longer fetched,
+        and their buffered records are dropped; revoked ones (not lost ones: the member was
+        fenced) have their positions committed first with enable_auto_commit. Assigned
+        partitions are added, to start at their committed offsets."""
+        if step == "assign":
+            for tp in sorted(partitions):
+                self._add(tp)
+            self._wake_fetcher()
+            return
+        for tp in partitions:
+            if tp in self._positions:
+                self._revoking.add(tp)
+                self._buffers[tp].clear()
+                self._fetch_offsets.pop(tp, None)
+                self._epochs[tp] += 1
+        if step == "revoke" and self.config.enable_auto_commit:
+            positions = self._consumed_positions()
+            owned = {tp: positions[tp] for tp in partitions if tp in positions}
+            try:
+                await self._commit_group(owned)
+            except MinibrokerError as exc:
+                log.warning("auto-commit before revoking %s failed: %s", sorted(partitions), exc)
+
+    def _finish_step(self, step: str, partitions: Partitions) -> None:
+        """After a rebalance callback: tell the group (the next heartbeat releases revoked
+        partitions and acknowledges assigned ones)."""
+        assert self._coordinator is not None
+        m = self._coordinator.membership
+        now = monotonic_ms()
+        if step == "assign":
+            m.assigned(partitions, now)
+        else:
+            for tp in partitions:
+                self._remove(tp)
+                if tp in self._assignment:
+                    self._assignment.remove(tp)
+            if step == "lost":
+                m.lost_handled(now)
+            else:
+                m.revoked(partitions, now)
+        self._coordinator.wake()
+
+    def _rewind(self, positions: dict[TopicPartition, int]) -> None:
+        """The sync face hands back records it took but never returned: they come again."""
+        for tp, offset in positions.items():
+            if tp in self._positions:
+                self._set_position(tp, offset)
+
+    async def _commit_group(self, offsets: Offsets) -> None:
+        assert self._coordinator is not None
+        await self._coordinator.commit(
+            normalize_offsets(offsets), as_member=self._coordinator.is_member
+        )
+
+    def _auto_commit_due(self) -> bool:
+        """Whether auto_commit_interval_ms has passed since the last auto-commit (restarts it)."""
+        if not self.config.enable_auto_commit or self._coordinator is None:
+            return False
+        now = monotonic_ms()
+        if now < self._next_auto_commit_ms:
+            return False
+        self._next_auto_commit_ms = now + self.config.auto_commit_interval_ms
+        return True
+
+    def _auto_commit(self, positions: dict[TopicPartition, int]) -> None:
+        """Commit what polls returned, asynchronously, where it moved since the last time."""
+        assert self._coordinator is not None
+        membership = self._coordinator.membership
+        changed = {tp: p for tp, p in positions.items() if self._auto_committed.get(tp) != p}
+        if not changed or (self._coordinator.is_member and not membership.member_id):
+            return
+        self._auto_committed.update(changed)
+        assert self._tg is not None
+        self._tg.start_soon(
+            self._commit_in_background, self._coordinator, normalize_offsets(changed), None
+        )
+
+    async def _commit_in_background(
+        self,
+        coordinator: ConsumerCoordinator,
+        offsets: dict[TopicPartition, OffsetAndMetadata],
+        callback: CommitCallback | None,
+    ) -> None:
+        error: MinibrokerError | None = None
+        try:
+            await coordinator.commit(offsets, as_member=coordinator.is_member)
+        except MinibrokerError as exc:
+            error = exc
+            if callback is None:
+                log.warning("asynchronous commit failed: %s", exc)
+        if callback is not None:
+            try:
+                callback(offsets, error)
+            except Exception:
+                log.exception("commit callback failed")
+
+    async def _close_group(self) -> None:
+        """On stop: leave the group, or commit a manual assignment's positions."""
+        assert self._coordinator is not None
+        coordinator = self._coordinator
+        if coordinator.is_member:
+            with contextlib.suppress(Exception):  # logged by _rebalance; closing goes on
+                await self._rebalance(self._leaving_changes())
+            await coordinator.leave()
+        elif self.config.enable_auto_commit and self._assignment:
+            try:
+                await self._commit_group(self._consumed_positions())
+            except MinibrokerError as exc:
+                log.warning("auto-commit on close failed: %s", exc)
 
     def _notify_data(self) -> None:
         if self._data_event is not None:
@@ -332,7 +696,9 @@ class AsyncConsumer:
         self, limit: int, only: Sequence[TopicPartition]
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
-        order = [tp for tp in self._assignment if not only or tp in only]
+        order = [
+            tp for tp in self._assignment if (not only or tp in only) and tp not in self._revoking
+        ]
         if not order:
             return out
         start = self._rotation % len(order)
@@ -386,7 +752,11 @@ class AsyncConsumer:
                 await self._resolve_topics()
             targets: list[TopicPartition] = []
             try:
-                pending = [tp for tp in self._assignment if self._positions.get(tp) is None]
+                pending = [
+                    tp
+                    for tp in self._assignment
+                    if self._positions.get(tp) is None and tp not in self._revoking
+                ]
                 if pending:
                     targets = pending
                     await self._reset_positions(pending)
@@ -395,6 +765,7 @@ class AsyncConsumer:
                     for tp in self._assignment
                     if self._positions.get(tp) is not None
                     and tp not in self._errors
+                    and tp not in self._revoking
                     and len(self._buffers[tp]) < PREFETCH_PER_PARTITION
                     and not (self._buffers[tp] and self._buffers[tp][-1].failed)
                 ]
@@ -422,11 +793,16 @@ class AsyncConsumer:
         by_topic: dict[str, list[FetchPartition]] = {}
         sent: dict[TopicPartition, tuple[int, int]] = {}
         for tp in targets:
-            offset = self._fetch_offsets.setdefault(tp, self._positions[tp])  # type: ignore[arg-type]
+            position = self._positions.get(tp)
+            if position is None or tp in self._revoking:
+                continue  # unassigned, reset or being revoked while the connection was awaited
+            offset = self._fetch_offsets.setdefault(tp, position)
             sent[tp] = (offset, self._epochs[tp])
             by_topic.setdefault(tp.topic, []).append(
                 FetchPartition(tp.partition, offset, cfg.max_partition_fetch_bytes)
             )
+        if not sent:
+            return
         request = FetchRequest(
             topics=[FetchTopic(topic, parts) for topic, parts in by_topic.items()],
             max_wait_ms=cfg.fetch_max_wait_ms,
@@ -489,15 +865,29 @@ class AsyncConsumer:
         return partition_count(await self._control(request), topic)
 
     async def _reset_positions(self, tps: list[TopicPartition]) -> None:
+        """Positions for partitions that have none: the group's committed offset for a new
+        partition of a group, else (or when there is none) auto_offset_reset."""
+        from_group = [tp for tp in tps if tp in self._from_committed]
+        if from_group:
+            assert self._coordinator is not None
+            committed = await self._coordinator.committed(
+                from_group, require_stable=self.config.read_committed
+            )
+            for tp, found in committed.items():
+                self._from_committed.discard(tp)
+                if found is not None and tp in self._positions and self._positions[tp] is None:
+                    self._set_position(tp, found.offset)
+        rest = [tp for tp in tps if tp in self._positions and self._positions[tp] is None]
+        if not rest:
+            return
         policy = self.config.auto_offset_reset
         if policy == "none":
-            for tp in tps:
-                self._errors[tp] = MinibrokerError(
-                    f"no position for {tp.topic}-{tp.partition} and auto_offset_reset is 'none'"
-                )
+            why = "no committed offset" if from_group else "no position"
+            for tp in rest:
+                self._errors[tp] = NoOffsetForPartitionError(tp.topic, tp.partition, why)
             return
         timestamp = TIMESTAMP_EARLIEST if policy == "earliest" else TIMESTAMP_LATEST
-        for tp, offset in (await self._list_offsets(tps, timestamp)).items():
+        for tp, offset in (await self._list_offsets(rest, timestamp)).items():
             if tp in self._positions and self._positions[tp] is None:  # not sought meanwhile
                 self._set_position(tp, offset)
 
@@ -507,8 +897,9 @@ class AsyncConsumer:
         request = list_offsets_request(partitions, timestamp, self._isolation)
         return offsets(await self._control(request))
 
-    async def _control(self, request: Request) -> Any:
-        """One request on the control connection, retried across reconnects until timeout."""
+    async def _control(self, request: Request, *, checked: bool = True) -> Any:
+        """One request on the control connection, retried across reconnects until timeout;
+        a top-level error raises when `checked`."""
         assert self._tg is not None, "consumer is not started"
         timeout_s = self.config.request_timeout_ms / 1000
         deadline = time.monotonic() + timeout_s
@@ -528,7 +919,8 @@ class AsyncConsumer:
                     ) from exc
                 await anyio.sleep(self.config.retry_backoff_ms / 1000)
                 continue
-            check(response, request.api)
+            if checked:
+                check(response, request.api)
             return response
 
 
@@ -537,15 +929,22 @@ class Consumer:
 
     kafka-python's surface: `poll()`, iteration (ending after
     consumer_timeout_ms without records), `assign`/`seek`/`position`,
-    `end_offsets`/`beginning_offsets`, `partitions_for_topic`, `close`.
+    `end_offsets`/`beginning_offsets`, `partitions_for_topic`, `close`, and with a
+    `group_id` `subscribe`/`unsubscribe`, `commit`/`commit_async`/`committed`,
+    `group_metadata`. Rebalance callbacks are plain functions, run on the thread
+    that polls.
 
     Records cross from the I/O thread REFILL_RECORDS at a time into a local
     buffer that `poll()` and iteration serve from, so a poll of 500 records
-    does not pay a cross-thread call."""
+    does not pay a cross-thread call. Records there are not consumed yet: the
+    positions that commit (and a revoked partition's) are those of the records
+    actually returned."""
 
     def __init__(
         self,
-        *topics: Assignable,
+        *assigned: Assignable,
+        topics: Iterable[str] | None = None,
+        listener: ConsumerRebalanceListener | None = None,
         bootstrap_servers: str | Sequence[str] = "127.0.0.1:9092",
         **config: Any,
     ) -> None:
@@ -558,7 +957,14 @@ class Consumer:
             # Built on the I/O thread, so that its AnyIO locks and events belong to that
             # thread's event loop even when the caller runs inside another one (trio).
             self._core = core = self._portal.call(
-                partial(AsyncConsumer, *topics, bootstrap_servers=bootstrap_servers, **config)
+                partial(
+                    AsyncConsumer,
+                    *assigned,
+                    topics=topics,
+                    listener=listener,
+                    bootstrap_servers=bootstrap_servers,
+                    **config,
+                )
             )
             self.config = core.config
             self._cm = self._portal.wrap_async_context_manager(core)
@@ -566,6 +972,109 @@ class Consumer:
         except BaseException:
             self._thread.close()
             raise
+
+    # ------------------------------------------------------------------ the group
+
+    def subscribe(
+        self, topics: Iterable[str], listener: ConsumerRebalanceListener | None = None
+    ) -> None:
+        """See AsyncConsumer.subscribe; the listener's methods are plain functions here."""
+        self._portal.call(self._core.subscribe, list(topics), listener)
+
+    def unsubscribe(self) -> None:
+        """Give up every partition (auto-commit, then on_partitions_revoked) and leave."""
+        core = self._core
+        coordinator = core._require_group("unsubscribe()")
+        if coordinator.is_member:
+            self._rebalance(self._portal.call(core._leaving_changes))
+            self._portal.call(coordinator.leave)
+
+    def subscription(self) -> set[str]:
+        return self._portal.call(self._core.subscription)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        return self._portal.call(self._core.group_metadata)
+
+    def commit(self, offsets: Offsets | None = None) -> None:
+        """See AsyncConsumer.commit: by default the positions of the records returned so far."""
+        chosen = self._consumed() if offsets is None else offsets
+        self._portal.call(self._core.commit, chosen)
+
+    def commit_async(
+        self, offsets: Offsets | None = None, callback: CommitCallback | None = None
+    ) -> None:
+        """Start a commit and return; `callback(offsets, error or None)` runs on the I/O thread."""
+        chosen = self._consumed() if offsets is None else offsets
+        self._portal.call(self._core.commit_async, chosen, callback)
+
+    def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
+        return self._portal.call(self._core.committed, partition)
+
+    def _consumed(self) -> dict[TopicPartition, int]:
+        """The core's positions, moved back to the first record still in the local buffer."""
+        positions = self._portal.call(self._core._consumed_positions)
+        positions.update(self._unreturned())
+        return positions
+
+    def _unreturned(self, only: Partitions | None = None) -> dict[TopicPartition, int]:
+        """The offset of the first record of each partition taken but not returned yet."""
+        first: dict[TopicPartition, int] = {}
+        for tp, records, index in self._local:
+            if index < len(records) and tp not in first and (only is None or tp in only):
+                first[tp] = records[index].offset
+        return first
+
+    def _rebalance_due(self) -> bool:
+        coordinator = self._core._coordinator
+        return coordinator is not None and coordinator.rebalance_due
+
+    def _group_work(self) -> None:
+        """What Kafka's poll does for the group: rebalance callbacks and auto-commit."""
+        core = self._core
+        coordinator = core._coordinator
+        if coordinator is None:
+            return
+        coordinator.membership.polled(monotonic_ms())
+        if coordinator.rebalance_due:
+            self._rebalance(self._portal.call(coordinator.membership.pending))
+        if core._auto_commit_due():
+            self._portal.call(core._auto_commit, self._consumed())
+
+    def _rebalance(self, changes: Changes) -> None:
+        """AsyncConsumer._rebalance with the listener called on this thread."""
+        core, portal = self._core, self._portal
+        gone = changes.lost | changes.revoke
+        if gone:
+            self._give_back(gone)
+        failure: BaseException | None = None
+        for step, partitions in _steps(changes):
+            portal.call(core._start_step, step, partitions)
+            try:
+                if inspect.isawaitable(_callback(core._listener, step)(set(partitions))):
+                    raise TypeError("the sync Consumer's rebalance callbacks are plain functions")
+            except Exception as exc:
+                log.exception("rebalance callback for %s failed", step)
+                failure = failure or exc
+            portal.call(core._finish_step, step, partitions)
+        if failure is not None:
+            raise failure
+
+    def _give_back(self, only: Partitions | None = None) -> None:
+        """Return local records not yet handed out to the core (all, or of `only`), so that
+        positions and commits count only what the application received."""
+        rewind = self._unreturned(only)
+        keep: deque[list[Any]] = deque()
+        for entry in self._local:
+            if only is None or entry[0] in only:
+                entry[2] = len(entry[1])  # ends it for an iteration in progress
+            else:
+                keep.append(entry)
+        self._local.clear()
+        self._local.extend(keep)
+        if rewind:
+            self._portal.call(self._core._rewind, rewind)
+
+    # ------------------------------------------------------------------ assignment
 
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         self._drop_pending()
@@ -616,9 +1125,11 @@ class Consumer:
         self, timeout_ms: float = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records by partition (at most max_records, default max_poll_records), waiting up
-        to `timeout_ms` for the first."""
+        to `timeout_ms` for the first. A subscribed consumer runs its rebalance callbacks
+        and auto-commits here, as Kafka's poll does."""
         limit = max_records or self.config.max_poll_records
         local = self._local
+        self._group_work()
         if not local:
             self._refill(timeout_ms, limit)
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
@@ -639,11 +1150,23 @@ class Consumer:
         return out
 
     def _refill(self, timeout_ms: float, at_least: int) -> None:
-        getmany = partial(
-            self._core.getmany, timeout_ms=timeout_ms, max_records=max(at_least, REFILL_RECORDS)
-        )
-        for tp, records in self._portal.call(getmany).items():
-            self._local.append([tp, records, 0])
+        """Take records from the core, waiting up to `timeout_ms`; a rebalance that comes
+        meanwhile is handled here, on the caller's thread, and the wait goes on."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            remaining_ms = max(deadline - time.monotonic(), 0) * 1000
+            take = partial(
+                self._core._poll,
+                (),
+                remaining_ms,
+                max(at_least, REFILL_RECORDS),
+                group_work=False,
+            )
+            for tp, records in self._portal.call(take).items():
+                self._local.append([tp, records, 0])
+            if self._local or not self._rebalance_due():
+                return
+            self._group_work()
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Records one by one; ends after consumer_timeout_ms without any (like kafka-python).
@@ -651,6 +1174,8 @@ class Consumer:
         A generator, cheaper per record than `__next__` (which `next(consumer)` uses)."""
         local = self._local
         while True:
+            if local and self._rebalance_due():
+                self._group_work()
             if not local:
                 try:
                     self._wait_for_records()
@@ -669,6 +1194,8 @@ class Consumer:
 
     def __next__(self) -> ConsumerRecord:
         local = self._local
+        if local and self._rebalance_due():
+            self._group_work()
         if not local:
             self._wait_for_records()
         entry = local[0]
@@ -687,19 +1214,26 @@ class Consumer:
             waited_ms = (time.monotonic() - idle_since) * 1000
             if waited_ms >= idle_limit:
                 raise StopIteration
+            self._group_work()
             self._refill(min(idle_limit - waited_ms, 1000), REFILL_RECORDS)
 
     def _drop_pending(self) -> None:
-        """Records buffered locally are stale after a seek or reassignment."""
-        for entry in self._local:
-            entry[2] = len(entry[1])
-        self._local.clear()
+        """Records buffered locally are stale after a seek or reassignment: hand them back."""
+        self._give_back()
 
     def close(self) -> None:
+        """Leave the group (revoking: auto-commit, then on_partitions_revoked on this thread)
+        or commit a manual assignment's positions (enable_auto_commit), then stop."""
         if self._closed:
             return
         self._closed = True
         try:
+            coordinator = self._core._coordinator
+            if coordinator is not None and self._core._fatal is None:
+                self._give_back()
+                if coordinator.is_member:
+                    with contextlib.suppress(Exception):  # logged; closing goes on
+                        self._rebalance(self._portal.call(self._core._leaving_changes))
             self._cm.__exit__(None, None, None)
         finally:
             self._thread.close()

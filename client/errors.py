@@ -93,6 +93,59 @@ class OffsetOutOfRangeError(MinibrokerError):
         self.offset = offset
 
 
+class CommitFailedError(MinibrokerError):
+    """The group refused an offset commit from this member (Kafka's CommitFailedException):
+    it was fenced, removed or is behind the group's epoch, so the partitions may belong
+    to another member already. Not retriable as is; the consumer rejoins by itself."""
+
+
+class FencedMemberEpochError(CommitFailedError):
+    """FENCED_MEMBER_EPOCH(110): the member's epoch is not its current one."""
+
+
+class StaleMemberEpochError(CommitFailedError):
+    """STALE_MEMBER_EPOCH(113): a commit carried an epoch older than the member's."""
+
+
+class UnknownMemberIdError(CommitFailedError):
+    """UNKNOWN_MEMBER_ID(25): the group no longer (or never) had this member; from outside
+    the group (member id ""), the group has members and refuses the commit."""
+
+
+class TxnOffsetCommitFailedError(CommitFailedError, TransactionAbortableError):
+    """send_offsets_to_transaction() was refused because the consumer's member was fenced:
+    the transaction can only be aborted (it is both a CommitFailedError and abortable)."""
+
+
+class UnstableOffsetCommitError(MinibrokerError):
+    """UNSTABLE_OFFSET_COMMIT(88): a transaction holding offsets of this partition is still
+    open; the committed offset is known once it ends. Retriable."""
+
+    @property
+    def retriable(self) -> bool:
+        return True
+
+
+class GroupMaxSizeReachedError(MinibrokerError):
+    """GROUP_MAX_SIZE_REACHED(81): the group holds its broker-wide maximum of members; fatal
+    for this consumer, as in Kafka."""
+
+
+class NonEmptyGroupError(MinibrokerError):
+    """The group has members, so its offsets cannot be altered from outside it (Kafka's
+    kafka-consumer-groups refuses --reset-offsets on an active group the same way)."""
+
+
+class NoOffsetForPartitionError(MinibrokerError):
+    """A partition has no committed offset (or its position left the log) and
+    auto_offset_reset is "none"."""
+
+    def __init__(self, topic: str, partition: int, why: str) -> None:
+        super().__init__(f"{topic}-{partition}: {why} and auto_offset_reset is 'none'")
+        self.topic = topic
+        self.partition = partition
+
+
 class UnknownTopicError(MinibrokerError):
     def __init__(self, topic: str) -> None:
         super().__init__(f"topic {topic!r} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -114,6 +167,19 @@ def _as_code(code: ErrorCode | int) -> ErrorCode | int:
         return code
 
 
+MEMBER_ERRORS: dict[int, type[CommitFailedError]] = {
+    ErrorCode.FENCED_MEMBER_EPOCH: FencedMemberEpochError,
+    ErrorCode.STALE_MEMBER_EPOCH: StaleMemberEpochError,
+    ErrorCode.UNKNOWN_MEMBER_ID: UnknownMemberIdError,
+}
+"""Codes by which a group refuses a member's request, and the exception each raises."""
+_GROUP_ERRORS: dict[int, type[MinibrokerError]] = {
+    **MEMBER_ERRORS,
+    ErrorCode.UNSTABLE_OFFSET_COMMIT: UnstableOffsetCommitError,
+    ErrorCode.GROUP_MAX_SIZE_REACHED: GroupMaxSizeReachedError,
+    ErrorCode.NON_EMPTY_GROUP: NonEmptyGroupError,
+}
+
 FENCING_CODES = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
 # Fatal for a transactional producer: its transactional id is no longer bound to its pid.
 TXN_FATAL_CODES = FENCING_CODES | {ErrorCode.INVALID_PRODUCER_ID_MAPPING}
@@ -134,4 +200,7 @@ def error_for(code: int, context: str, message: str | None = None) -> Minibroker
         )
     if code == ErrorCode.MESSAGE_TOO_LARGE:
         return RecordTooLargeError(text)
+    group_error = _GROUP_ERRORS.get(code)
+    if group_error is not None:
+        return group_error(text, code)
     return MinibrokerError(text, code)

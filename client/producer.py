@@ -9,8 +9,9 @@ With a `transactional_id`, both faces also run Kafka's transactions:
 `init_transactions()`, then per transaction `begin_transaction()`, sends, and
 `commit_transaction()` / `abort_transaction()` (or `transaction()` as a context
 manager), or `prepare_transaction()` to hand a `TxnHandle` to whoever commits it.
-The state machine is the accumulator's; the requests are sent from the caller's
-task (`Sender.request`).
+`send_offsets_to_transaction()` puts a consumer group's offsets in the transaction
+(consume-transform-produce exactly once). The state machine is the accumulator's;
+the requests are sent from the caller's task (`Sender.request`).
 
 `Producer` is an `AsyncProducer` on a daemon thread's event loop, driven only
 through its public methods. Its `send()` is the hot path: `nonblocking_send`
@@ -27,7 +28,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from functools import partial
 from types import TracebackType
@@ -50,12 +51,25 @@ from client.accumulator import (
 )
 from client.columns import Columns, to_bytes, to_column
 from client.config import ProducerConfig
+from client.coordinator import commit_errors, commit_topics, normalize_offsets
 from client.errors import MinibrokerError, MinibrokerTimeoutError
 from client.metadata import PartitionCounts
 from client.partitioner import Partitioner
 from client.sender import Sender
-from client.types import BatchMetadata, RecordMetadata, TxnHandle
-from protocol.messages import EndTxnRequest, InitProducerIdRequest, PrepareTxnRequest
+from client.types import (
+    BatchMetadata,
+    ConsumerGroupMetadata,
+    OffsetAndMetadata,
+    RecordMetadata,
+    TxnHandle,
+)
+from protocol.errors import RETRIABLE, ErrorCode
+from protocol.messages import (
+    EndTxnRequest,
+    InitProducerIdRequest,
+    PrepareTxnRequest,
+    TxnOffsetCommitRequest,
+)
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -425,6 +439,59 @@ class AsyncProducer:
         producer_id, producer_epoch = acc.on_prepare(response.error, response.message)
         return TxnHandle(cfg.transactional_id, producer_id, producer_epoch)
 
+    async def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[Any, int | OffsetAndMetadata],
+        group_metadata: ConsumerGroupMetadata | str,
+    ) -> None:
+        """Make committing consumer offsets part of the open transaction (TxnOffsetCommit):
+        they become the group's committed offsets when it commits, and vanish if it aborts
+        (consume-transform-produce, exactly once).
+
+        `offsets` are {partition: offset of the NEXT record to read}; `group_metadata`
+        is `consumer.group_metadata()`, so the broker refuses the commit of a member
+        that lost its partitions (a group id alone commits as from outside the group).
+        Fencing of this producer raises ProducerFencedError (fatal); a refused member
+        raises TxnOffsetCommitFailedError, a CommitFailedError after which the
+        transaction can only be aborted."""
+        self._check_running()
+        self._acc.begin_send_offsets()
+        group = (
+            ConsumerGroupMetadata(group_metadata)
+            if isinstance(group_metadata, str)
+            else group_metadata
+        )
+        acc, cfg = self._acc, self.config
+        assert cfg.transactional_id is not None
+        remaining = normalize_offsets(offsets)
+        deadline = self._block_deadline()
+        attempts = 0
+        while remaining:
+            response = await self._sender.request(
+                TxnOffsetCommitRequest(
+                    transactional_id=cfg.transactional_id,
+                    producer_id=acc.producer_id,
+                    producer_epoch=acc.producer_epoch,
+                    group_id=group.group_id,
+                    member_id=group.member_id,
+                    member_epoch=group.member_epoch,
+                    topics=commit_topics(remaining),
+                ),
+                deadline,
+            )
+            failed = commit_errors(response.error, response.topics, remaining)
+            code = next(iter(failed.values()), ErrorCode.NONE)
+            if code in RETRIABLE and monotonic_ms() < deadline:
+                remaining = {tp: remaining[tp] for tp in failed}
+                attempts += 1
+                await anyio.sleep(self._retry_backoff_s(attempts))
+                continue
+            error, done = acc.on_send_offsets(code, response.message)
+            self._sender.finish(done)
+            if error is not None:
+                raise error
+            return
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         """`async with producer.transaction():` begins a transaction and commits it when the
@@ -466,6 +533,11 @@ class AsyncProducer:
     def _check_running(self) -> None:
         if self._state != "running":
             raise MinibrokerError(f"producer is {self._state}: start() it first")
+
+    def _retry_backoff_s(self, attempts: int) -> float:
+        cfg = self.config
+        backoff = cfg.retry_backoff_ms * 2 ** min(attempts - 1, 20)
+        return min(backoff, cfg.retry_backoff_max_ms) / 1000
 
     def _block_s(self) -> float:
         return self.config.max_block_ms / 1000
@@ -649,6 +721,15 @@ class Producer:
         return self._portal.call(
             partial(self._core.prepare_transaction, app_id=app_id, app_version=app_version)
         )
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[Any, int | OffsetAndMetadata],
+        group_metadata: ConsumerGroupMetadata | str,
+    ) -> None:
+        """See AsyncProducer.send_offsets_to_transaction: the consumer's offsets commit with
+        the transaction, or not at all."""
+        self._portal.call(self._core.send_offsets_to_transaction, offsets, group_metadata)
 
     def transaction(self) -> AbstractContextManager[None]:
         """`with producer.transaction():` commits on normal exit, aborts on an exception."""

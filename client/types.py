@@ -42,6 +42,24 @@ class ConsumerRecord(NamedTuple):
     headers: Sequence[tuple[str, bytes]]
 
 
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset: the offset of the NEXT record to read (Kafka's meaning), and an
+    optional string stored with it."""
+
+    offset: int
+    metadata: str | None = None
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """Who commits: what `consumer.group_metadata()` hands to
+    `producer.send_offsets_to_transaction()` so the broker can fence a stale member.
+    A consumer with manual assignment commits as member "" with epoch -1."""
+
+    group_id: str
+    member_id: str = ""
+    member_epoch: int = -1
+
+
 @dataclass(frozen=True, slots=True)
 class TxnHandle:
     """A prepared transaction, as `prepare_transaction()` returns it: what any process needs

@@ -2,9 +2,9 @@
 
 A few dozen lines of fake broker answer each request with what the test's
 script says (an error, a dropped connection, silence), so the retry rules of
-EndTxn, PrepareTxn and InitProducerId are checked without the real broker and
-without waiting on its timers: what is resent, with which pid and epoch, and
-what the caller sees once max_block_ms is used up.
+EndTxn, PrepareTxn, InitProducerId and TxnOffsetCommit are checked without the
+real broker and without waiting on its timers: what is resent, with which pid
+and epoch, and what the caller sees once max_block_ms is used up.
 """
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ import anyio
 import anyio.abc
 import pytest
 
-from client import AsyncProducer, IllegalStateError, MinibrokerTimeoutError, ProducerFencedError
+from client import (
+    AsyncProducer,
+    CommitFailedError,
+    ConsumerGroupMetadata,
+    IllegalStateError,
+    MinibrokerTimeoutError,
+    OffsetAndMetadata,
+    ProducerFencedError,
+    TopicPartition,
+    TransactionAbortableError,
+)
 from protocol.batch import read_header
 from protocol.errors import ErrorCode
 from protocol.framing import FrameDecoder, frame
@@ -26,6 +36,7 @@ from protocol.messages import (
     EndTxnResponse,
     InitProducerIdResponse,
     MetadataResponse,
+    PartitionError,
     PartitionMetadata,
     PrepareTxnResponse,
     ProducePartitionResponse,
@@ -34,6 +45,8 @@ from protocol.messages import (
     Request,
     Response,
     TopicMetadata,
+    TopicPartitionErrors,
+    TxnOffsetCommitResponse,
     decode_request,
     encode_response,
 )
@@ -237,3 +250,95 @@ async def test_init_transactions_is_resent_until_answered() -> None:
         work,
     )
     assert len(sent(broker, "InitProducerId")) == 3
+
+
+# --------------------------------------------------------------------------- offsets
+
+
+def offsets_answer(*codes: int) -> TxnOffsetCommitResponse:
+    """TxnOffsetCommit's answer for partitions 0.. of topic "in", one code each."""
+    return TxnOffsetCommitResponse(
+        topics=[TopicPartitionErrors("in", [PartitionError(p, c) for p, c in enumerate(codes)])]
+    )
+
+
+GROUP = ConsumerGroupMetadata("g", "member-1", 4)
+OFFSETS = {TopicPartition("in", 0): 10, TopicPartition("in", 1): OffsetAndMetadata(20, "m")}
+
+
+async def test_offsets_join_the_transaction_with_the_producer_and_the_member() -> None:
+    async def work(producer: AsyncProducer) -> None:
+        await producer.init_transactions()
+        with pytest.raises(IllegalStateError, match="send_offsets_to_transaction"):
+            await producer.send_offsets_to_transaction(OFFSETS, GROUP)  # no transaction begun
+        await producer.begin_transaction()
+        await producer.send("t", b"x", partition=0)
+        await producer.send_offsets_to_transaction(OFFSETS, GROUP)
+        await producer.commit_transaction()
+
+    broker = await run_against(
+        {
+            "InitProducerId": [init_ok(3)],
+            "TxnOffsetCommit": [
+                offsets_answer(E.NONE, E.CONCURRENT_TRANSACTIONS),  # retriable: resent
+                offsets_answer(E.NONE),
+            ],
+            "EndTxn": [EndTxnResponse(producer_id=PID, producer_epoch=4)],
+        },
+        work,
+    )
+    first, again = sent(broker, "TxnOffsetCommit")
+    assert (first.transactional_id, first.producer_id, first.producer_epoch) == ("tx", PID, 3)
+    assert (first.group_id, first.member_id, first.member_epoch) == ("g", "member-1", 4)
+    assert [(p.partition, p.offset, p.metadata) for p in first.topics[0].partitions] == [
+        (0, 10, None),
+        (1, 20, "m"),
+    ]
+    assert [p.partition for p in again.topics[0].partitions] == [1]
+    assert [r.api for r in broker.seen][-1] == "EndTxn"
+
+
+@pytest.mark.parametrize("code", [E.FENCED_MEMBER_EPOCH, E.STALE_MEMBER_EPOCH, E.UNKNOWN_MEMBER_ID])
+async def test_a_refused_member_makes_the_transaction_abortable(code: int) -> None:
+    async def work(producer: AsyncProducer) -> None:
+        await producer.init_transactions()
+        await producer.begin_transaction()
+        with pytest.raises(CommitFailedError) as info:
+            await producer.send_offsets_to_transaction(OFFSETS, GROUP)
+        assert isinstance(info.value, TransactionAbortableError)
+        assert info.value.code == code
+        with pytest.raises(TransactionAbortableError):
+            await producer.commit_transaction()
+        await producer.abort_transaction()
+        await producer.begin_transaction()  # the producer goes on
+
+    broker = await run_against(
+        {
+            "InitProducerId": [init_ok()],
+            "TxnOffsetCommit": [offsets_answer(code, code)],
+            "EndTxn": [EndTxnResponse(producer_id=PID, producer_epoch=1)],
+        },
+        work,
+    )
+    # The second abort is close() ending the transaction begun last.
+    assert [e.committed for e in sent(broker, "EndTxn")] == [False, False]
+
+
+async def test_a_fenced_producer_sending_offsets_is_fatal() -> None:
+    async def work(producer: AsyncProducer) -> None:
+        await producer.init_transactions()
+        await producer.begin_transaction()
+        with pytest.raises(ProducerFencedError):
+            await producer.send_offsets_to_transaction(OFFSETS, "g")
+        with pytest.raises(ProducerFencedError):
+            await producer.begin_transaction()
+
+    broker = await run_against(
+        {
+            "InitProducerId": [init_ok()],
+            "TxnOffsetCommit": [TxnOffsetCommitResponse(error=E.PRODUCER_FENCED)],
+        },
+        work,
+    )
+    (request,) = sent(broker, "TxnOffsetCommit")
+    assert (request.member_id, request.member_epoch) == ("", -1)  # a group id alone
