@@ -41,7 +41,7 @@ BOOTSTRAP_RESAMPLES = 4000
 def _batch_template(pid: int, epoch: int) -> tuple[bytes, int]:
     # msgpack adds ~7 bytes per record; fill the batch up to 16 KiB.
     count = (BATCH_BYTES - 56) // (RECORD_BYTES + 7)
-    values = [os.urandom(RECORD_BYTES) for _ in range(count)]
+    values: list[bytes | None] = [os.urandom(RECORD_BYTES) for _ in range(count)]
     batch = build_batch_from_columns(
         values,
         None,
@@ -545,4 +545,6 @@ def run(n_batches: int = 6000) -> list[dict[str, Any]]:
                     "unit": "MB",
                 }
             )
+        rows += durable_rows(tmp_path, n_batches)
+        rows += cost_rows(tmp_path)
     return rows
