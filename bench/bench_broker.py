@@ -34,6 +34,7 @@ ROUNDS = 6
 # The cost rounds: enough paired rounds that a 3% difference clears the noise of
 # one round (±5-10% here), each short enough that 24 of them take a minute.
 COST_ROUNDS = 24
+COST_BLOCK_ROUNDS = 6
 COST_BATCHES = 2000
 BOOTSTRAP_RESAMPLES = 4000
 
@@ -412,33 +413,38 @@ def cost_rows(
     Each round runs plain, idempotent, and idempotent with metrics off back to back,
     in an order that rotates every round (A/B/C, B/C/A, ...), so each ratio compares
     figures a few hundred milliseconds apart: drift on the shared machine cancels
-    within a round instead of landing on one case."""
+    within a round instead of landing on one case. Metrics on and off are two
+    processes, and one process can run a few percent slower than its twin for as
+    long as it lives (where it sits in memory and on the cores): fresh brokers
+    every COST_BLOCK_ROUNDS rounds make that part of the sampled noise rather
+    than a bias of the whole run."""
     rows: list[dict[str, Any]] = []
     cases = [(True, False), (True, True), (False, True)]  # (metrics, idempotent)
     for backend in ("trio", "asyncio"):
-        brokers = {
-            metrics: BrokerProcess(
-                tmp_path / f"data-cost-{backend}-{metrics}",
-                backend=backend,
-                extra_args=[] if metrics else ["--metrics-port", "-1"],
-            ).start()
-            for metrics in (True, False)
-        }
         idem: list[float] = []
         metrics_on: list[float] = []
-        try:
-            for round_ in range(rounds):
-                cpu: dict[tuple[bool, bool], float] = {}
-                for i in range(len(cases)):
-                    metrics, idempotent = cases[(round_ + i) % len(cases)]
-                    cpu[metrics, idempotent] = _produce(
-                        brokers[metrics], acks=1, idempotent=idempotent, n_batches=n_batches
-                    )[1]
-                idem.append(cpu[True, True] / cpu[True, False])
-                metrics_on.append(cpu[True, True] / cpu[False, True])
-        finally:
-            for b in brokers.values():
-                b.kill()
+        for block in range(0, rounds, COST_BLOCK_ROUNDS):
+            brokers = {
+                metrics: BrokerProcess(
+                    tmp_path / f"data-cost-{backend}-{metrics}-{block}",
+                    backend=backend,
+                    extra_args=[] if metrics else ["--metrics-port", "-1"],
+                ).start()
+                for metrics in (True, False)
+            }
+            try:
+                for round_ in range(block, min(block + COST_BLOCK_ROUNDS, rounds)):
+                    cpu: dict[tuple[bool, bool], float] = {}
+                    for i in range(len(cases)):
+                        metrics, idempotent = cases[(round_ + i) % len(cases)]
+                        cpu[metrics, idempotent] = _produce(
+                            brokers[metrics], acks=1, idempotent=idempotent, n_batches=n_batches
+                        )[1]
+                    idem.append(cpu[True, True] / cpu[True, False])
+                    metrics_on.append(cpu[True, True] / cpu[False, True])
+            finally:
+                for b in brokers.values():
+                    b.kill()
         for name, ratios in (("idempotence", idem), ("metrics", metrics_on)):
             low, high = bootstrap_median_ci(ratios)
             rows.append(
