@@ -60,6 +60,16 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
+def _cost_verdict(row: dict[str, Any], limit_pct: float = 3.0) -> str:
+    """A cost is judged by its interval: a median under the limit whose interval
+    reaches over it has not shown anything yet."""
+    if row["ci95_high"] <= limit_pct:
+        return "met"
+    if row["ci95_low"] > limit_pct:
+        return "MISSED"
+    return "not shown (the interval spans the limit)"
+
+
 def broker_targets(rows: list[dict[str, Any]]) -> list[str]:
     out = []
     for backend in ("trio", "asyncio"):
@@ -94,8 +104,8 @@ def broker_targets(rows: list[dict[str, Any]]) -> list[str]:
             f"{_value(rows, parallel, 'batches_per_fsync'):.0f} batches per fsync.",
             *(
                 f"- {backend}: {name} costs {row['value']:+.1f}% broker CPU per batch, median of "
-                f"{row['rounds']} paired rounds, 95% CI {row['ci95']}% (at most 3% wanted): "
-                f"{_verdict(row['value'] <= 3)}."
+                f"{row['rounds']} paired rounds, 95% CI {row['ci95_low']:+.1f} to "
+                f"{row['ci95_high']:+.1f}% (at most 3% wanted): {_cost_verdict(row)}."
                 for name, row in costs.items()
             ),
             f"- {backend}: RSS {rss:.0f} MB with 100 partitions and 10,000 producers "

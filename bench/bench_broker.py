@@ -452,7 +452,8 @@ def cost_rows(
                     "benchmark": f"cost of {name} {backend}, broker CPU per batch",
                     "value": (statistics.median(ratios) - 1) * 100,
                     "unit": "%",
-                    "ci95": f"{(low - 1) * 100:+.1f} to {(high - 1) * 100:+.1f}",
+                    "ci95_low": (low - 1) * 100,
+                    "ci95_high": (high - 1) * 100,
                     "min_max": f"{(min(ratios) - 1) * 100:+.1f} to {(max(ratios) - 1) * 100:+.1f}",
                     "rounds": rounds,
                 }
