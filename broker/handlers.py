@@ -196,9 +196,8 @@ class Handlers:
         if handler is None:
             raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION, f"{request.api} is not served yet")
         result = handler(request)
-        if hasattr(
-            result, "__await__"
-        ):  # what isinstance(Awaitable) checks, at a fifth of the cost
+        # What isinstance(result, Awaitable) checks, at a fifth of the cost.
+        if hasattr(result, "__await__"):
             result = await result
         if result is None:
             return NoAnswer()
