@@ -9,12 +9,16 @@ ceiling, metrics on vs off) are taken between runs of the same invocation.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import random
+import re
 import socket
 import statistics
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +31,18 @@ BATCH_BYTES = 16 * 1024
 RECORD_BYTES = 100
 WINDOW = 64
 ROUNDS = 6
+# The cost rounds: enough paired rounds that a 3% difference clears the noise of
+# one round (±5-10% here), each short enough that 24 of them take a minute.
+COST_ROUNDS = 24
+COST_BLOCK_ROUNDS = 6
+COST_BATCHES = 2000
+BOOTSTRAP_RESAMPLES = 4000
 
 
 def _batch_template(pid: int, epoch: int) -> tuple[bytes, int]:
     # msgpack adds ~7 bytes per record; fill the batch up to 16 KiB.
     count = (BATCH_BYTES - 56) // (RECORD_BYTES + 7)
-    values = [os.urandom(RECORD_BYTES) for _ in range(count)]
+    values: list[bytes | None] = [os.urandom(RECORD_BYTES) for _ in range(count)]
     batch = build_batch_from_columns(
         values,
         None,
@@ -45,7 +55,14 @@ def _batch_template(pid: int, epoch: int) -> tuple[bytes, int]:
 
 
 def _frames(
-    n_batches: int, acks: int, pid: int, epoch: int, topic: str, partitions: int
+    n_batches: int,
+    acks: int,
+    pid: int,
+    epoch: int,
+    topic: str,
+    partitions: int,
+    *,
+    first_partition: int = 0,
 ) -> list[bytes]:
     template, count = _batch_template(pid, epoch)
     frames = []
@@ -65,7 +82,10 @@ def _frames(
                     "acks": acks,
                     "timeout_ms": 30_000,
                     "topics": [
-                        {"topic": topic, "partitions": [{"partition": p, "records": batch}]}
+                        {
+                            "topic": topic,
+                            "partitions": [{"partition": first_partition + p, "records": batch}],
+                        }
                     ],
                 }
             )
@@ -130,9 +150,76 @@ def _produce(
     return payload / elapsed / 1e6, cpu / n_batches * 1e6
 
 
+def _producer_process(
+    bootstrap: str, topic: str, partition: int, n_batches: int, acks: int, start: Any, out: Any
+) -> None:
+    """One load process: its own producer id, its own partition, one pipelined connection."""
+    with WireClient(bootstrap) as c:
+        pid, epoch = c.init_producer()
+    frames = _frames(n_batches, acks, pid, epoch, topic, 1, first_partition=partition)
+    start.wait()
+    out.put(_pipeline(bootstrap, frames))
+
+
+def _group_commit_totals(broker: BrokerProcess) -> tuple[float, float]:
+    """(batches, fsync rounds) so far, from the broker's group-commit histogram."""
+    url = f"http://127.0.0.1:{broker.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=30).read().decode()
+    found = dict(re.findall(r"^minibroker_group_commit_batches_(sum|count) (\S+)$", text, re.M))
+    return float(found.get("sum", 0)), float(found.get("count", 0))
+
+
+def produce_parallel(
+    broker: BrokerProcess, *, producers: int, acks: int, n_batches: int
+) -> tuple[float, float, float]:
+    """(MB/s, broker CPU µs per batch, batches per fsync) of `producers` processes, each
+    an idempotent producer pipelining `n_batches` 16 KiB batches into a partition of its
+    own of one fresh topic."""
+    topic = f"bench-par-{acks}-{time.monotonic_ns()}"
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic(topic, producers)
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Barrier(producers + 1)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_producer_process,
+            args=(broker.bootstrap, topic, i, n_batches, acks, start, out),
+        )
+        for i in range(producers)
+    ]
+    for proc in procs:
+        proc.start()
+    assert broker.proc is not None
+    batches, rounds = _group_commit_totals(broker)
+    start.wait()
+    cpu = _cpu_s(broker.proc.pid)
+    began = time.perf_counter()
+    for _ in procs:
+        out.get(timeout=600)
+    wall = time.perf_counter() - began
+    cpu = _cpu_s(broker.proc.pid) - cpu
+    for proc in procs:
+        proc.join()
+        if proc.exitcode:
+            raise RuntimeError(f"load process failed: exit {proc.exitcode}")
+    batches2, rounds2 = _group_commit_totals(broker)
+    total = producers * n_batches
+    per_fsync = (batches2 - batches) / (rounds2 - rounds) if rounds2 > rounds else 0.0
+    return total * BATCH_BYTES / wall / 1e6, cpu / total * 1e6, per_fsync
+
+
 def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the process's live threads have run, user and kernel, to the
+    nanosecond (schedstat): /proc/<pid>/stat counts 10 ms ticks, which alone moved
+    a 2,000-batch round's figure by ±7%."""
+    total_ns = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total_ns += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a worker thread that ended meanwhile
+    return total_ns / 1e9
 
 
 def _fetch_all(broker: BrokerProcess, topic: str) -> tuple[float, float]:
@@ -270,6 +357,126 @@ def rss_with_producers(backend: str, partitions: int = 100, producers: int = 10_
             broker.kill()
 
 
+def durable_rows(tmp_path: Path, n_batches: int, producers: int = 4) -> list[dict[str, Any]]:
+    """`producers` processes at acks=-1, and at acks=1 for the CPU-bound pace, against
+    the fdatasync ceiling measured between their rounds: every round measures all three,
+    so drift on the machine lands on each alike."""
+    rows: list[dict[str, Any]] = []
+    per_producer = max(n_batches // producers, WINDOW)
+    for backend in ("trio", "asyncio"):
+        broker = BrokerProcess(tmp_path / f"data-durable-{backend}", backend=backend).start()
+        figures: dict[str, list[tuple[float, ...]]] = {"-1": [], "1": [], "ceiling": []}
+        try:
+            for _ in range(ROUNDS):
+                figures["ceiling"].append(
+                    (fdatasync_ceiling_mb_s(tmp_path, producers * per_producer, WINDOW),)
+                )
+                for acks in (-1, 1):
+                    figures[str(acks)].append(
+                        produce_parallel(
+                            broker, producers=producers, acks=acks, n_batches=per_producer
+                        )
+                    )
+        finally:
+            broker.kill()
+        ratios = [a[0] / c[0] for a, c in zip(figures["-1"], figures["ceiling"], strict=True)]
+        rows.append(
+            {
+                "benchmark": f"fdatasync ceiling, one per {WINDOW} writes ({backend} rounds)",
+                "value": statistics.median(v[0] for v in figures["ceiling"]),
+                "unit": "MB/s",
+                "rounds": ROUNDS,
+            }
+        )
+        for acks in (-1, 1):
+            values = figures[str(acks)]
+            row: dict[str, Any] = {
+                "benchmark": f"produce {backend} {producers} producers acks={acks} idempotent",
+                "value": statistics.median(v[0] for v in values),
+                "unit": "MB/s",
+                "broker_cpu_us_per_batch": statistics.median(v[1] for v in values),
+                "rounds": ROUNDS,
+            }
+            if acks == -1:
+                row["batches_per_fsync"] = statistics.median(v[2] for v in values)
+                row["of_ceiling"] = _spread(ratios)
+            rows.append(row)
+    return rows
+
+
+def cost_rows(
+    tmp_path: Path, rounds: int = COST_ROUNDS, n_batches: int = COST_BATCHES
+) -> list[dict[str, Any]]:
+    """What idempotence and metrics cost in broker CPU per batch (acks=1), as the
+    median of per-round ratios with a bootstrap 95% interval.
+
+    Each round runs plain, idempotent, and idempotent with metrics off back to back,
+    in an order that rotates every round (A/B/C, B/C/A, ...), so each ratio compares
+    figures a few hundred milliseconds apart: drift on the shared machine cancels
+    within a round instead of landing on one case. Metrics on and off are two
+    processes, and one process can run a few percent slower than its twin for as
+    long as it lives (where it sits in memory and on the cores): fresh brokers
+    every COST_BLOCK_ROUNDS rounds make that part of the sampled noise rather
+    than a bias of the whole run."""
+    rows: list[dict[str, Any]] = []
+    cases = [(True, False), (True, True), (False, True)]  # (metrics, idempotent)
+    for backend in ("trio", "asyncio"):
+        idem: list[float] = []
+        metrics_on: list[float] = []
+        for block in range(0, rounds, COST_BLOCK_ROUNDS):
+            brokers = {
+                metrics: BrokerProcess(
+                    tmp_path / f"data-cost-{backend}-{metrics}-{block}",
+                    backend=backend,
+                    extra_args=[] if metrics else ["--metrics-port", "-1"],
+                ).start()
+                for metrics in (True, False)
+            }
+            try:
+                for round_ in range(block, min(block + COST_BLOCK_ROUNDS, rounds)):
+                    cpu: dict[tuple[bool, bool], float] = {}
+                    for i in range(len(cases)):
+                        metrics, idempotent = cases[(round_ + i) % len(cases)]
+                        cpu[metrics, idempotent] = _produce(
+                            brokers[metrics], acks=1, idempotent=idempotent, n_batches=n_batches
+                        )[1]
+                    idem.append(cpu[True, True] / cpu[True, False])
+                    metrics_on.append(cpu[True, True] / cpu[False, True])
+            finally:
+                for b in brokers.values():
+                    b.kill()
+        for name, ratios in (("idempotence", idem), ("metrics", metrics_on)):
+            low, high = bootstrap_median_ci(ratios)
+            rows.append(
+                {
+                    "benchmark": f"cost of {name} {backend}, broker CPU per batch",
+                    "value": (statistics.median(ratios) - 1) * 100,
+                    "unit": "%",
+                    "ci95_low": (low - 1) * 100,
+                    "ci95_high": (high - 1) * 100,
+                    "min_max": f"{(min(ratios) - 1) * 100:+.1f} to {(max(ratios) - 1) * 100:+.1f}",
+                    "rounds": rounds,
+                }
+            )
+    return rows
+
+
+def bootstrap_median_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median (seeded: the same rounds give the
+    same interval)."""
+    rng = random.Random(0)
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values))) for _ in range(BOOTSTRAP_RESAMPLES)
+    )
+    tail = (1 - level) / 2
+    return medians[int(tail * len(medians))], medians[int((1 - tail) * len(medians)) - 1]
+
+
+def _spread(values: list[float]) -> str:
+    """Median and min-max of ratios, as the docs quote them."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def run(n_batches: int = 6000) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=".") as tmp:
@@ -345,4 +552,6 @@ def run(n_batches: int = 6000) -> list[dict[str, Any]]:
                     "unit": "MB",
                 }
             )
+        rows += durable_rows(tmp_path, n_batches)
+        rows += cost_rows(tmp_path)
     return rows

@@ -276,29 +276,37 @@ class PartitionProducerState:
         Also replays the log on recovery, so it accepts any batch a valid log can
         hold: one that does not continue the producer's newest cached batch
         (new epoch, or state forgotten) starts a new cache instead of failing."""
-        assert producer_id >= 0, producer_id
-        assert 0 <= producer_epoch <= PRODUCER_EPOCH_MAX, producer_epoch
-        assert 0 <= base_sequence < SEQUENCE_MODULUS, base_sequence
         assert 1 <= record_count <= RECORD_COUNT_MAX, record_count
-        assert base_offset >= 0, base_offset
         batch = _CACHED.pack(base_sequence, record_count - 1, base_offset, max_timestamp)
         producers = self._producers
         entry = producers.get(producer_id)
+        if (
+            entry is not None
+            and base_sequence == entry.next_seq
+            and producer_epoch == entry.epoch
+            and now_ms - entry.last_seen_ms <= self.expiration_ms
+        ):
+            # The next batch of a known producer, the hot path: its id, epoch and
+            # sequence equal values the state already holds, so they are in range.
+            assert base_offset > _newest_last_offset(entry), "log offsets only grow"
+            entry.extend(
+                batch, record_count, (base_sequence + record_count) % SEQUENCE_MODULUS, now_ms
+            )
+            producers.move_to_end(producer_id)
+            return
+        assert producer_id >= 0, producer_id
+        assert 0 <= producer_epoch <= PRODUCER_EPOCH_MAX, producer_epoch
+        assert 0 <= base_sequence < SEQUENCE_MODULUS, base_sequence
+        assert base_offset >= 0, base_offset
         if entry is not None and now_ms - entry.last_seen_ms > self.expiration_ms:
             del producers[producer_id]
             self.expired_total += 1
             entry = None
-        if entry is None:
-            producers[producer_id] = _Producer(producer_epoch, now_ms, batch)
-        else:
+        if entry is not None:
+            # A batch that does not continue the cache (the hot path took those).
             assert base_offset > _newest_last_offset(entry), "log offsets only grow"
-            if producer_epoch == entry.epoch and base_sequence == entry.next_seq:
-                entry.extend(
-                    batch, record_count, (base_sequence + record_count) % SEQUENCE_MODULUS, now_ms
-                )
-            else:
-                producers[producer_id] = _Producer(producer_epoch, now_ms, batch)
-            producers.move_to_end(producer_id)
+        producers[producer_id] = _Producer(producer_epoch, now_ms, batch)
+        producers.move_to_end(producer_id)
         while len(producers) > self.max_producers:
             producers.popitem(last=False)
             self.evicted_total += 1

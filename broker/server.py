@@ -451,7 +451,7 @@ class Broker:
                     if data is None:
                         return
                     try:
-                        messages = decoder.feed_bodies(data)
+                        messages = decoder.feed_views(data)
                     except FrameError as exc:
                         log.warning(
                             "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)
@@ -493,7 +493,7 @@ class Broker:
                         return
 
     async def _dispatch(
-        self, body: bytes, handlers: Handlers, conn: Connection
+        self, body: bytes | memoryview, handlers: Handlers, conn: Connection
     ) -> Reply | NoAnswer | CloseConnection:
         """Run one request and turn its outcome into what the writer sends."""
         started = time.perf_counter()

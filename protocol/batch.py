@@ -26,11 +26,18 @@ the broker validates (decoding the records to count them) and stamps
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import msgpack
+
+try:
+    # zlib's CRC-32, computed with carry-less multiply: 0.4 µs for 16 KiB where
+    # zlib takes 4-6, a tenth of the broker's CPU per batch. Platforms without an
+    # isal wheel get the same values from zlib.
+    from isal.isal_zlib import crc32
+except ImportError:
+    from zlib import crc32
 
 from protocol.compression import DECOMPRESSED_BYTES_MAX, Compression, compress, decompress
 from protocol.errors import ErrorCode, ProtocolError
@@ -157,7 +164,7 @@ def encode_batch(
         base_sequence,
         record_count,
     )
-    crc = zlib.crc32(payload, zlib.crc32(memoryview(body)[CRC_START:]))
+    crc = crc32(payload, crc32(memoryview(body)[CRC_START:]))
     return body[:12] + struct.pack(">I", crc) + body[CRC_START:] + payload
 
 
@@ -222,7 +229,7 @@ def with_sequence(batch: bytes, producer_epoch: int, base_sequence: int) -> byte
     without encoding their records again."""
     buf = bytearray(batch)
     struct.pack_into(">hi", buf, 46, producer_epoch, base_sequence)
-    struct.pack_into(">I", buf, 12, zlib.crc32(memoryview(buf)[CRC_START:]))
+    struct.pack_into(">I", buf, 12, crc32(memoryview(buf)[CRC_START:]))
     return bytes(buf)
 
 
@@ -250,7 +257,7 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
             ErrorCode.CORRUPT_MESSAGE,
             f"batch_length {header.batch_length} inconsistent with {size} bytes",
         )
-    if zlib.crc32(memoryview(buf)[CRC_START:]) != header.crc:
+    if crc32(memoryview(buf)[CRC_START:]) != header.crc:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, "CRC mismatch")
     if (
         header.magic != MAGIC
@@ -312,7 +319,7 @@ def scan_batches(
             return
         if header.magic != MAGIC or header.record_count < 1:
             return
-        if check_crc and zlib.crc32(view[pos + CRC_START : pos + size]) != header.crc:
+        if check_crc and crc32(view[pos + CRC_START : pos + size]) != header.crc:
             return
         yield pos, header
         pos += size

@@ -66,23 +66,62 @@ class FrameDecoder:
     def feed_bodies(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Append `data` and return the body of every frame now complete, in order:
         for callers that decode with a typed decoder of their own."""
+        return [bytes(body) for body in self.feed_views(data)]
+
+    def feed_views(self, data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
+        """As `feed_bodies`, without copying what need not be: a body lying whole in
+        `data` comes back as a view of it, which holds the whole of `data` alive. Only
+        a body split across reads is copied, once. The broker's path for 16 KiB
+        batches, where each copy costs as much as the CRC check."""
+        if not isinstance(data, bytes):
+            data = bytes(data)  # a view must not see the caller change its buffer
+        view = memoryview(data)
+        bodies: list[bytes | memoryview] = []
         buf = self._buffer
-        buf += data
-        bodies: list[bytes] = []
+        if buf:
+            view = self._finish_buffered(view, bodies)
+            if buf:
+                return bodies
         pos = 0
-        end = len(buf)
+        end = len(view)
         while end - pos >= LENGTH_BYTES:
-            (length,) = LENGTH.unpack_from(buf, pos)
+            (length,) = LENGTH.unpack_from(view, pos)
             if length > self.frame_bytes_max:
+                buf += view[pos:]
                 raise FrameTooLarge(length, self.frame_bytes_max)
-            if end - pos - LENGTH_BYTES < length:
-                break
             start = pos + LENGTH_BYTES
-            bodies.append(bytes(buf[start : start + length]))
+            if end - start < length:
+                break
+            bodies.append(view[start : start + length])
             pos = start + length
-        if pos:
-            del buf[:pos]
+        buf += view[pos:]
         return bodies
+
+    def _finish_buffered(self, view: memoryview, bodies: list[bytes | memoryview]) -> memoryview:
+        """Complete the frame begun in earlier reads from the front of `view`; return the
+        rest of `view`. The buffer stays non-empty while that frame is still partial."""
+        buf = self._buffer
+        if len(buf) < LENGTH_BYTES:
+            take = LENGTH_BYTES - len(buf)
+            buf += view[:take]
+            view = view[take:]
+            if len(buf) < LENGTH_BYTES:
+                return view
+        length = self._check_length()
+        take = LENGTH_BYTES + length - len(buf)
+        buf += view[:take]
+        if take > len(view):
+            return view[len(view) :]
+        with memoryview(buf) as whole:
+            bodies.append(bytes(whole[LENGTH_BYTES:]))
+        buf.clear()
+        return view[take:]
+
+    def _check_length(self) -> int:
+        (length,) = LENGTH.unpack_from(self._buffer)
+        if length > self.frame_bytes_max:
+            raise FrameTooLarge(length, self.frame_bytes_max)
+        return int(length)
 
 
 def _bin_header(length: int) -> bytes:

@@ -1,0 +1,124 @@
+"""Flame graph of the broker process under one of the broker suite's produce loads.
+
+Starts a broker, attaches py-spy (`pip install py-spy`) to it, runs the load,
+stops py-spy (SIGINT makes it write the SVG) and prints the load's figures, so
+a profile and the numbers it explains come from the same run:
+
+    python -m bench.profile_broker --backend trio --load acks1 --out docs/profiles/acks1-trio.svg
+    python -m bench.profile_broker --load acks-all-4 --out docs/profiles/acks-all-4-trio.svg
+
+`--pieces` times the broker's steps for one batch in process instead, without
+sockets or event loop, so the rest of the end-to-end figure is theirs:
+
+    python -m bench.profile_broker --pieces
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_broker import _frames, _produce, produce_parallel
+from broker.log import LogConfig
+from broker.partition import Partition, ProducerLimits
+from harness.broker_process import BrokerProcess
+from protocol import messages as m
+from protocol.batch import validate
+from protocol.framing import FrameDecoder, frame
+
+LOADS = ("acks1", "acks1-plain", "acks-all-4")
+SAMPLE_RATE_HZ = 1000
+READ_BYTES = 256 * 1024  # broker.server.RECEIVE_BYTES
+
+
+def pieces(n_batches: int) -> dict[str, float]:
+    """µs per 16 KiB idempotent batch of each step from bytes read to answer encoded."""
+    data = b"".join(_frames(n_batches, 1, 1, 0, "t", 1))
+    spent = dict.fromkeys(["framing", "decode", "validate", "append", "encode"], 0.0)
+    answer = m.ProduceResponse(
+        topics=[m.ProduceTopicResponse("t", [m.ProducePartitionResponse(0, 0, 0)])]
+    )
+    clock = time.perf_counter
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        partition = Partition.open(
+            "t", 0, Path(tmp), LogConfig(), ProducerLimits(10, 10**9), clean_shutdown=True, now_ms=0
+        )
+        decoder = FrameDecoder(1 << 30)
+        for start in range(0, len(data), READ_BYTES):
+            t0 = clock()
+            bodies = decoder.feed_views(data[start : start + READ_BYTES])
+            spent["framing"] += clock() - t0
+            for body in bodies:
+                t0 = clock()
+                request = m.decode_request(body)
+                assert isinstance(request, m.ProduceRequest)
+                records = request.topics[0].partitions[0].records
+                t1 = clock()
+                header = validate(records)
+                t2 = clock()
+                partition.append(records, header, 0)
+                t3 = clock()
+                frame(m.encode_response(answer, 1))
+                t4 = clock()
+                spent["decode"] += t1 - t0
+                spent["validate"] += t2 - t1
+                spent["append"] += t3 - t2
+                spent["encode"] += t4 - t3
+        partition.log.close()
+    return {step: seconds / n_batches * 1e6 for step, seconds in spent.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
+    parser.add_argument("--load", choices=LOADS, default="acks1")
+    parser.add_argument("--batches", type=int, default=6000, help="per producer")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--pieces", action="store_true")
+    args = parser.parse_args()
+    if args.pieces:
+        steps = pieces(args.batches)
+        print(
+            ", ".join(f"{k} {v:.1f}" for k, v in steps.items()), f"= {sum(steps.values()):.1f} µs"
+        )
+        return
+    if args.out is None:
+        parser.error("--out is required for a profile")
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        broker = BrokerProcess(Path(tmp) / "data", backend=args.backend).start()
+        try:
+            assert broker.proc is not None
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            command = [spy, "record", "--pid", str(broker.proc.pid), "--rate"]
+            command += [str(SAMPLE_RATE_HZ), "--format", "flamegraph", "--output", str(args.out)]
+            recorder = subprocess.Popen(
+                command,
+                stdout=subprocess.DEVNULL,
+            )
+            time.sleep(1.0)  # py-spy attaches
+            if args.load == "acks-all-4":
+                mb_s, cpu_us, per_fsync = produce_parallel(
+                    broker, producers=4, acks=-1, n_batches=args.batches // 4
+                )
+                figures = f"{mb_s:.0f} MB/s, {cpu_us:.1f} µs/batch, {per_fsync:.1f} batches/fsync"
+            else:
+                mb_s, cpu_us = _produce(
+                    broker, acks=1, idempotent=args.load == "acks1", n_batches=args.batches
+                )
+                figures = f"{mb_s:.0f} MB/s, {cpu_us:.1f} µs/batch"
+            recorder.send_signal(signal.SIGINT)
+            recorder.wait(60)
+        finally:
+            broker.kill()
+    print(f"{args.load} {args.backend}: {figures} (profiled at {SAMPLE_RATE_HZ} Hz) -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

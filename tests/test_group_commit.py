@@ -1,0 +1,93 @@
+"""Group commit: every batch appended while an fsync runs rides the next fsync.
+
+The flusher's sync is replaced by one that blocks until the test lets it go,
+so "while an fsync runs" is a fact of the test, not a timing guess.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anyio
+import pytest
+
+from broker import group_commit
+from broker.group_commit import GroupCommitter
+from broker.log import LogConfig
+from broker.metrics import BrokerMetrics
+from broker.partition import Partition, ProducerLimits
+from protocol.batch import build_batch_from_columns, read_header
+
+BACKENDS = ["trio", "asyncio"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rounds: list[list[list[int]]] = []
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def blocking_sync(fd_lists: list[list[int]]) -> set[int]:
+        rounds.append(fd_lists)
+        if len(rounds) <= 2:  # a waiter may ask for a later round, with nothing new
+            entered.release()
+            assert release.wait(30)
+            release.clear()
+        return set()
+
+    monkeypatch.setattr(group_commit, "_sync_all", blocking_sync)
+    partitions = [
+        Partition.open(
+            "t",
+            i,
+            tmp_path / f"t-{i}",
+            LogConfig(),
+            ProducerLimits(10, 60_000),
+            clean_shutdown=True,
+            now_ms=0,
+        )
+        for i in range(2)
+    ]
+    metrics = BrokerMetrics(enabled=True)
+    batches_per_round: list[int] = []
+    monkeypatch.setattr(
+        metrics, "observe_fsync", lambda _s, batches: batches_per_round.append(batches)
+    )
+    committer = GroupCommitter(metrics)
+    batch = build_batch_from_columns([b"v"], None, 0)
+    header = read_header(batch)
+
+    def append(p: Partition) -> int:
+        result = p.append(batch, header, 0)
+        committer.request_flush(p, batches=1)
+        return result.last_offset
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(committer.run)
+            first = append(partitions[0])
+            await anyio.to_thread.run_sync(entered.acquire)  # round 1 is syncing
+            later = [append(partitions[i % 2]) for i in range(10)]
+            release.set()
+            await committer.wait_durable(partitions[0], first)
+            await anyio.to_thread.run_sync(entered.acquire)  # round 2 is syncing
+            assert all(p.log.flushed_offset <= 1 for p in partitions[1:])
+            release.set()
+            await committer.wait_durable(partitions[0], later[-2])
+            await committer.wait_durable(partitions[1], later[-1])
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main, backend=backend)
+    finally:
+        for p in partitions:
+            p.log.close()
+    # Round 2 held all ten batches, with one fsync per partition file; any later
+    # round was a waiter's, with no batch of its own.
+    assert batches_per_round[:2] == [1, 10]
+    assert not any(batches_per_round[2:])
+    assert sorted(len(fds) for fds in rounds[1]) == [1, 1]
+    assert [p.log.flushed_offset for p in partitions] == [6, 5]
