@@ -14,7 +14,9 @@ Records are encoded here only: `encode_rows` for rows already in that shape
 (the producer's per-record path), `RecordColumns.encode` for whole columns that
 share one timestamp (send_batch, Spark, bench), which skips msgpack's per-record
 work in the common case. Both give the same bytes for the same records.
-`count_records` is the broker's strict check of what a client sent.
+`count_records` is the broker's strict check of what a client sent: msgspec is
+its reference, and a C walk (protocol/_records_fast.c) answers first for the
+plain shape [int, bin|nil, bin|nil, nil] without building an object per record.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from typing import Any, TypeVar, cast
 
 import msgpack
 import msgspec
+
+try:
+    from protocol._records_fast import count_plain_records
+except ImportError:  # not built here (no C compiler at install): msgspec counts alone
+
+    def count_plain_records(records: bytes | memoryview, /) -> int:
+        return -1
+
 
 Headers = Sequence[tuple[str, bytes]] | None
 Row = tuple[int, bytes | None, bytes | None, Headers]
@@ -209,5 +219,7 @@ def count_records(records: bytes | memoryview) -> int:
     """How many well-formed records the array `records` holds, nothing before or after it.
 
     Raises ValueError (msgspec.DecodeError) on anything else: another type in a
-    field, a record that is not a 4-array, a header that is not [str, bin]."""
-    return len(_strict.decode(records))
+    field, a record that is not a 4-array, a header that is not [str, bin]. The
+    C walk decides only what it can accept; every other array goes to msgspec."""
+    count = count_plain_records(records)
+    return count if count >= 0 else len(_strict.decode(records))
