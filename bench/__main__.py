@@ -9,17 +9,19 @@ ratios or floors against figures measured in the same run.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import re
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-SUITES = ("broker", "codec", "metrics", "client", "txn", "spark", "offsets")
+PLOTS = DOC.parent / "bench-plots"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -190,58 +192,57 @@ def offsets_targets(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def run_suite(name: str, args: argparse.Namespace) -> tuple[list[dict[str, Any]], str, Callable]:
-    if name == "broker":
-        from bench import bench_broker
+@dataclass(frozen=True)
+class Suite:
+    """One suite: how to run it at a size, the command that reproduces it, its verdicts,
+    and its plots (caption and PNG path) when it draws any."""
 
-        return (
-            bench_broker.run(args.broker_batches),
-            f"python -m bench --suites broker --broker-batches {args.broker_batches}",
-            broker_targets,
-        )
-    if name == "codec":
-        from bench import bench_codec
+    run: Callable[[argparse.Namespace], list[dict[str, Any]]]
+    command: Callable[[argparse.Namespace], str]
+    targets: Callable[[list[dict[str, Any]]], list[str]]
+    plots: Callable[[list[dict[str, Any]], Path], list[tuple[str, Path]]] | None = None
+    option: str | None = None  # the flag that sizes it, overriding --scale
 
-        return (
-            bench_codec.run(args.codec_number),
-            f"python -m bench --suites codec --codec-number {args.codec_number}",
-            codec_targets,
-        )
-    if name == "metrics":
-        from bench import bench_metrics
 
-        return (
-            bench_metrics.run(args.metrics_number),
-            f"python -m bench --suites metrics --metrics-number {args.metrics_number}",
-            metrics_targets,
-        )
-    if name == "client":
-        from bench import bench_client
+def _sized(name: str, option: str, full: int) -> Suite:
+    """A suite whose size is one count (`--<option>`); `--scale` sets it when absent."""
+    attr = option.replace("-", "_")
 
-        return (
-            bench_client.run(args.client_records),
-            f"python -m bench --suites client --client-records {args.client_records}",
-            client_targets,
-        )
-    if name == "txn":
-        from bench import bench_txn
+    def size(args: argparse.Namespace) -> int:
+        given: int | None = getattr(args, attr)
+        return given if given is not None else max(1, round(full * args.scale))
 
-        return (
-            bench_txn.run(args.txn_records),
-            f"python -m bench --suites txn --txn-records {args.txn_records}",
-            txn_targets,
-        )
-    if name == "offsets":
-        from bench import bench_offsets
+    def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+        module = importlib.import_module(f"bench.bench_{name}")
+        rows: list[dict[str, Any]] = module.run(size(args))
+        return rows
 
-        return bench_offsets.run(), "python -m bench --suites offsets", offsets_targets
-    from bench import bench_spark
-
-    return (
-        bench_spark.run(args.spark_rows),
-        f"python -m bench --suites spark --spark-rows {args.spark_rows}",
-        spark_targets,
+    return Suite(
+        run,
+        lambda args: f"python -m bench --suites {name} --{option} {size(args)}",
+        globals()[f"{name}_targets"],
+        option=option,
     )
+
+
+def _offsets_run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench import bench_offsets
+
+    return bench_offsets.run()
+
+
+REGISTRY: dict[str, Suite] = {
+    "broker": _sized("broker", "broker-batches", 6000),
+    "codec": _sized("codec", "codec-number", 100_000),
+    "metrics": _sized("metrics", "metrics-number", 200_000),
+    "client": _sized("client", "client-records", 1_000_000),
+    "txn": _sized("txn", "txn-records", 20_000),
+    "spark": _sized("spark", "spark-rows", 5_000_000),
+    "offsets": Suite(
+        _offsets_run, lambda args: "python -m bench --suites offsets", offsets_targets
+    ),
+}
+SUITES = tuple(REGISTRY)
 
 
 def machine() -> str:
@@ -261,36 +262,52 @@ def section(name: str, body: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description="run benchmarks and rewrite docs/benchmarks.md")
     parser.add_argument("--suites", default=",".join(SUITES))
-    parser.add_argument("--broker-batches", type=int, default=6000)
-    parser.add_argument("--codec-number", type=int, default=100_000)
-    parser.add_argument("--metrics-number", type=int, default=200_000)
-    parser.add_argument("--client-records", type=int, default=1_000_000)
-    parser.add_argument("--txn-records", type=int, default=20_000)
-    parser.add_argument("--spark-rows", type=int, default=5_000_000)
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="size of every suite against the full run (make bench-quick: 0.1)",
+    )
+    for suite in REGISTRY.values():
+        if suite.option:
+            parser.add_argument(f"--{suite.option}", type=int, help="overrides --scale")
     args = parser.parse_args()
     suites = [s for s in args.suites.split(",") if s]
+    unknown = sorted(set(suites) - set(REGISTRY))
+    if unknown:
+        parser.error(f"unknown suites {unknown}; known: {', '.join(SUITES)}")
     old = DOC.read_text() if DOC.exists() else ""
     sections = {
         m.group(1): m.group(0)
         for m in re.finditer(r"<!-- suite:(\w+) -->.*?<!-- /suite:\1 -->", old, re.S)
     }
     for name in suites:
+        suite = REGISTRY[name]
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        rows, command, targets = run_suite(name, args)
+        rows = suite.run(args)
         try:
-            verdicts = "\n".join(targets(rows))
+            verdicts = "\n".join(suite.targets(rows))
         except KeyError as exc:
             verdicts = f"- targets not evaluated: no row {exc}"
+        figures = ""
+        if suite.plots is not None:
+            PLOTS.mkdir(parents=True, exist_ok=True)
+            drawn = suite.plots(rows, PLOTS)
+            figures = "".join(
+                f"\n![{caption}]({path.relative_to(DOC.parent).as_posix()})\n"
+                for caption, path in drawn
+            )
         body = (
-            f"## {name}\n\nMeasured {started} with `{command}` on {machine()}\n\n"
-            f"{table(rows)}\n\nTargets:\n\n{verdicts}\n"
+            f"## {name}\n\nMeasured {started} with `{suite.command(args)}` on {machine()}\n\n"
+            f"{table(rows)}\n{figures}\nTargets:\n\n{verdicts}\n"
         )
         print(body)
         sections[name] = section(name, body)
     header = (
-        "# Benchmarks\n\n`make bench` runs every suite below and rewrites this file; "
-        "each section names the command that made its figures. Notes on the figures "
-        "are in [benchmark-notes.md](benchmark-notes.md).\n"
+        "# Benchmarks\n\n`make bench` runs every suite below and rewrites this file "
+        "(`make bench-quick` runs the same at a tenth of the size); each section names "
+        "the command that made its figures. Notes on the figures are in "
+        "[benchmark-notes.md](benchmark-notes.md).\n"
     )
     DOC.write_text(header + "\n" + "\n\n".join(sections[s] for s in SUITES if s in sections) + "\n")
 
