@@ -31,7 +31,15 @@ from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicError, TopicRegistry
 from broker.txn_coordinator import TransactionCoordinator, now_ms
 from protocol import messages as m
-from protocol.batch import BatchError, BatchHeader, scan_batches, validate
+from protocol.batch import (
+    CONTROL_FLAG,
+    NO_PRODUCER_ID,
+    TRANSACTIONAL_FLAG,
+    BatchError,
+    BatchHeader,
+    scan_batches,
+    validate,
+)
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import splice_frame
 
@@ -478,25 +486,29 @@ class Handlers:
         self, header: BatchHeader, transactional_id: str | None
     ) -> tuple[ErrorCode, str | None]:
         """Broker-wide checks before the partition's producer state is consulted."""
-        if header.is_control:
+        # The flags are read once as bits: this runs for every produced batch.
+        attributes = header.attributes
+        if attributes & CONTROL_FLAG:
             return ErrorCode.INVALID_RECORD, "clients may not write control batches"
-        if header.is_transactional and transactional_id is None:
+        transactional = bool(attributes & TRANSACTIONAL_FLAG)
+        if transactional and transactional_id is None:
             return ErrorCode.INVALID_TXN_STATE, "a transactional batch needs transactional_id"
-        if transactional_id is not None and not header.is_transactional:
+        if transactional_id is not None and not transactional:
             return (
                 ErrorCode.INVALID_TXN_STATE,
                 "a Produce with transactional_id carries transactional batches only",
             )
-        if not header.is_idempotent:
+        pid = header.producer_id
+        if pid == NO_PRODUCER_ID:
             return ErrorCode.NONE, None
-        pid, epoch = header.producer_id, header.producer_epoch
+        epoch = header.producer_epoch
         if not self.producer_ids.is_issued(pid):
             self.metrics.producer_event("unknown_producer_id")
             return ErrorCode.UNKNOWN_PRODUCER_ID, f"producer id {pid} was never issued"
         if self.producer_ids.fenced(pid, epoch):
             self.metrics.producer_event("fenced")
             return ErrorCode.INVALID_PRODUCER_EPOCH, f"epoch {epoch} of producer {pid} is fenced"
-        if not header.is_transactional:
+        if not transactional:
             owner = self.coordinator.owner_of(pid)
             if owner is not None:
                 return (

@@ -27,6 +27,8 @@ from broker.txn_index import AbortedIndex, AbortedTxn, TxnIndexError, decode_ent
 from protocol.batch import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
+    NO_PRODUCER_ID,
+    TRANSACTIONAL_FLAG,
     BatchHeader,
     build_control_batch,
     control_type,
@@ -190,7 +192,8 @@ class Partition:
     def append(self, batch: bytes, header: BatchHeader, now_ms: int) -> AppendResult:
         """Judge an idempotent batch by the producer state, then append it or not."""
         producers = self.producers
-        if header.is_idempotent:
+        idempotent = header.producer_id != NO_PRODUCER_ID
+        if idempotent:
             decision = producers.check(
                 header.producer_id,
                 header.producer_epoch,
@@ -215,8 +218,8 @@ class Partition:
                 str(exc),
             )
             return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(exc))
-        if header.is_idempotent:
-            if header.is_transactional:
+        if idempotent:
+            if header.attributes & TRANSACTIONAL_FLAG:
                 producers.begin_txn(header.producer_id, base_offset)
             producers.apply(
                 header.producer_id,

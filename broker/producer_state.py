@@ -115,15 +115,25 @@ _APPEND = Decision(ErrorCode.NONE, None, None)
 class _Producer:
     """One producer's state; `batches` packs the cached batches, oldest first."""
 
-    __slots__ = ("batches", "cached_records", "epoch", "lapped", "last_seen_ms", "next_seq")
+    __slots__ = (
+        "batches",
+        "cached_records",
+        "epoch",
+        "lapped",
+        "last_offset",
+        "last_seen_ms",
+        "next_seq",
+    )
 
     def __init__(self, epoch: int, last_seen_ms: int, batches: bytes) -> None:
         count = len(batches) // _CACHED_BYTES
         assert 1 <= count <= CACHED_BATCHES and len(batches) == count * _CACHED_BYTES
-        first_seq, last_offset_delta, _, _ = _CACHED.unpack_from(
+        first_seq, last_offset_delta, base_offset, _ = _CACHED.unpack_from(
             batches, len(batches) - _CACHED_BYTES
         )
         self.epoch = epoch
+        # The newest cached batch's last offset, for the assert that log offsets only grow.
+        self.last_offset = base_offset + last_offset_delta
         self.last_seen_ms = last_seen_ms
         self.batches = batches
         self.next_seq = (first_seq + last_offset_delta + 1) % SEQUENCE_MODULUS
@@ -132,7 +142,9 @@ class _Producer:
         self.cached_records = count + sum(_DELTAS[count].unpack(batches))
         self.lapped = self.cached_records >= SEQUENCE_MODULUS
 
-    def extend(self, batch: bytes, record_count: int, next_seq: int, now_ms: int) -> None:
+    def extend(
+        self, batch: bytes, record_count: int, next_seq: int, last_offset: int, now_ms: int
+    ) -> None:
         """Append the newest cached batch in place: the hot path of `apply`, which
         would otherwise build a new object per produced batch."""
         batches = self.batches
@@ -144,6 +156,7 @@ class _Producer:
         self.cached_records += record_count
         self.lapped = self.cached_records >= SEQUENCE_MODULUS
         self.next_seq = next_seq
+        self.last_offset = last_offset
         self.last_seen_ms = now_ms
 
 
@@ -288,9 +301,13 @@ class PartitionProducerState:
         ):
             # The next batch of a known producer, the hot path: its id, epoch and
             # sequence equal values the state already holds, so they are in range.
-            assert base_offset > _newest_last_offset(entry), "log offsets only grow"
+            assert base_offset > entry.last_offset, "log offsets only grow"
             entry.extend(
-                batch, record_count, (base_sequence + record_count) % SEQUENCE_MODULUS, now_ms
+                batch,
+                record_count,
+                (base_sequence + record_count) % SEQUENCE_MODULUS,
+                base_offset + record_count - 1,
+                now_ms,
             )
             producers.move_to_end(producer_id)
             return
@@ -304,7 +321,7 @@ class PartitionProducerState:
             entry = None
         if entry is not None:
             # A batch that does not continue the cache (the hot path took those).
-            assert base_offset > _newest_last_offset(entry), "log offsets only grow"
+            assert base_offset > entry.last_offset, "log offsets only grow"
         producers[producer_id] = _Producer(producer_epoch, now_ms, batch)
         producers.move_to_end(producer_id)
         while len(producers) > self.max_producers:
@@ -476,13 +493,6 @@ def _decode_open_txns(items: list[Any], offset: int) -> dict[int, int]:
             raise SnapshotError(f"inconsistent open transaction {item!r}")
         open_txns[pid] = previous = first
     return open_txns
-
-
-def _newest_last_offset(entry: _Producer) -> int:
-    """For asserts only (skipped under -O): the last offset of the newest cached batch."""
-    _, delta, offset, _ = _CACHED.unpack_from(entry.batches, len(entry.batches) - _CACHED_BYTES)
-    last: int = offset + delta
-    return last
 
 
 def _is_int(value: Any) -> bool:
