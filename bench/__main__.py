@@ -231,7 +231,39 @@ def _offsets_run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return bench_offsets.run()
 
 
+def _limits_run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench import bench_limits
+
+    return bench_limits.run(args.scale)
+
+
+def limits_targets(rows: list[dict[str, Any]]) -> list[str]:
+    from bench import bench_limits
+
+    return bench_limits.targets(rows)
+
+
+def hold_against_limits(rows: list[dict[str, Any]], limits: list[dict[str, Any]]) -> None:
+    """Add to each MB/s row the ceiling that bounds it and its fraction of that ceiling,
+    both from this run (bench_limits.LIMIT_OF says which ceiling)."""
+    from bench.bench_limits import limit_of
+
+    ceilings = {row["benchmark"]: float(row["value"]) for row in limits}
+    for row in rows:
+        limit = limit_of(str(row.get("benchmark", "")))
+        if limit is None or row.get("unit") != "MB/s" or limit not in ceilings:
+            continue
+        row["limit"] = limit
+        row["of_limit"] = f"{float(row['value']) / ceilings[limit]:.2f}"
+
+
+# Run in this order: the limits first, so every later figure is held against them.
 REGISTRY: dict[str, Suite] = {
+    "limits": Suite(
+        _limits_run,
+        lambda args: f"python -m bench --suites limits --scale {args.scale:g}",
+        limits_targets,
+    ),
     "broker": _sized("broker", "broker-batches", 6000),
     "codec": _sized("codec", "codec-number", 100_000),
     "metrics": _sized("metrics", "metrics-number", 200_000),
@@ -281,10 +313,15 @@ def main() -> None:
         m.group(1): m.group(0)
         for m in re.finditer(r"<!-- suite:(\w+) -->.*?<!-- /suite:\1 -->", old, re.S)
     }
-    for name in suites:
+    limits: list[dict[str, Any]] = []
+    for name in sorted(suites, key=SUITES.index):
         suite = REGISTRY[name]
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         rows = suite.run(args)
+        if name == "limits":
+            limits = rows
+        elif limits:
+            hold_against_limits(rows, limits)
         try:
             verdicts = "\n".join(suite.targets(rows))
         except KeyError as exc:
