@@ -64,7 +64,8 @@ LOG_STEPS_GIB = (0.1, 1.0, 10.0)
 GROW_BATCH_BYTES = 256 * 1024
 GROW_RECORD_BYTES = 1000
 FETCH_MAX_BYTES = 1 << 20
-FETCHES = 100  # per round and end at scale 1
+# Fetches per round and end at scale 1; never under 100, so a p99 is not just the slowest.
+FETCHES = 200
 RESTART_TIMEOUT_S = 120.0
 LOAD_TIMEOUT_S = 300.0
 # (name, SIGKILL rather than SIGTERM, page cache dropped before the start)
@@ -157,6 +158,7 @@ def _curve_row(
         "unit": "MB/s",
         "min_max": _spread(mb_s, 0),
         "broker_cpu_us_per_batch": statistics.median(f[1] for f in figures),
+        "broker_cpu_min_max": _spread([f[1] for f in figures], 0),
         "rss_mb": figures[-1][2] / 1e6,
         "rss_empty_mb": rss_empty / 1e6,
         "rounds": len(figures),
@@ -482,7 +484,7 @@ def log_rows(tmp: Path, scale: float, fetches: int, rounds: int) -> list[dict[st
 def run(scale: float = 1.0) -> list[dict[str, Any]]:
     """Every curve at `scale` (1.0: 8,192 batches per produce point, a log up to 10 GiB)."""
     batches = max(round(CURVE_BATCHES * scale), 4 * WINDOW)
-    fetches = max(round(FETCHES * scale), 20)
+    fetches = max(round(FETCHES * scale), 100)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         tmp_path = Path(tmp)
@@ -604,33 +606,46 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     made: list[tuple[str, Path]] = []
 
-    def bounds(r: dict[str, Any]) -> tuple[float, float]:
-        low, high = (float(v) for v in str(r["min_max"]).split("-"))
-        return r["value"] - low, high - r["value"]
+    def bounds(
+        r: dict[str, Any], value: str = "value", spread: str = "min_max"
+    ) -> tuple[float, float]:
+        low, high = (float(v) for v in str(r[spread]).split("-"))
+        return r[value] - low, high - r[value]
 
     def throughput_rss(curve: list[list[dict[str, Any]]], key: str, title: str) -> Any:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4.2))
         for series in curve:
             xs = [r[key] for r in series]
-            err = list(zip(*(bounds(r) for r in series), strict=True))
             label = f"acks={series[0]['acks']}"
-            ax1.errorbar(
-                xs, [r["value"] for r in series], yerr=err, marker="o", capsize=3, label=label
-            )
-            ax1.axhline(series[0]["value"], ls="--", lw=0.8, color="grey")
-            ax2.plot(xs, [r["rss_mb"] for r in series], marker="o", label=f"after load, {label}")
+            for ax, value, spread in (
+                (ax1, "value", "min_max"),
+                (ax2, "broker_cpu_us_per_batch", "broker_cpu_min_max"),
+            ):
+                line = ax.errorbar(
+                    xs,
+                    [r[value] for r in series],
+                    yerr=list(zip(*(bounds(r, value, spread) for r in series), strict=True)),
+                    marker="o",
+                    capsize=3,
+                    label=label,
+                )
+                ax.axhline(series[0][value], ls="--", lw=0.8, color=line[0].get_color())
+            ax3.plot(xs, [r["rss_mb"] for r in series], marker="o", label=f"after load, {label}")
         first = curve[0]
         xs = [r[key] for r in first]
-        ax2.plot(xs, [r["rss_empty_mb"] for r in first], marker="s", ls=":", label="empty broker")
-        ax1.set(xscale="log", xlabel=key, ylabel="MB/s (median, min-max)", ylim=(0, None))
-        ax1.set_title("throughput (dashed: level with the first point)", fontsize=10)
-        ax2.set(xscale="log", xlabel=key, ylabel="broker RSS MB", ylim=(0, None))
-        ax2.set_title("broker RSS", fontsize=10)
-        for ax in (ax1, ax2):
+        ax3.plot(xs, [r["rss_empty_mb"] for r in first], marker="s", ls=":", label="empty broker")
+        ax1.set(ylabel="MB/s")
+        ax1.set_title("throughput", fontsize=10)
+        ax2.set(ylabel="µs per 16 KiB batch")
+        ax2.set_title("broker CPU per batch", fontsize=10)
+        ax3.set(ylabel="MB")
+        ax3.set_title("broker RSS", fontsize=10)
+        for ax in (ax1, ax2, ax3):
+            ax.set(xscale="log", xlabel=key, ylim=(0, None))
             ax.set_xticks(xs, [f"{x:,}" for x in xs])
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
-        fig.suptitle(title)
+        fig.suptitle(f"{title}\nmedian, min-max of rounds; dashed: level with the first point")
         fig.tight_layout()
         return fig
 
@@ -690,7 +705,7 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
 
     kills = _pick(rows, "restart after kill -9,")
     if kills:
-        fig, ax = plt.subplots(figsize=(7.5, 5))
+        fig, ax = plt.subplots(figsize=(11, 5))
         xs = [r["log_mib"] / 1024 for r in kills]
         labels = ("kill -9", "kill -9, page cache dropped", "SIGTERM")
         for (how, _, _), label in zip(RESTARTS, labels, strict=True):
@@ -719,14 +734,23 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
             lw=0.8,
             label="proportional to the log",
         )
-        ax.set(xscale="log", yscale="log", xlabel="log size GiB", ylabel="ms")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="log size GiB (segments; GiB a crash makes recovery check)",
+            ylabel="ms",
+        )
         ax.set_xticks(
-            xs, [f"{x:.3g}\n{r['segments']} seg." for x, r in zip(xs, kills, strict=True)]
+            xs,
+            [
+                f"{x:.3g}\n{r['segments']} seg.\n{r['recovery_scan_mib'] / 1024:.2g} checked"
+                for x, r in zip(xs, kills, strict=True)
+            ],
         )
         ax.set_title(
             "Restart time as one partition's log grows (median, min-max of rounds)", fontsize=10
         )
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.grid(alpha=0.3, which="both")
         fig.tight_layout()
         save(fig, "scaling-restart.png", "Restart time against log size")
