@@ -9,8 +9,11 @@
 - Fetch latency of one 1 MiB Fetch from the head (the batches just written) and from the
   tail (offset 0, its pages evicted from the page cache before every fetch) as one
   partition's log grows to 0.1, 1 and 10 GiB (times the scale).
-- Restart time after kill -9 and after SIGTERM at each of those log sizes: until the broker
-  listens, and until a Fetch of the newest batch answers.
+- Restart time at each of those log sizes, after kill -9 (page cache kept, as a process
+  crash leaves it), after kill -9 with the log's pages dropped (as a reboot leaves them)
+  and after SIGTERM: until the broker listens, until a Fetch of the newest batch answers,
+  and the recovery time the broker logs, against the bytes recovery validates (every
+  segment from the one holding the recovery point, which is written on roll and close).
 
 The topic's segment_bytes is 1 GiB times the scale (the default at scale 1), so the log
 spans the same number of segments at every scale: recovery is bounded by segments.
@@ -211,7 +214,7 @@ def partition_rows(tmp: Path, batches: int, rounds: int) -> list[dict[str, Any]]
         _stop_all(brokers)
     return [
         _curve_row(
-            f"produce into {n:,} partitions, {PARTITION_CURVE_PRODUCERS} producers, "
+            f"produce into {n:,} partition{'s' * (n > 1)}, {PARTITION_CURVE_PRODUCERS} producers, "
             "acks=1 idempotent",
             {"partitions": n, "producers": PARTITION_CURVE_PRODUCERS, "acks": 1},
             figures[n],
@@ -250,7 +253,7 @@ def producer_rows(tmp: Path, batches: int, rounds: int) -> list[dict[str, Any]]:
         _stop_all(brokers)
     return [
         _curve_row(
-            f"produce {p} producers into {PRODUCER_CURVE_PARTITIONS} partitions, "
+            f"produce {p} producer{'s' * (p > 1)} into {PRODUCER_CURVE_PARTITIONS} partitions, "
             f"acks={acks} idempotent",
             {"partitions": PRODUCER_CURVE_PARTITIONS, "producers": p, "acks": acks},
             figures[p, acks],
@@ -292,12 +295,11 @@ def fetch_latencies(
 ) -> tuple[list[float], list[float]]:
     """(head, tail) seconds of `fetches` single Fetches each, alternating: the tail one
     at offset 0 right after its segment's pages left the page cache (POSIX_FADV_DONTNEED
-    on a clean file drops them), the head one at `head_offset`, hot."""
+    on a clean file drops them: sync the log first), the head one at `head_offset`, hot."""
     head: list[float] = []
     tail: list[float] = []
     fd = os.open(first_segment, os.O_RDONLY)
     try:
-        os.fdatasync(fd)  # only clean pages can be dropped
         with WireClient(broker.bootstrap, timeout_s=60) as c:
             for _ in range(fetches):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -351,11 +353,6 @@ def sync_log(log_dir: Path, *, drop: bool = False) -> None:
             os.close(fd)
 
 
-def drop_page_cache(log_dir: Path) -> None:
-    """Write the log's segments out and drop their pages: what a reboot leaves."""
-    sync_log(log_dir, drop=True)
-
-
 def restart_times(
     broker: BrokerProcess, topic: str, log_dir: Path, last_offset: int, *, kill: bool, cold: bool
 ) -> tuple[float, float, float, float, int]:
@@ -370,7 +367,7 @@ def restart_times(
     stop_s = time.perf_counter() - began
     scan_bytes = recovery_scan_bytes(log_dir) if kill else 0
     if cold:
-        drop_page_cache(log_dir)
+        sync_log(log_dir, drop=True)
     began = time.perf_counter()
     broker.start(broker.port)
     listen_s = time.perf_counter() - began
@@ -399,7 +396,8 @@ def _log_sizes(tmp: Path, scale: float) -> tuple[list[float], dict[str, Any] | N
 
 def log_rows(tmp: Path, scale: float, fetches: int, rounds: int) -> list[dict[str, Any]]:
     """Grow one partition's log step by step; at each size time Fetches at both ends,
-    then restarts after kill -9 (first: the tail a crash leaves) and after SIGTERM."""
+    then restarts after kill -9 (first: the tail a crash leaves), kill -9 with a cold page
+    cache, and SIGTERM. The log is deleted at the end."""
     sizes, reason = _log_sizes(tmp, scale)
     rows: list[dict[str, Any]] = [reason] if reason else []
     topic = "grow"
@@ -417,7 +415,7 @@ def log_rows(tmp: Path, scale: float, fetches: int, rounds: int) -> list[dict[st
             batches += n
             log_dir = data / "topics" / topic / "0"
             x = {
-                "log_mib": round(batches * batch_bytes / (1 << 20)),
+                "log_mib": round(batches * batch_bytes / MIB),
                 "segments": len(_segments(log_dir)),
             }
             rows.append(
@@ -534,7 +532,7 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     )
     for acks in (1, -1):
         prods = _pick(rows, "produce ", acks=acks, partitions=PRODUCER_CURVE_PARTITIONS)
-        prods = [r for r in prods if "producers into" in r["benchmark"]]
+        prods = [r for r in prods if not r["benchmark"].startswith("produce into")]
         lo, hi = prods[0], prods[-1]
         ratio = hi["broker_cpu_us_per_batch"] / lo["broker_cpu_us_per_batch"]
         out.append(
@@ -663,7 +661,7 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
             "scaling-partitions.png",
             "Throughput and broker RSS against partitions",
         )
-    prods = [r for r in _pick(rows, "produce ") if "producers into" in r["benchmark"]]
+    prods = [r for r in _pick(rows, "produce ") if not r["benchmark"].startswith("produce into")]
     if prods:
         by_acks = [[r for r in prods if r["acks"] == acks] for acks in (1, -1)]
         title = f"{PRODUCER_CURVE_PARTITIONS} partitions, a process per producer, 16 KiB batches"
