@@ -225,6 +225,27 @@ def _sized(name: str, option: str, full: int) -> Suite:
     )
 
 
+def _scaled(name: str) -> Suite:
+    """A suite that takes `--scale` itself and draws its own plots."""
+    module_name = f"bench.bench_{name}"
+
+    def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = importlib.import_module(module_name).run(args.scale)
+        return rows
+
+    def targets(rows: list[dict[str, Any]]) -> list[str]:
+        lines: list[str] = importlib.import_module(module_name).targets(rows)
+        return lines
+
+    def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
+        drawn: list[tuple[str, Path]] = importlib.import_module(module_name).plots(rows, out_dir)
+        return drawn
+
+    return Suite(
+        run, lambda args: f"python -m bench --suites {name} --scale {args.scale:g}", targets, plots
+    )
+
+
 def _offsets_run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from bench import bench_offsets
 
@@ -273,6 +294,7 @@ REGISTRY: dict[str, Suite] = {
     "offsets": Suite(
         _offsets_run, lambda args: "python -m bench --suites offsets", offsets_targets
     ),
+    "scaling": _scaled("scaling"),
 }
 SUITES = tuple(REGISTRY)
 
