@@ -24,9 +24,11 @@ import argparse
 import asyncio
 import contextlib
 import os
+import queue
 import re
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,9 +36,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.bench_client import PRODUCER_CONFIG
+from bench.bench_client import PRODUCER_CONFIG, _cpu_seconds
 from bench.peers_servers import NatsServer, RedisServer, find_binary
 from client import Consumer, Producer, TopicPartition
+from client.accumulator import RecordHandle
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 
@@ -59,13 +62,14 @@ FSYNC_SECOND = "fsync every second"
 PAGE_CACHE = "page cache only"
 CLASS_ORDER = (FSYNC_GROUP, FSYNC_SECOND, PAGE_CACHE)
 
-MB_ALL = "minibroker acks=all idempotent"
-MB_1 = "minibroker acks=1"
+MB_ALL = "minibroker trio acks=all idempotent"
+MB_1 = "minibroker trio acks=1"
+MB_ALL_LINGER0 = "minibroker trio acks=all idempotent, linger_ms 0"
 REDIS_ALWAYS = "redis XADD AOF always"
 REDIS_EVERYSEC = "redis XADD AOF everysec"
 NATS_PLAIN = "nats JetStream"
 NATS_MSGID = "nats JetStream Msg-Id"
-LATENCY_CASES = (MB_ALL, MB_1, REDIS_ALWAYS, REDIS_EVERYSEC, NATS_MSGID)
+LATENCY_CASES = (MB_ALL, MB_ALL_LINGER0, MB_1, REDIS_ALWAYS, REDIS_EVERYSEC, NATS_MSGID)
 CONSUME_CASES = {MB_ALL: "minibroker Consumer", REDIS_ALWAYS: "redis XRANGE", NATS_MSGID: "nats"}
 
 
@@ -76,10 +80,14 @@ class Case:
     label: str
     durability: str
     how: str
-    produce: Callable[[str, int, float], int] | None = None  # (stream, records, max_s) -> sent
+    # (stream, records, max_s) -> (records sent, seconds from the first send to the last ack)
+    produce: Callable[[str, int, float], tuple[int, float]] | None = None
     open_loop: Callable[[str, float, int], list[float]] | None = None  # -> latencies in s
-    consume: Callable[[str, int], int] | None = None  # (stream, records) -> read
+    # (stream, records) -> (records read, seconds after connecting)
+    consume: Callable[[str, int], tuple[int, float]] | None = None
     skipped: str = ""
+    rate_of: str = ""  # the case whose throughput sets the open-loop rates (default: its own)
+    server_pid: int = 0  # whose CPU time the produce rows report
     streams: list[tuple[str, int]] = field(default_factory=list)  # (name, records) written
 
     def skip(self, reason: str) -> None:
@@ -120,6 +128,28 @@ def _open_loop(send: Callable[[int, int], None], rate: float, records: int) -> f
     return t0
 
 
+def _stamp_batches(
+    firsts: queue.SimpleQueue[tuple[int, RecordHandle] | None], stamps: list[tuple[int, float]]
+) -> None:
+    """Stamp the time each batch is acknowledged, as (its first record, time).
+
+    A record's acknowledgement is its batch's: every record of a batch completes at
+    once. So one wait per batch on the handle of its first record gives every
+    record's ack time, where an `on_delivery` callback per record would cost the
+    producer a third of its throughput and load the machine being measured."""
+    while True:
+        try:
+            item = firsts.get(timeout=ACK_WAIT_S)
+        except queue.Empty:
+            return
+        if item is None:
+            return
+        first, handle = item
+        with contextlib.suppress(Exception):  # a failed batch stays unstamped: acked at the end
+            handle.get(ACK_WAIT_S)
+            stamps.append((first, time.perf_counter()))
+
+
 def _values() -> list[bytes]:
     return [os.urandom(RECORD_BYTES) for _ in range(256)]
 
@@ -127,17 +157,20 @@ def _values() -> list[bytes]:
 # ---------------------------------------------------------------------------- minibroker
 
 
-def minibroker_cases(broker: BrokerProcess) -> list[Case]:
+def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
+    """trio: every measurement, and the acks=all open loop once more with linger_ms 0 (at
+    the rates of the default settings), to show what linger costs; asyncio: produce."""
     values = _values()
     bootstrap = broker.bootstrap
 
-    def produce(config: dict[str, Any]) -> Callable[[str, int, float], int]:
-        def run(topic: str, records: int, max_s: float) -> int:
+    def produce(config: dict[str, Any]) -> Callable[[str, int, float], tuple[int, float]]:
+        def run(topic: str, records: int, max_s: float) -> tuple[int, float]:
             create_topic(bootstrap, topic, partitions=1)
             with Producer(bootstrap, **config) as producer:
                 producer.partitions_for(topic)
                 send = producer.send
-                deadline = time.perf_counter() + max_s
+                started = time.perf_counter()
+                deadline = started + max_s
                 sent = 0
                 while sent < records and time.perf_counter() < deadline:
                     stop = min(records, sent + 1024)
@@ -145,56 +178,74 @@ def minibroker_cases(broker: BrokerProcess) -> list[Case]:
                         send(topic, values[i & 255], partition=0)
                     sent = stop
                 producer.flush(ACK_WAIT_S)
+                seconds = time.perf_counter() - started
                 assert producer.metrics()["records_sent"] == sent
-            return sent
+            return sent, seconds
 
         return run
 
     def open_loop(config: dict[str, Any]) -> Callable[[str, float, int], list[float]]:
         def run(topic: str, rate: float, records: int) -> list[float]:
             create_topic(bootstrap, topic, partitions=1)
-            acked = [0.0] * records
-            clock = time.perf_counter
-
-            def delivered(error: BaseException | None, metadata: Any) -> None:
-                if error is None:  # a fresh topic: offset k is record k
-                    acked[metadata.offset] = clock()
-
+            firsts: queue.SimpleQueue[tuple[int, RecordHandle] | None] = queue.SimpleQueue()
+            stamps: list[tuple[int, float]] = []
             with Producer(bootstrap, **config) as producer:
                 producer.partitions_for(topic)
                 send = producer.send
+                watcher = threading.Thread(target=_stamp_batches, args=(firsts, stamps))
+                watcher.start()
+                try:
 
-                def send_due(first: int, stop: int) -> None:
-                    for i in range(first, stop):
-                        send(topic, values[i & 255], partition=0, on_delivery=delivered)
+                    def send_due(first: int, stop: int) -> None:
+                        for i in range(first, stop):
+                            handle = send(topic, values[i & 255], partition=0)
+                            if handle[1] == 0:  # the first record of a new batch
+                                firsts.put((i, handle))
 
-                t0 = _open_loop(send_due, rate, records)
-                producer.flush(ACK_WAIT_S)
-                return _latencies(acked, t0, rate, clock())
+                    t0 = _open_loop(send_due, rate, records)
+                    producer.flush(ACK_WAIT_S)
+                finally:
+                    firsts.put(None)
+                    watcher.join(ACK_WAIT_S)
+                end = time.perf_counter()
+            acked = [0.0] * records
+            stamps.sort()
+            for (first, at), (stop, _) in zip(stamps, [*stamps[1:], (records, 0.0)], strict=True):
+                acked[first:stop] = [at] * (stop - first)
+            return _latencies(acked, t0, rate, end)
 
         return run
 
-    def consume(topic: str, records: int) -> int:
+    def consume(topic: str, records: int) -> tuple[int, float]:
         tp = TopicPartition(topic, 0)
         with Consumer(tp, bootstrap_servers=bootstrap, auto_offset_reset="earliest") as c:
-            deadline = time.perf_counter() + ACK_WAIT_S
+            started = time.perf_counter()
+            deadline = started + ACK_WAIT_S
             count = 0
             while count < records and time.perf_counter() < deadline:
                 for batch in c.poll(timeout_ms=1_000, max_records=records - count).values():
                     count += len(batch)
-            return count
+            return count, time.perf_counter() - started
 
     how = "Producer.send() per record, batch_size 256 KiB, linger_ms 5, 5 in flight"
+    if backend != "trio":
+        return [
+            Case(
+                f"minibroker {backend} acks=all idempotent", FSYNC_GROUP, how, produce(MB_ACKS_ALL)
+            ),
+            Case(f"minibroker {backend} acks=1", PAGE_CACHE, how, produce(MB_ACKS_1)),
+        ]
+    linger0 = {**MB_ACKS_ALL, "linger_ms": 0}
     return [
-        Case(
-            MB_ALL,
-            FSYNC_GROUP,
-            how,
-            produce(MB_ACKS_ALL),
-            open_loop(MB_ACKS_ALL),
-            consume,
-        ),
+        Case(MB_ALL, FSYNC_GROUP, how, produce(MB_ACKS_ALL), open_loop(MB_ACKS_ALL), consume),
         Case(MB_1, PAGE_CACHE, how, produce(MB_ACKS_1), open_loop(MB_ACKS_1)),
+        Case(
+            MB_ALL_LINGER0,
+            FSYNC_GROUP,
+            how.replace("linger_ms 5", "linger_ms 0"),
+            open_loop=open_loop(linger0),
+            rate_of=MB_ALL,
+        ),
     ]
 
 
@@ -217,17 +268,19 @@ def redis_case(server: RedisServer, label: str, durability: str) -> Case:
                 pipe.xadd(stream, {b"v": values[i & 255]})
             pipe.execute()
 
-    def produce(stream: str, records: int, max_s: float) -> int:
+    def produce(stream: str, records: int, max_s: float) -> tuple[int, float]:
         with client() as r:
             r.ping()
-            deadline = time.perf_counter() + max_s
+            started = time.perf_counter()
+            deadline = started + max_s
             sent = 0
             while sent < records and time.perf_counter() < deadline:
                 stop = min(records, sent + REDIS_PIPELINE_DEPTH)
                 xadd(r, stream, sent, stop)
                 sent = stop
+            seconds = time.perf_counter() - started
             assert r.xlen(stream) == sent
-        return sent
+        return sent, seconds
 
     def open_loop(stream: str, rate: float, records: int) -> list[float]:
         acked = [0.0] * records
@@ -241,18 +294,20 @@ def redis_case(server: RedisServer, label: str, durability: str) -> Case:
             t0 = _open_loop(send_due, rate, records)
         return _latencies(acked, t0, rate, time.perf_counter())
 
-    def consume(stream: str, records: int) -> int:
+    def consume(stream: str, records: int) -> tuple[int, float]:
         with client() as r:
+            r.ping()
             start = "-"
             count = 0
-            deadline = time.perf_counter() + ACK_WAIT_S
+            started = time.perf_counter()
+            deadline = started + ACK_WAIT_S
             while count < records and time.perf_counter() < deadline:
                 entries = r.xrange(stream, min=start, count=min(READ_CHUNK, records - count))
                 if not entries:
                     break
                 count += len(entries)
                 start = "(" + entries[-1][0].decode()
-        return count
+            return count, time.perf_counter() - started
 
     how = f"redis-py + hiredis, pipeline(transaction=False) of {REDIS_PIPELINE_DEPTH:,} XADD"
     return Case(label, durability, how, produce, open_loop, consume)
@@ -282,15 +337,16 @@ def nats_cases(server: NatsServer) -> list[Case]:
     def headers(msg_id: bool, subject: str, i: int) -> dict[str, str] | None:
         return {"Nats-Msg-Id": f"{subject}-{i}"} if msg_id else None
 
-    def produce(msg_id: bool) -> Callable[[str, int, float], int]:
+    def produce(msg_id: bool) -> Callable[[str, int, float], tuple[int, float]]:
         stream = "MSGID" if msg_id else "PLAIN"
 
-        async def main(subject: str, records: int, max_s: float) -> int:
+        async def main(subject: str, records: int, max_s: float) -> tuple[int, float]:
             nc = await nats.connect(server.url)
             try:
                 js = nc.jetstream(publish_async_max_pending=NATS_MAX_PENDING)
                 before = (await js.stream_info(stream)).state.messages
-                deadline = time.perf_counter() + max_s
+                started = time.perf_counter()
+                deadline = started + max_s
                 sent = 0
                 while sent < records and time.perf_counter() < deadline:
                     stop = min(records, sent + 1024)
@@ -299,12 +355,13 @@ def nats_cases(server: NatsServer) -> list[Case]:
                         await js.publish_async(subject, values[i & 255], headers=hdr)
                     sent = stop
                 await asyncio.wait_for(js.publish_async_completed(), ACK_WAIT_S)
+                seconds = time.perf_counter() - started
                 assert (await js.stream_info(stream)).state.messages - before == sent
-                return sent
+                return sent, seconds
             finally:
                 await nc.close()
 
-        def run(name: str, records: int, max_s: float) -> int:
+        def run(name: str, records: int, max_s: float) -> tuple[int, float]:
             return asyncio.run(main(f"{streams[stream]}.{name}", records, max_s))
 
         return run
@@ -341,8 +398,8 @@ def nats_cases(server: NatsServer) -> list[Case]:
 
         return asyncio.run(main())
 
-    def consume(name: str, records: int) -> int:
-        async def main() -> int:
+    def consume(name: str, records: int) -> tuple[int, float]:
+        async def main() -> tuple[int, float]:
             nc = await nats.connect(server.url)
             try:
                 js = nc.jetstream()
@@ -351,20 +408,22 @@ def nats_cases(server: NatsServer) -> list[Case]:
                     f"msgid.{name}", durable=None, stream="MSGID", config=config
                 )
                 count = 0
-                deadline = time.perf_counter() + ACK_WAIT_S
+                started = time.perf_counter()
+                deadline = started + ACK_WAIT_S
                 while count < records and time.perf_counter() < deadline:
                     msgs = await sub.fetch(batch=min(READ_CHUNK, records - count), timeout=5)
                     count += len(msgs)
+                seconds = time.perf_counter() - started
                 await sub.unsubscribe()
-                return count
+                return count, seconds
             finally:
                 await nc.close()
 
         return asyncio.run(main())
 
     durability = (
-        f"{PAGE_CACHE} (nats-server {server.version()}: no sync_interval before 2.10, "
-        "so no fsync per write; it syncs on its own timer)"
+        f"{PAGE_CACHE} (nats-server {server.version()}: no fsync per write; sync_interval "
+        "and its 'always' need 2.10+)"
     )
     how = f"nats-py js.publish_async, up to {NATS_MAX_PENDING:,} acks pending"
     return [
@@ -415,33 +474,64 @@ def _measure(case: Case, what: str, action: Callable[[], Any]) -> Any:
         return None
 
 
-def _produce_rows(cases: list[Case], scale: float, runs: int) -> dict[str, list[float]]:
+def _produce_rounds(
+    cases: list[Case], scale: float, runs: int
+) -> tuple[dict[str, list[float]], dict[str, list[tuple[float, float]]]]:
+    """Records/s of every produce round, and CPU µs per record of this process (the
+    client) and of the server, per case."""
     records = max(10_000, int(PRODUCE_RECORDS * scale))
     max_s = max(1.5, 5.0 * scale)
     rates: dict[str, list[float]] = {c.label: [] for c in cases}
+    cpu: dict[str, list[tuple[float, float]]] = {c.label: [] for c in cases}
     for durability in CLASS_ORDER:  # one class at a time: fsync cost lands on its own class
         group = [c for c in cases if c.durability.startswith(durability) and c.produce]
         for r in range(runs):
             for case in _abba(group, r):
                 stream = case.name(f"tput-{len(case.streams)}")
                 assert case.produce is not None
-                started = time.perf_counter()
-                sent = _measure(case, "produce", partial(case.produce, stream, records, max_s))
-                if sent:
-                    rates[case.label].append(sent / (time.perf_counter() - started))
+                client_cpu, server_cpu = time.process_time(), _cpu_seconds(case.server_pid)
+                got = _measure(case, "produce", partial(case.produce, stream, records, max_s))
+                if got:
+                    sent, seconds = got
+                    rates[case.label].append(sent / seconds)
+                    cpu[case.label].append(
+                        (
+                            (time.process_time() - client_cpu) / sent * 1e6,
+                            (_cpu_seconds(case.server_pid) - server_cpu) / sent * 1e6,
+                        )
+                    )
                     case.streams.append((stream, sent))
-    return rates
+    return rates, cpu
 
 
 def run(scale: float = 1.0) -> list[dict[str, Any]]:
     """Start minibroker and the peers, measure, stop them all; the rows (see module doc)."""
     runs = RUNS
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
-        broker = BrokerProcess(Path(tmp) / "data", backend="trio").start()
-        stack.callback(broker.kill)
-        cases = minibroker_cases(broker)
+        cases: list[Case] = []
+        for backend in ("trio", "asyncio"):
+            broker = BrokerProcess(Path(tmp) / backend, backend=backend)
+            stack.callback(broker.kill)
+            for case in minibroker_cases(broker.start(), backend):
+                assert broker.proc is not None
+                case.server_pid = broker.proc.pid
+                cases.append(case)
         cases += _peer_cases(stack)
-        return _measure_all(cases, scale, runs)
+        load_before = os.getloadavg()[0]
+        rows = _measure_all(cases, scale, runs)
+        loads = (load_before, os.getloadavg()[0])
+        rows.append(
+            {
+                "benchmark": "machine load (1-minute load average) at start and end",
+                "durability": "",
+                "median": round(statistics.mean(loads), 1),
+                "min_max": _minmax(loads, 1),
+                "runs": 2,
+                "unit": "runnable tasks",
+                "how": f"os.getloadavg() on {os.cpu_count()} cores, shared with other benchmarks",
+            }
+        )
+        return rows
 
 
 def _peer_cases(stack: contextlib.ExitStack) -> list[Case]:
@@ -467,6 +557,7 @@ def _peer_cases(stack: contextlib.ExitStack) -> list[Case]:
             server = stack.enter_context(RedisServer(binary, fsync))
             server.start()
             cases.append(redis_case(server, label, durability))
+            cases[-1].server_pid = server.pid
         except Exception as exc:
             cases.append(Case(label, durability, redis_how, skipped=f"{exc}"[:200]))
 
@@ -483,7 +574,9 @@ def _peer_cases(stack: contextlib.ExitStack) -> list[Case]:
     try:
         nats_server = stack.enter_context(NatsServer(binary))
         nats_server.start()
-        cases += nats_cases(nats_server)
+        for case in nats_cases(nats_server):
+            case.server_pid = nats_server.pid
+            cases.append(case)
     except Exception as exc:
         cases += [
             Case(n, PAGE_CACHE, nats_how, skipped=f"{exc}"[:200]) for n in (NATS_PLAIN, NATS_MSGID)
@@ -496,9 +589,11 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
     rows: list[dict[str, Any]] = []
 
     # 1. produce throughput
-    rates = _produce_rows(cases, scale, runs)
+    rates, cpu = _produce_rounds(cases, scale, runs)
     records = max(10_000, int(PRODUCE_RECORDS * scale))
     for case in cases:
+        if case.produce is None:
+            continue
         name = f"produce {case.label}"
         if case.skipped or not rates[case.label]:
             rows.append(_skipped_row(name, case, "records/s"))
@@ -513,6 +608,12 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
                 "runs": len(values),
                 "unit": "records/s",
                 "mb_per_s": round(statistics.median(values) * RECORD_BYTES / 1e6, 1),
+                "client_cpu_us_per_record": round(
+                    statistics.median(c for c, _ in cpu[case.label]), 2
+                ),
+                "server_cpu_us_per_record": round(
+                    statistics.median(s for _, s in cpu[case.label]), 2
+                ),
                 "how": case.how,
             }
         )
@@ -525,10 +626,10 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
     for r in range(runs):
         for case in _abba(readable, r):
             assert case.consume is not None
-            started = time.perf_counter()
             got = _measure(case, "consume", partial(case.consume, case.streams[0][0], target))
             if got:
-                read_rates[case.label].append(got / (time.perf_counter() - started))
+                count, seconds = got
+                read_rates[case.label].append(count / seconds)
     for case in consumers:
         name = f"consume {CONSUME_CASES[case.label]}"
         values = read_rates[case.label]
@@ -557,9 +658,10 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
     for r in range(runs):
         for load in LOADS_PCT:
             for case in _abba(lat_cases, r):
-                if case.skipped or not rates[case.label] or case.open_loop is None:
+                base = rates[case.rate_of or case.label]
+                if case.skipped or not base or case.open_loop is None:
                     continue
-                rate = statistics.median(rates[case.label]) * load / 100
+                rate = statistics.median(base) * load / 100
                 count = max(100, int(rate * duration_s))
                 name = case.name(f"lat-{load}-{r}")
                 lat = _measure(case, "latency", partial(case.open_loop, name, rate, count))
@@ -576,7 +678,7 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
                 rows.append(_skipped_row(name, case, "ms p99"))
                 continue
             p50s, p99s, p999s = zip(*got, strict=True)
-            rate = statistics.median(rates[case.label]) * load / 100
+            rate = statistics.median(rates[case.rate_of or case.label]) * load / 100
             rows.append(
                 {
                     "benchmark": name,
@@ -712,8 +814,8 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
                 color=[colors[klass(r)] for r in group],
                 capsize=3,
             )
-            for y, v in enumerate(values):
-                ax.text(v, y, f" {v:,.0f}k", va="center", fontsize=8)
+            for y, (v, (_, up)) in enumerate(zip(values, errors, strict=True)):
+                ax.text(v + up, y, f"  {v:,.0f}k", va="center", fontsize=8)
             ax.invert_yaxis()
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("thousand records/s (median, min-max bars)")
@@ -749,8 +851,8 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
             ax.set_xticks(list(LOADS_PCT))
             ax.grid(True, which="both", alpha=0.3)
         axes[0].set_ylabel("ms from scheduled send to ack")
-        axes[0].axhline(10, color="red", lw=0.8, ls=":")
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
+        axes[1].axhline(10, color="red", lw=0.8, ls=":", label="10 ms target (acks=all, 50%)")
+        fig.legend(*axes[1].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
         fig.tight_layout(rect=(0, 0.12, 1, 1))
         path = out_dir / "peers_latency.png"
         fig.savefig(path, dpi=110)

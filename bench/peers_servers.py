@@ -60,13 +60,14 @@ def _apt_install(package: str) -> str | None:
 
 def find_binary(name: str, package: str) -> tuple[str | None, str]:
     """(path, "") when `name` is on PATH or could be installed from Debian, else (None, reason)."""
-    path = shutil.which(name)
+    # Debian puts nats-server in /usr/sbin, which a non-root PATH may lack.
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
     if path:
         return path, ""
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return None, f"{name} not found and not root with apt-get to install {package}"
     reason = _apt_install(package)
-    path = shutil.which(name)
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
     if path:
         return path, ""
     return None, reason or f"{name} still not on PATH after installing {package}"
