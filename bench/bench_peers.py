@@ -15,6 +15,19 @@ systems in ABBA order within a durability class. Every row names its durability
 class, and targets compare like with like (or say that they do not). A peer whose
 server or client library cannot be had gets rows saying why it was skipped.
 
+Durability classes, as each server acknowledges:
+- minibroker acks=all: fdatasync before the ack, one fsync round for every batch
+  appended before it (broker/group_commit.py); acks=1: written, not fsynced.
+- Redis `appendfsync always`: the AOF is written and fsynced once per event-loop pass,
+  before that pass's replies go out (a 1,000-XADD pipeline spans several passes);
+  `everysec`: a background fsync every second.
+- nats-server from Debian (2.9.x) rejects `sync_interval` (added in 2.10, with `always`
+  for an fsync per write); strace showed 2,000 acknowledged publishes as 2,001 pwrite64
+  and no fsync: page cache only, flushed on the server's own timer.
+
+minibroker's open-loop ack times are per batch: every record of a batch is acknowledged
+at once, so one wait per batch gives each record's time (see `_stamp_batches`).
+
     PYTHONPATH=$PWD .venv/bin/python -m bench.bench_peers --scale 0.1 [--out DIR]
 """
 
@@ -261,12 +274,17 @@ def redis_case(server: RedisServer, label: str, durability: str) -> Case:
         # redis-py picks hiredis as its parser when it is installed.
         return redis.Redis(host="127.0.0.1", port=server.port)
 
-    def xadd(r: redis.Redis, stream: str, first: int, stop: int) -> None:
+    def xadd(r: redis.Redis, stream: str, first: int, stop: int, acked: list[float]) -> None:
+        """Pipelines of up to REDIS_PIPELINE_DEPTH XADDs, one at a time; each pipeline's
+        records are acknowledged when its replies are in (stamped in `acked`, if given)."""
         for start in range(first, stop, REDIS_PIPELINE_DEPTH):
+            end = min(stop, start + REDIS_PIPELINE_DEPTH)
             pipe = r.pipeline(transaction=False)
-            for i in range(start, min(stop, start + REDIS_PIPELINE_DEPTH)):
+            for i in range(start, end):
                 pipe.xadd(stream, {b"v": values[i & 255]})
             pipe.execute()
+            if acked:
+                acked[start:end] = [time.perf_counter()] * (end - start)
 
     def produce(stream: str, records: int, max_s: float) -> tuple[int, float]:
         with client() as r:
@@ -276,7 +294,7 @@ def redis_case(server: RedisServer, label: str, durability: str) -> Case:
             sent = 0
             while sent < records and time.perf_counter() < deadline:
                 stop = min(records, sent + REDIS_PIPELINE_DEPTH)
-                xadd(r, stream, sent, stop)
+                xadd(r, stream, sent, stop, [])
                 sent = stop
             seconds = time.perf_counter() - started
             assert r.xlen(stream) == sent
@@ -287,11 +305,7 @@ def redis_case(server: RedisServer, label: str, durability: str) -> Case:
         with client() as r:
             r.ping()
 
-            def send_due(first: int, stop: int) -> None:
-                xadd(r, stream, first, stop)
-                acked[first:stop] = [time.perf_counter()] * (stop - first)
-
-            t0 = _open_loop(send_due, rate, records)
+            t0 = _open_loop(partial(xadd, r, stream, acked=acked), rate, records)
         return _latencies(acked, t0, rate, time.perf_counter())
 
     def consume(stream: str, records: int) -> tuple[int, float]:
