@@ -294,6 +294,7 @@ REGISTRY: dict[str, Suite] = {
     "offsets": Suite(
         _offsets_run, lambda args: "python -m bench --suites offsets", offsets_targets
     ),
+    "peers": _scaled("peers"),
     "scaling": _scaled("scaling"),
 }
 SUITES = tuple(REGISTRY)
