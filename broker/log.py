@@ -9,12 +9,15 @@
 
 Writes never fsync on the append path: a group-commit flusher asks `sync_targets`, fdatasyncs
 those fds in a worker thread and reports back with `mark_flushed`. The recovery point follows
-`flushed_offset` to disk on roll and close; after a crash, opening the log validates every
-batch from the segment holding it onward and cuts what is torn or corrupt.
+`flushed_offset` to disk on roll and close, and again once the flusher has passed a roll (at
+most one write per segment); after a crash, opening the log validates every batch from the
+segment holding it onward and cuts what is torn or corrupt, so that is the active segment
+whenever the flusher keeps up.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from bisect import bisect_right
@@ -48,6 +51,8 @@ __all__ = [
 ]
 
 RECOVERY_POINT_FILE = "recovery-point"
+
+log = logging.getLogger(f"minibroker.{__name__}")
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 3
 OFFSET_LIMIT = 2**63  # above every int64 offset
@@ -116,6 +121,8 @@ class PartitionLog:
         self.log_end_offset = segments[-1].next_offset
         self.size_bytes = sum(segment.size_bytes for segment in segments)
         self.flushed_offset = flushed_offset
+        # The recovery point on disk (or the offset recovery started from, which is no later).
+        self.recovery_point = flushed_offset
         self.recovery = recovery
         # Called with the new base offset after a roll and before the new segment gets data.
         self.on_roll: Callable[[int], None] | None = None
@@ -339,8 +346,23 @@ class PartitionLog:
         return fds, self.log_end_offset
 
     def mark_flushed(self, offset: int) -> None:
+        """Everything below `offset` is on disk. When that reaches a later segment than the
+        recovery point does, the point moves there: recovery after a crash then starts at
+        the active segment instead of the one before a roll (whose point was written
+        before the flusher had synced it). A failed write leaves the older point, which
+        costs only a longer recovery."""
         assert offset <= self.log_end_offset, (offset, self.log_end_offset)
         self.flushed_offset = max(self.flushed_offset, offset)
+        bases = self._base_offsets
+        if bisect_right(bases, self.flushed_offset) > bisect_right(bases, self.recovery_point):
+            try:
+                self._write_recovery_point(self.flushed_offset)
+            except StorageError as exc:
+                log.error(
+                    "event=recovery_point_not_written directory=%s error=%r",
+                    self.directory,
+                    str(exc),
+                )
 
     def flush(self) -> None:
         """fdatasync every segment holding unflushed data, now, on this thread."""
@@ -357,6 +379,7 @@ class PartitionLog:
             write_atomic(self.directory / RECOVERY_POINT_FILE, encode_recovery_point(offset))
         except OSError as exc:
             raise StorageError(f"recovery point of {self.directory}: {exc}") from exc
+        self.recovery_point = offset
 
     # -- retention ------------------------------------------------------------------------
 

@@ -435,3 +435,23 @@ def test_damage_to_header_bytes_the_crc_does_not_cover(
         assert (span.length, span.record_count) == (size * len(served), len(served))
         os.close(span.fd)
     log.close()
+
+
+def test_recovery_starts_at_the_active_segment_once_the_flusher_passed_the_rolls(
+    tmp_path: Path,
+) -> None:
+    """kill -9 after the flusher synced everything, segments rolled since: recovery
+    validates the active segment only. The point written at each roll is behind (the
+    flusher syncs a rolled segment after the roll), so without moving it once the flush
+    passes the roll, recovery would validate the segment before the roll too."""
+    log = PartitionLog.open(tmp_path, SMALL, clean_shutdown=True, now_ms=T0_MS)
+    fill(log, 20)
+    assert len(segment_bases(tmp_path)) >= 3
+    log.flush()
+    assert log.recovery_point == log.flushed_offset == log.log_end_offset
+    end = log.log_end_offset
+    append(log, make_batch([T0_MS]))  # in the active segment, not yet flushed
+    crashed = PartitionLog.open(tmp_path, SMALL, clean_shutdown=False, now_ms=T0_MS)
+    assert crashed.recovery.segments_scanned == 1
+    assert crashed.flushed_offset == end
+    assert crashed.log_end_offset == end + 1
