@@ -107,22 +107,6 @@ def loopback_mb_s(total_bytes: int) -> float:
     return total_bytes / elapsed / 1e6
 
 
-def buffered_write_mb_s(directory: Path, chunks: int) -> float:
-    """MB/s of 16 KiB writes into the page cache, no fsync (what acks=1 waits for)."""
-    chunk = os.urandom(BATCH_BYTES)
-    path = directory / "buffered.probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        started = time.perf_counter()
-        for _ in range(chunks):
-            os.write(fd, chunk)
-        elapsed = time.perf_counter() - started
-    finally:
-        os.close(fd)
-        path.unlink()
-    return chunks * BATCH_BYTES / elapsed / 1e6
-
-
 def _per_second(action: Callable[[], object], calls: int) -> float:
     started = time.perf_counter()
     for _ in range(calls):
@@ -157,7 +141,7 @@ def run(scale: float = 1.0) -> list[dict[str, Any]]:
         # One run of every limit per round, so drift on the machine hits them alike.
         for _ in range(RUNS):
             figures[LOOPBACK].append(loopback_mb_s(pump_bytes))
-            figures[WRITE_BUFFERED].append(buffered_write_mb_s(directory, chunks))
+            figures[WRITE_BUFFERED].append(fdatasync_ceiling_mb_s(directory, chunks, 0))
             figures[FSYNC_EACH].append(fdatasync_ceiling_mb_s(directory, chunks // 8, 1))
             figures[FSYNC_WINDOW].append(fdatasync_ceiling_mb_s(directory, chunks, WINDOW))
             rate = _per_second(lambda: msgpack.packb(rows_to_pack, use_bin_type=True), calls)
