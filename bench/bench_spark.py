@@ -34,6 +34,7 @@ from pyspark.sql.types import StructType
 ROOT = Path(__file__).resolve().parents[1]
 VALUE_BYTES = 100
 PARTITIONS = 2
+ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,16 @@ def _timed(name: str, rows: int, action: Callable[[], object]) -> dict:
         "seconds": round(seconds, 3),
         "rows_per_s": round(rows / seconds),
     }
+
+
+def _medians(rounds: list[list[dict]]) -> list[dict]:
+    """One row per measurement: the median round's figures, with the min-max of rows/s."""
+    merged = []
+    for runs in zip(*rounds, strict=True):
+        rates = sorted(run["rows_per_s"] for run in runs)
+        median = next(run for run in runs if run["rows_per_s"] == rates[len(rates) // 2])
+        merged.append({**median, "min_max": f"{rates[0]:,}-{rates[-1]:,}", "runs": len(runs)})
+    return merged
 
 
 def _topic_offsets(bootstrap: str, topic: str) -> int:
@@ -224,7 +235,8 @@ def run(rows: int = 5_000_000, stream_rate: int = 2_000, stream_s: float = 30.0)
     """Write `rows` 100-byte values with local[2] into noop, discard and minibroker (both
     deliveries), then read them back; one dict per measurement, after a warm-up round on
     fewer rows (JIT, Python worker start-up and imports would otherwise land on the
-    first sink). Then the streaming latency at `stream_rate` records/s."""
+    first sink); the median of `ROUNDS` rounds with its min-max. Then the streaming
+    latency at `stream_rate` records/s."""
     from harness.broker_process import BrokerProcess
 
     spark = _session()
@@ -233,7 +245,9 @@ def run(rows: int = 5_000_000, stream_rate: int = 2_000, stream_s: float = 30.0)
             broker = BrokerProcess(Path(tmp) / "data", backend="trio").start()
             try:
                 _measure(spark, broker.bootstrap, "warm-up", min(rows, 200_000))
-                results = _measure(spark, broker.bootstrap, "bench", rows)
+                results = _medians(
+                    [_measure(spark, broker.bootstrap, f"bench{r}", rows) for r in range(ROUNDS)]
+                )
                 stream = _stream_latency(
                     spark, broker.bootstrap, Path(tmp) / "checkpoint", stream_rate, stream_s
                 )
