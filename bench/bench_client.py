@@ -6,23 +6,40 @@ Measures, with 100-byte records, an idempotent producer and acks=all:
 - `Consumer` reading everything back (records/s, MB/s).
 
 Each row also shows the CPU seconds of this process and of the broker, so a
-reader can tell who the bottleneck was. `run()` returns the rows (for the
-lead's bench runner); running the file prints them as a markdown table:
+reader can tell who the bottleneck was.
+
+Then issue 14's durable case, on a trio and an asyncio broker: 4 producer
+processes, each a `Producer` with the default settings (16 KiB batches) at
+acks=all, idempotent, calling send() per 1 KiB record into a partition of its
+own. Its rows give MB/s, the producers' CPU per record, the broker's CPU per
+16 KiB of records, and the fraction of the fdatasync ceiling measured in the
+same rounds (bench_broker's, one fdatasync per 64 writes as in the broker
+suite, and per 20: the most batches these producers have in flight at once):
+medians of `DURABLE_ROUNDS` rounds with min-max.
+
+`run()` returns the rows (for the lead's bench runner); running the file prints
+them as a markdown table:
 
     .venv/bin/python -m bench.bench_client [--records N] [--backend trio|asyncio]
+        [--producer-records N]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.bench_broker import WINDOW, fdatasync_ceiling_mb_s
+from bench.bench_broker import _cpu_s as cpu_s_schedstat
 from client import Consumer, Producer, TopicPartition
 from client.admin import create_topic
+from client.config import ProducerConfig
 from harness.broker_process import BrokerProcess
 
 RECORD_SIZE = 100
@@ -37,6 +54,15 @@ PRODUCER_CONFIG: dict[str, Any] = {
     "max_in_flight_requests_per_connection": 5,
 }
 BATCH_CALL_RECORDS = 100_000
+
+# Issue 14's durable case: producer processes with default settings but acks=all.
+DURABLE_PRODUCERS = 4
+DURABLE_RECORD_BYTES = 1024
+DURABLE_CONFIG: dict[str, Any] = {"acks": "all", "enable_idempotence": True}
+DURABLE_ROUNDS = 3
+# linger_ms 0 is the default; 5 is Kafka 4's default, which lets batches fill up.
+DURABLE_LINGER_MS = (0, 5)
+DURABLE_TIMEOUT_S = 600
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -113,26 +139,155 @@ def bench_consume(broker: BrokerProcess, records: int) -> dict[str, Any]:
         return _row("consumer poll()", count, *clock.stop())
 
 
-def run(records: int = 1_000_000, backend: str = "asyncio") -> list[dict[str, Any]]:
-    """Start a broker in a temporary directory, run the three benchmarks, return their rows."""
+def _durable_producer(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    records: int,
+    config: dict[str, Any],
+    start: Any,
+    out: Any,
+) -> None:
+    """One producer process: send() `records` 1 KiB records to its partition, flush, and
+    report the CPU seconds of the whole process (caller and I/O thread) meanwhile and the
+    records per batch it sent."""
+    values = [os.urandom(DURABLE_RECORD_BYTES) for _ in range(256)]
+    with Producer(bootstrap, **DURABLE_CONFIG, **config) as producer:
+        producer.partitions_for(topic)
+        start.wait()
+        cpu = time.process_time()
+        send = producer.send
+        for i in range(records):
+            send(topic, values[i & 255], partition=partition)
+        producer.flush()
+        cpu = time.process_time() - cpu
+        metrics = producer.metrics()
+        assert metrics["records_sent"] == records
+    out.put((cpu, metrics["batch_size_avg"]))
+
+
+def durable_round(
+    broker: BrokerProcess, records: int, config: dict[str, Any]
+) -> tuple[float, float, float, float]:
+    """(MB/s, producers' CPU µs per record, broker CPU µs per 16 KiB of records, records
+    per batch) of DURABLE_PRODUCERS processes sending `records` records each into a
+    fresh topic, with `config` on top of DURABLE_CONFIG."""
+    topic = f"bench-durable-{time.monotonic_ns()}"
+    create_topic(broker.bootstrap, topic, partitions=DURABLE_PRODUCERS)
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Barrier(DURABLE_PRODUCERS + 1)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_durable_producer, args=(broker.bootstrap, topic, i, records, config, start, out)
+        )
+        for i in range(DURABLE_PRODUCERS)
+    ]
+    for proc in procs:
+        proc.start()
+    assert broker.proc is not None
+    start.wait(timeout=DURABLE_TIMEOUT_S)
+    broker_cpu = cpu_s_schedstat(broker.proc.pid)
+    began = time.perf_counter()
+    results = [out.get(timeout=DURABLE_TIMEOUT_S) for _ in procs]
+    wall = time.perf_counter() - began
+    broker_cpu = cpu_s_schedstat(broker.proc.pid) - broker_cpu
+    for proc in procs:
+        proc.join(DURABLE_TIMEOUT_S)
+        if proc.exitcode:
+            raise RuntimeError(f"producer process failed: exit {proc.exitcode}")
+    total = DURABLE_PRODUCERS * records
+    payload = total * DURABLE_RECORD_BYTES
+    return (
+        payload / wall / 1e6,
+        sum(r[0] for r in results) / total * 1e6,
+        broker_cpu / (payload / ProducerConfig().batch_size) * 1e6,
+        statistics.mean(r[1] for r in results),
+    )
+
+
+def _median_range(values: list[float], digits: int = 1) -> str:
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def durable_rows(
+    tmp_path: Path, records: int, rounds: int = DURABLE_ROUNDS
+) -> list[dict[str, Any]]:
+    """Issue 14's case on a trio and an asyncio broker, with the default linger_ms (0) and
+    with Kafka 4's (5). Every round measures both fdatasync ceilings and every case (in
+    alternating order), so drift on the machine lands on each alike."""
+    in_flight = DURABLE_PRODUCERS * ProducerConfig().max_in_flight_requests_per_connection
+    n_batches = DURABLE_PRODUCERS * records * DURABLE_RECORD_BYTES // ProducerConfig().batch_size
+    backends = ("trio", "asyncio")
+    cases = [(b, linger_ms) for linger_ms in DURABLE_LINGER_MS for b in backends]
+    brokers = {
+        b: BrokerProcess(tmp_path / f"data-durable-{b}", backend=b).start() for b in backends
+    }
+    figures: dict[tuple[str, int], list[tuple[float, ...]]] = {case: [] for case in cases}
+    ceilings: dict[int, list[float]] = {WINDOW: [], in_flight: []}
+    try:
+        for round_ in range(rounds):
+            for group, values in ceilings.items():
+                values.append(fdatasync_ceiling_mb_s(tmp_path, n_batches, group))
+            for backend, linger_ms in cases if round_ % 2 == 0 else cases[::-1]:
+                figures[(backend, linger_ms)].append(
+                    durable_round(brokers[backend], records, {"linger_ms": linger_ms})
+                )
+    finally:
+        for broker in brokers.values():
+            broker.kill()
+    rows = []
+    for (backend, linger_ms), values in figures.items():
+        mb_s = [v[0] for v in values]
+        row: dict[str, Any] = {
+            "benchmark": f"{DURABLE_PRODUCERS} producer processes, send() of 1 KiB records, "
+            f"16 KiB batches, linger_ms={linger_ms}, acks=all, idempotent, one partition "
+            f"each ({backend} broker)",
+            "records": DURABLE_PRODUCERS * records,
+            "mb_per_sec": _median_range(mb_s),
+            "client_cpu_us_per_record": _median_range([v[1] for v in values], 2),
+            "broker_cpu_us_per_16kib": _median_range([v[2] for v in values]),
+            "records_per_batch": _median_range([v[3] for v in values]),
+        }
+        for group, ceiling in ceilings.items():
+            row[f"fdatasync_ceiling_1_per_{group}_mb_s"] = _median_range(ceiling)
+            row[f"of_ceiling_1_per_{group}"] = _median_range(
+                [m / c for m, c in zip(mb_s, ceiling, strict=True)], 2
+            )
+        row["rounds"] = rounds
+        rows.append(row)
+    return rows
+
+
+def run(
+    records: int = 1_000_000, backend: str = "asyncio", producer_records: int = 50_000
+) -> list[dict[str, Any]]:
+    """Start a broker in a temporary directory, run the three benchmarks, then the durable
+    case with `producer_records` records per producer process; return their rows."""
     with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:
         broker = BrokerProcess(Path(tmp) / "data", backend=backend).start()
         try:
             for topic in ("bench-send", "bench-batch"):
                 create_topic(broker.bootstrap, topic, partitions=1)
-            return [
+            rows = [
                 bench_send(broker, records),
                 bench_send_batch(broker, records * 3),
                 bench_consume(broker, records * 3),
             ]
         finally:
             broker.kill()
+    # On the working directory's disk, as the broker suite's ceiling: /tmp may be tmpfs.
+    with tempfile.TemporaryDirectory(prefix="bench-client-", dir=".") as tmp:
+        return rows + durable_rows(Path(tmp), producer_records)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    columns = list(rows[0])
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(row[c]) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
 
 
@@ -140,8 +295,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="asyncio")
+    parser.add_argument("--producer-records", type=int, default=50_000)
     args = parser.parse_args()
-    print(markdown(run(args.records, args.backend)))
+    print(markdown(run(args.records, args.backend, args.producer_records)))
 
 
 if __name__ == "__main__":
