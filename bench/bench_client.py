@@ -60,8 +60,6 @@ DURABLE_PRODUCERS = 4
 DURABLE_RECORD_BYTES = 1024
 DURABLE_CONFIG: dict[str, Any] = {"acks": "all", "enable_idempotence": True}
 DURABLE_ROUNDS = 3
-# linger_ms 0 is the default; 5 is Kafka 4's default, which lets batches fill up.
-DURABLE_LINGER_MS = (0, 5)
 DURABLE_TIMEOUT_S = 600
 
 
@@ -144,7 +142,6 @@ def _durable_producer(
     topic: str,
     partition: int,
     records: int,
-    config: dict[str, Any],
     start: Any,
     out: Any,
 ) -> None:
@@ -152,7 +149,7 @@ def _durable_producer(
     report the CPU seconds of the whole process (caller and I/O thread) meanwhile and the
     records per batch it sent."""
     values = [os.urandom(DURABLE_RECORD_BYTES) for _ in range(256)]
-    with Producer(bootstrap, **DURABLE_CONFIG, **config) as producer:
+    with Producer(bootstrap, **DURABLE_CONFIG) as producer:
         producer.partitions_for(topic)
         start.wait()
         cpu = time.process_time()
@@ -166,12 +163,10 @@ def _durable_producer(
     out.put((cpu, metrics["batch_size_avg"]))
 
 
-def durable_round(
-    broker: BrokerProcess, records: int, config: dict[str, Any]
-) -> tuple[float, float, float, float]:
+def durable_round(broker: BrokerProcess, records: int) -> tuple[float, float, float, float]:
     """(MB/s, producers' CPU µs per record, broker CPU µs per 16 KiB of records, records
     per batch) of DURABLE_PRODUCERS processes sending `records` records each into a
-    fresh topic, with `config` on top of DURABLE_CONFIG."""
+    fresh topic."""
     topic = f"bench-durable-{time.monotonic_ns()}"
     create_topic(broker.bootstrap, topic, partitions=DURABLE_PRODUCERS)
     ctx = multiprocessing.get_context("fork")
@@ -179,7 +174,7 @@ def durable_round(
     out = ctx.Queue()
     procs = [
         ctx.Process(
-            target=_durable_producer, args=(broker.bootstrap, topic, i, records, config, start, out)
+            target=_durable_producer, args=(broker.bootstrap, topic, i, records, start, out)
         )
         for i in range(DURABLE_PRODUCERS)
     ]
@@ -214,36 +209,32 @@ def _median_range(values: list[float], digits: int = 1) -> str:
 def durable_rows(
     tmp_path: Path, records: int, rounds: int = DURABLE_ROUNDS
 ) -> list[dict[str, Any]]:
-    """Issue 14's case on a trio and an asyncio broker, with the default linger_ms (0) and
-    with Kafka 4's (5). Every round measures both fdatasync ceilings and every case (in
-    alternating order), so drift on the machine lands on each alike."""
+    """Issue 14's case on a trio and an asyncio broker, side by side: every round measures
+    both fdatasync ceilings and both backends (in alternating order), so drift on the
+    machine lands on each alike."""
     in_flight = DURABLE_PRODUCERS * ProducerConfig().max_in_flight_requests_per_connection
     n_batches = DURABLE_PRODUCERS * records * DURABLE_RECORD_BYTES // ProducerConfig().batch_size
     backends = ("trio", "asyncio")
-    cases = [(b, linger_ms) for linger_ms in DURABLE_LINGER_MS for b in backends]
     brokers = {
         b: BrokerProcess(tmp_path / f"data-durable-{b}", backend=b).start() for b in backends
     }
-    figures: dict[tuple[str, int], list[tuple[float, ...]]] = {case: [] for case in cases}
+    figures: dict[str, list[tuple[float, ...]]] = {b: [] for b in backends}
     ceilings: dict[int, list[float]] = {WINDOW: [], in_flight: []}
     try:
         for round_ in range(rounds):
             for group, values in ceilings.items():
                 values.append(fdatasync_ceiling_mb_s(tmp_path, n_batches, group))
-            for backend, linger_ms in cases if round_ % 2 == 0 else cases[::-1]:
-                figures[(backend, linger_ms)].append(
-                    durable_round(brokers[backend], records, {"linger_ms": linger_ms})
-                )
+            for backend in backends if round_ % 2 == 0 else backends[::-1]:
+                figures[backend].append(durable_round(brokers[backend], records))
     finally:
         for broker in brokers.values():
             broker.kill()
     rows = []
-    for (backend, linger_ms), values in figures.items():
+    for backend, values in figures.items():
         mb_s = [v[0] for v in values]
         row: dict[str, Any] = {
             "benchmark": f"{DURABLE_PRODUCERS} producer processes, send() of 1 KiB records, "
-            f"16 KiB batches, linger_ms={linger_ms}, acks=all, idempotent, one partition "
-            f"each ({backend} broker)",
+            f"16 KiB batches, acks=all, idempotent, one partition each ({backend} broker)",
             "records": DURABLE_PRODUCERS * records,
             "mb_per_sec": _median_range(mb_s),
             "client_cpu_us_per_record": _median_range([v[1] for v in values], 2),
