@@ -882,7 +882,6 @@ class RecordAccumulator:
         batch.base_offset = base_offset
         batch.encoded = None
         batch.payload = None
-        batch.parts = []
         self._incomplete.discard(batch)
         self._buffered -= batch.reserved
         if self._space_waiters:

@@ -15,9 +15,10 @@ the requests are sent from the caller's task (`Sender.request`).
 
 `Producer` is an `AsyncProducer` on a daemon thread's event loop, driven only
 through its public methods. Its `send()` is the hot path: `nonblocking_send`
-appends on the caller's thread and returns a `RecordHandle` (a batch and an
-index, no future per record); only a send that has to wait (first use of a
-topic, buffer full) crosses to the event loop.
+appends on the caller's thread and returns a `RecordHandle` (a batch, an index
+and a timestamp, no future per record); a send that has to wait for buffer
+space waits on the caller's thread too, and only the first use of a topic
+crosses to the event loop.
 """
 
 from __future__ import annotations
