@@ -22,14 +22,21 @@ them as a markdown table:
 
     .venv/bin/python -m bench.bench_client [--records N] [--backend trio|asyncio]
         [--producer-records N]
+
+With `--base TREE` it runs only the durable case, for this tree's client and
+TREE's in the same rounds (the broker is this tree's): the before/after of a
+client change.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import json
 import os
+import select
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -61,6 +68,7 @@ DURABLE_RECORD_BYTES = 1024
 DURABLE_CONFIG: dict[str, Any] = {"acks": "all", "enable_idempotence": True}
 DURABLE_ROUNDS = 3
 DURABLE_TIMEOUT_S = 600
+TREE = Path(__file__).resolve().parent.parent  # the source tree whose client is measured
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -137,60 +145,85 @@ def bench_consume(broker: BrokerProcess, records: int) -> dict[str, Any]:
         return _row("consumer poll()", count, *clock.stop())
 
 
-def _durable_producer(
-    bootstrap: str,
-    topic: str,
-    partition: int,
-    records: int,
-    start: Any,
-    out: Any,
-) -> None:
-    """One producer process: send() `records` 1 KiB records to its partition, flush, and
-    report the CPU seconds of the whole process (caller and I/O thread) meanwhile and the
-    records per batch it sent."""
-    values = [os.urandom(DURABLE_RECORD_BYTES) for _ in range(256)]
-    with Producer(bootstrap, **DURABLE_CONFIG) as producer:
-        producer.partitions_for(topic)
-        start.wait()
-        cpu = time.process_time()
-        send = producer.send
-        for i in range(records):
-            send(topic, values[i & 255], partition=partition)
-        producer.flush()
-        cpu = time.process_time() - cpu
-        metrics = producer.metrics()
-        assert metrics["records_sent"] == records
-    out.put((cpu, metrics["batch_size_avg"]))
+# One producer process of the durable case. Run with `python -c` from a source tree
+# (PYTHONPATH), so that `--base` can time another tree's client in the same rounds; it
+# only uses the public Producer. argv: bootstrap, topic, partition, records, record
+# bytes, config as JSON. It prints "ready", waits for a line on stdin, sends, flushes
+# and prints the CPU seconds of the whole process (caller and I/O thread) meanwhile
+# and the records per batch it sent.
+_PRODUCER_PROCESS = """
+import json, os, sys, time
+from client import Producer
+bootstrap, topic, partition, records, size = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+values = [os.urandom(size) for _ in range(256)]
+with Producer(bootstrap, **json.loads(sys.argv[6])) as producer:
+    producer.partitions_for(topic)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    cpu = time.process_time()
+    send = producer.send
+    for i in range(records):
+        send(topic, values[i & 255], partition=partition)
+    producer.flush()
+    cpu = time.process_time() - cpu
+    metrics = producer.metrics()
+assert metrics["records_sent"] == records, metrics
+print(cpu, metrics["batch_size_avg"], flush=True)
+"""
 
 
-def durable_round(broker: BrokerProcess, records: int) -> tuple[float, float, float, float]:
-    """(MB/s, producers' CPU µs per record, broker CPU µs per 16 KiB of records, records
-    per batch) of DURABLE_PRODUCERS processes sending `records` records each into a
-    fresh topic."""
-    topic = f"bench-durable-{time.monotonic_ns()}"
-    create_topic(broker.bootstrap, topic, partitions=DURABLE_PRODUCERS)
-    ctx = multiprocessing.get_context("fork")
-    start = ctx.Barrier(DURABLE_PRODUCERS + 1)
-    out = ctx.Queue()
+def _start_producers(tree: Path, bootstrap: str, topic: str, records: int) -> list[Any]:
+    """DURABLE_PRODUCERS processes of `tree`'s client, each ready to send to its partition."""
     procs = [
-        ctx.Process(
-            target=_durable_producer, args=(broker.bootstrap, topic, i, records, start, out)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _PRODUCER_PROCESS,
+                *(bootstrap, topic, str(i), str(records), str(DURABLE_RECORD_BYTES)),
+                json.dumps(DURABLE_CONFIG),
+            ],
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for i in range(DURABLE_PRODUCERS)
     ]
+    deadline = time.monotonic() + DURABLE_TIMEOUT_S
     for proc in procs:
-        proc.start()
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready or proc.stdout.readline().strip() != "ready":
+            for p in procs:
+                p.kill()
+            raise RuntimeError("a producer process did not start")
+    return procs
+
+
+def durable_round(
+    broker: BrokerProcess, records: int, tree: Path = TREE
+) -> tuple[float, float, float, float]:
+    """(MB/s, producers' CPU µs per record, broker CPU µs per 16 KiB of records, records
+    per batch) of DURABLE_PRODUCERS processes of `tree`'s client sending `records` records
+    each into a fresh topic."""
+    topic = f"bench-durable-{time.monotonic_ns()}"
+    create_topic(broker.bootstrap, topic, partitions=DURABLE_PRODUCERS)
+    procs = _start_producers(tree, broker.bootstrap, topic, records)
     assert broker.proc is not None
-    start.wait(timeout=DURABLE_TIMEOUT_S)
     broker_cpu = cpu_s_schedstat(broker.proc.pid)
     began = time.perf_counter()
-    results = [out.get(timeout=DURABLE_TIMEOUT_S) for _ in procs]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    outputs = [proc.communicate(timeout=DURABLE_TIMEOUT_S)[0] for proc in procs]
     wall = time.perf_counter() - began
     broker_cpu = cpu_s_schedstat(broker.proc.pid) - broker_cpu
-    for proc in procs:
-        proc.join(DURABLE_TIMEOUT_S)
-        if proc.exitcode:
-            raise RuntimeError(f"producer process failed: exit {proc.exitcode}")
+    if any(proc.returncode for proc in procs):
+        raise RuntimeError(f"a producer process failed: {[p.returncode for p in procs]}")
+    results = [tuple(map(float, out.split())) for out in outputs]
     total = DURABLE_PRODUCERS * records
     payload = total * DURABLE_RECORD_BYTES
     return (
@@ -207,34 +240,38 @@ def _median_range(values: list[float], digits: int = 1) -> str:
 
 
 def durable_rows(
-    tmp_path: Path, records: int, rounds: int = DURABLE_ROUNDS
+    tmp_path: Path, records: int, rounds: int = DURABLE_ROUNDS, base: Path | None = None
 ) -> list[dict[str, Any]]:
-    """Issue 14's case on a trio and an asyncio broker, side by side: every round measures
-    both fdatasync ceilings and both backends (in alternating order), so drift on the
-    machine lands on each alike."""
+    """Issue 14's case on a trio and an asyncio broker, side by side, for this tree's
+    client and (with `base`) another tree's. Every round measures both fdatasync
+    ceilings and every case (in alternating order), so drift on the machine lands on
+    each alike."""
     in_flight = DURABLE_PRODUCERS * ProducerConfig().max_in_flight_requests_per_connection
     n_batches = DURABLE_PRODUCERS * records * DURABLE_RECORD_BYTES // ProducerConfig().batch_size
     backends = ("trio", "asyncio")
+    trees = [TREE] if base is None else [base.resolve(), TREE]
+    cases = [(backend, tree) for backend in backends for tree in trees]
     brokers = {
         b: BrokerProcess(tmp_path / f"data-durable-{b}", backend=b).start() for b in backends
     }
-    figures: dict[str, list[tuple[float, ...]]] = {b: [] for b in backends}
+    figures: dict[tuple[str, Path], list[tuple[float, ...]]] = {case: [] for case in cases}
     ceilings: dict[int, list[float]] = {WINDOW: [], in_flight: []}
     try:
         for round_ in range(rounds):
             for group, values in ceilings.items():
                 values.append(fdatasync_ceiling_mb_s(tmp_path, n_batches, group))
-            for backend in backends if round_ % 2 == 0 else backends[::-1]:
-                figures[backend].append(durable_round(brokers[backend], records))
+            for backend, tree in cases if round_ % 2 == 0 else cases[::-1]:
+                figures[(backend, tree)].append(durable_round(brokers[backend], records, tree))
     finally:
         for broker in brokers.values():
             broker.kill()
     rows = []
-    for backend, values in figures.items():
+    for (backend, tree), values in figures.items():
         mb_s = [v[0] for v in values]
         row: dict[str, Any] = {
             "benchmark": f"{DURABLE_PRODUCERS} producer processes, send() of 1 KiB records, "
-            f"16 KiB batches, acks=all, idempotent, one partition each ({backend} broker)",
+            f"16 KiB batches, acks=all, idempotent, one partition each ({backend} broker)"
+            + ("" if tree == TREE else f", client of {tree}"),
             "records": DURABLE_PRODUCERS * records,
             "mb_per_sec": _median_range(mb_s),
             "client_cpu_us_per_record": _median_range([v[1] for v in values], 2),
@@ -287,8 +324,20 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="asyncio")
     parser.add_argument("--producer-records", type=int, default=50_000)
+    parser.add_argument(
+        "--base",
+        type=Path,
+        help="only the durable case, for this tree's client and BASE's (another source "
+        "tree, e.g. main's) in the same rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=DURABLE_ROUNDS)
     args = parser.parse_args()
-    print(markdown(run(args.records, args.backend, args.producer_records)))
+    if args.base is None:
+        print(markdown(run(args.records, args.backend, args.producer_records)))
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-client-", dir=".") as tmp:
+        rows = durable_rows(Path(tmp), args.producer_records, args.rounds, args.base)
+    print(markdown(rows))
 
 
 if __name__ == "__main__":
