@@ -55,7 +55,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from enum import Enum
-from operator import itemgetter
 from typing import Any
 
 import anyio
@@ -87,12 +86,21 @@ from protocol.batch import (
 )
 from protocol.compression import Compression
 from protocol.errors import RETRIABLE, ErrorCode
-from protocol.records import HEADER_OVERHEAD, RECORD_OVERHEAD, Headers, encode_rows
+from protocol.records import (
+    HEADER_OVERHEAD,
+    NIL,
+    RECORD_OVERHEAD,
+    VALUE_HEADS,
+    Headers,
+    join_records,
+    record_parts,
+)
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
 _tuple_new = tuple.__new__
-_first = itemgetter(0)
+# Guards a batch's lazily made done_event: a waiter and `notify` race to it.
+_event_lock = threading.Lock()
 
 # Answers after which the batch may be in the log although the broker reported a failure.
 MAYBE_APPENDED = frozenset({ErrorCode.REQUEST_TIMED_OUT, ErrorCode.KAFKA_STORAGE_ERROR})
@@ -145,11 +153,12 @@ class ProducerBatch:
         "error",
         "finished",
         "in_flight",
+        "max_ts",
         "order",
         "partition",
+        "parts",
         "payload",
         "record_count",
-        "records",
         "reserved",
         "retry_at_ms",
         "sealed",
@@ -163,11 +172,12 @@ class ProducerBatch:
     def __init__(self, topic: str, partition: int, base_ts: int, created_ms: float) -> None:
         self.topic = topic
         self.partition = partition
-        # Each record is (timestamp delta, key, value, headers): the wire shape, so a batch
-        # encodes with one msgpack call.
-        self.records: list[tuple[int, bytes | None, bytes | None, Headers]] = []
+        # The records' msgpack encoding, framed record by record as they are appended
+        # (protocol.records.record_parts) and joined once; parts[0] is the array header's.
+        self.parts: list[bytes] = [b""]
         self.payload: bytes | None = None  # pre-encoded records (send_batch)
         self.record_count = 0
+        self.max_ts = base_ts
         self.size = HEADER_BYTES
         self.reserved = 0  # bytes of buffer_memory held until the batch finishes
         self.base_ts = base_ts
@@ -181,11 +191,11 @@ class ProducerBatch:
         self.retry_at_ms = 0.0
         self.in_flight = False
         self.unresolved = False
-        self.callbacks: list[tuple[int, DeliveryCallback]] | None = None
+        self.callbacks: list[tuple[int, int, DeliveryCallback]] | None = None
         self.finished = False
         self.base_offset = -1
         self.error: BaseException | None = None
-        self.done_event = threading.Event()
+        self.done_event: threading.Event | None = None  # made by the first `wait`
         self._async_event: anyio.Event | None = None
 
     def __repr__(self) -> str:
@@ -207,15 +217,13 @@ class ProducerBatch:
                 self.encoded = None
         if self.encoded is None:
             records = self.payload
-            max_ts = self.base_ts
             if records is None:
-                records = encode_rows(self.records)
-                max_ts += max(map(_first, self.records))
+                records = join_records(self.parts, self.record_count)
             self.encoded = encode_batch(
                 records,
                 record_count=self.record_count,
                 base_timestamp=self.base_ts,
-                max_timestamp=max_ts,
+                max_timestamp=self.max_ts,
                 compression=compression,
                 producer_id=producer_id,
                 producer_epoch=producer_epoch,
@@ -225,29 +233,40 @@ class ProducerBatch:
         self.stamp = stamp
         return self.encoded
 
-    def record_metadata(self, index: int) -> RecordMetadata:
+    def record_metadata(self, index: int, timestamp_ms: int) -> RecordMetadata:
         offset = self.base_offset + index if self.base_offset >= 0 else -1
-        timestamp = self.base_ts + self.records[index][0] if self.records else self.base_ts
-        return RecordMetadata(self.topic, self.partition, offset, timestamp)
+        return RecordMetadata(self.topic, self.partition, offset, timestamp_ms)
 
     def batch_metadata(self) -> BatchMetadata:
         return BatchMetadata(self.topic, self.partition, self.base_offset, self.record_count)
 
     def notify(self) -> None:
         """Wake waiters and run delivery callbacks; once, after the batch finished."""
-        self.done_event.set()
+        with _event_lock:
+            event = self.done_event
+        if event is not None:
+            event.set()
         if self._async_event is not None:
             self._async_event.set()
         if self.callbacks:
             error = self.error
-            for index, callback in self.callbacks:
+            for index, timestamp_ms, callback in self.callbacks:
                 try:
-                    callback(error, self.record_metadata(index))
+                    callback(error, self.record_metadata(index, timestamp_ms))
                 except Exception:
                     log.exception("on_delivery callback raised")
 
     def wait(self, timeout: float | None) -> None:
-        if not self.finished and not self.done_event.wait(timeout):
+        """Block until the batch finished. Few batches are waited for one by one, so the
+        threading.Event (a lock and a condition) is made here rather than per batch."""
+        if self.finished:
+            return
+        with _event_lock:
+            event = self.done_event
+            if event is None:
+                event = self.done_event = threading.Event()
+        # `finished` is set before `notify` reads the event: one of the two sees the other.
+        if not self.finished and not event.wait(timeout):
             raise MinibrokerTimeoutError(f"delivery not confirmed within {timeout} s")
 
     async def wait_async(self) -> None:
@@ -258,8 +277,9 @@ class ProducerBatch:
             await self._async_event.wait()
 
 
-class RecordHandle(tuple):  # a 2-tuple: the cheapest object CPython can allocate
-    """The pending metadata of one `send()`: (batch, index), not a future per record.
+class RecordHandle(tuple):  # a 3-tuple: the cheapest object CPython can allocate
+    """The pending metadata of one `send()`: (batch, index, timestamp_ms), not a future
+    per record.
 
     `.get(timeout)` blocks for the RecordMetadata (sync face); `await handle`
     waits for it on the event loop (async face). Both raise the delivery error."""
@@ -274,7 +294,7 @@ class RecordHandle(tuple):  # a 2-tuple: the cheapest object CPython can allocat
         batch.wait(timeout)
         if batch.error is not None:
             raise batch.error
-        return batch.record_metadata(self[1])
+        return batch.record_metadata(self[1], self[2])
 
     def exception(self) -> BaseException | None:
         batch: ProducerBatch = self[0]
@@ -288,7 +308,7 @@ class RecordHandle(tuple):  # a 2-tuple: the cheapest object CPython can allocat
         await batch.wait_async()
         if batch.error is not None:
             raise batch.error
-        return batch.record_metadata(self[1])
+        return batch.record_metadata(self[1], self[2])
 
     def __repr__(self) -> str:
         return f"<RecordHandle {self[0]!r} index={self[1]}>"
@@ -382,6 +402,10 @@ class RecordAccumulator:
         on_batch_full: Callable[[str, int], None] = lambda topic, partition: None,
     ) -> None:
         self.lock = threading.Lock()
+        # Signalled, when someone waits on it, as buffer memory frees up or appends start
+        # failing: the sync face's send() waits here on the caller's thread.
+        self._space = threading.Condition(self.lock)
+        self._space_waiters = 0
         self.clock = clock
         self.batch_size = batch_size
         self.buffer_memory = buffer_memory
@@ -455,7 +479,10 @@ class RecordAccumulator:
             size += len(key)
         if headers:
             size = record_size(key, value, headers)
-        with self.lock:
+        # acquire/release rather than `with`: 0.1 µs less per record on CPython 3.11.
+        lock = self.lock
+        lock.acquire()
+        try:
             if self._refused is not None:
                 raise self._refused
             try:
@@ -465,17 +492,27 @@ class RecordAccumulator:
             batch = state.open
             if batch is None or batch.size + size > self.batch_size:
                 batch = self._open_batch(state, topic, partition, timestamp_ms, size)
-            records = batch.records
-            index = len(records)
-            records.append((timestamp_ms - batch.base_ts, key, value, headers))
-            batch.size += size
+            delta = timestamp_ms - batch.base_ts
+            parts = batch.parts
+            if key is None and headers is None and value is not None and 0 <= delta < 0x80:
+                # record_parts' keyless case, inline: the hot path of send()
+                parts += (VALUE_HEADS[len(value) << 7 | delta], value, NIL)
+            else:
+                parts += record_parts(delta, key, value, headers)
+            index = batch.record_count
+            batch.record_count = index + 1
+            if timestamp_ms > batch.max_ts:
+                batch.max_ts = timestamp_ms
+            batch.size = filled = batch.size + size
             if on_delivery is not None:
                 if batch.callbacks is None:
                     batch.callbacks = []
-                batch.callbacks.append((index, on_delivery))
-            if batch.size + size > self.batch_size:
+                batch.callbacks.append((index, timestamp_ms, on_delivery))
+            if filled + size > self.batch_size:
                 self._seal(state, batch)
-            return _tuple_new(RecordHandle, (batch, index))
+            return _tuple_new(RecordHandle, (batch, index, timestamp_ms))
+        finally:
+            lock.release()
 
     def _open_batch(
         self, state: _PartitionState, topic: str, partition: int, timestamp_ms: int, size: int
@@ -539,7 +576,7 @@ class RecordAccumulator:
             batch.size = batch.reserved = size
             batch.sealed = True
             if on_delivery is not None:
-                batch.callbacks = [(0, on_delivery)]
+                batch.callbacks = [(0, timestamp_ms, on_delivery)]
             state.queue.append(batch)
             self._incomplete.add(batch)
             self._buffered += size
@@ -547,6 +584,24 @@ class RecordAccumulator:
                 self._sender_wake_at = -math.inf
                 self.wakeup()
             return batch
+
+    def wait_for_space(self, reserve: int, timeout_s: float) -> bool:
+        """Block the calling thread until a new batch of `reserve` bytes fits in
+        buffer_memory or appends are refused (closed, fatal); False after `timeout_s`.
+
+        For a caller that is not on the event loop: the sync face's send() waits
+        here instead of crossing to the I/O thread and back for every batch."""
+        with self.lock:
+            self._space_waiters += 1
+            try:
+                return self._space.wait_for(
+                    lambda: (
+                        self._refused is not None or self._buffered + reserve <= self.buffer_memory
+                    ),
+                    max(timeout_s, 0.0),
+                )
+            finally:
+                self._space_waiters -= 1
 
     def _new_state(self, topic: str, partition: int) -> _PartitionState:
         state = _PartitionState(topic)
@@ -557,7 +612,6 @@ class RecordAccumulator:
     def _seal(self, state: _PartitionState, batch: ProducerBatch) -> None:
         """Close `batch` to appends: it is sendable now, linger or not."""
         batch.sealed = True
-        batch.record_count = len(batch.records) or batch.record_count
         if state.open is batch:
             state.open = None
             self.on_batch_full(batch.topic, batch.partition)
@@ -594,7 +648,6 @@ class RecordAccumulator:
                     if state.open is batch:
                         state.open = None
                         batch.sealed = True
-                        batch.record_count = len(batch.records)
                     if batch.order is None:
                         batch.order = state.next_order
                         state.next_order += 1
@@ -761,7 +814,6 @@ class RecordAccumulator:
                     batch = queue.popleft()
                     if state.open is batch:
                         state.open = None
-                        batch.record_count = len(batch.records)
                     error = DeliveryTimeoutError(
                         f"{batch.record_count} record(s) for {batch.topic}-{batch.partition} "
                         f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms}"
@@ -835,10 +887,10 @@ class RecordAccumulator:
         batch.base_offset = base_offset
         batch.encoded = None
         batch.payload = None
-        if batch.records:
-            batch.record_count = len(batch.records)
         self._incomplete.discard(batch)
         self._buffered -= batch.reserved
+        if self._space_waiters:
+            self._space.notify_all()
         if error is None:
             self.metrics["records_sent"] += batch.record_count
             self.metrics["record_bytes_sent"] += batch.size
@@ -881,11 +933,12 @@ class RecordAccumulator:
                 batch = state.queue.popleft()
                 if state.open is batch:
                     state.open = None
-                    batch.record_count = len(batch.records)
                 self._finish(batch, error, -1, done)
 
     def _set_fatal(self, error: MinibrokerError) -> None:
         self.fatal_error = self._refused = error
+        if self._space_waiters:
+            self._space.notify_all()
         if self.transactional:
             self.txn_state = TxnState.FATAL_ERROR
 
@@ -977,6 +1030,8 @@ class RecordAccumulator:
             )
         else:
             self._refused = IllegalStateError("call init_transactions() first")
+        if self._refused is not None and self._space_waiters:
+            self._space.notify_all()
 
     def _txn_require(self, call: str, *states: TxnState) -> None:
         """Raise unless the producer is in one of `states` (the fatal error when fenced)."""
@@ -1188,6 +1243,8 @@ class RecordAccumulator:
             self.closed = True
             if self.fatal_error is None:
                 self._refused = MinibrokerError("producer is closed")
+            if self._space_waiters:
+                self._space.notify_all()
             self._sender_wake_at = -math.inf
             self.wakeup()
 

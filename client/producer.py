@@ -15,9 +15,10 @@ the requests are sent from the caller's task (`Sender.request`).
 
 `Producer` is an `AsyncProducer` on a daemon thread's event loop, driven only
 through its public methods. Its `send()` is the hot path: `nonblocking_send`
-appends on the caller's thread and returns a `RecordHandle` (a batch and an
-index, no future per record); only a send that has to wait (first use of a
-topic, buffer full) crosses to the event loop.
+appends on the caller's thread and returns a `RecordHandle` (a batch, an index
+and a timestamp, no future per record); a send that has to wait for buffer
+space waits on the caller's thread too, and only the first use of a topic
+crosses to the event loop.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from client.accumulator import (
     RecordAccumulator,
     RecordHandle,
     monotonic_ms,
+    record_size,
 )
 from client.columns import Columns, to_bytes, to_column
 from client.config import ProducerConfig
@@ -659,8 +661,27 @@ class Producer:
         return send(topic, value, key, partition, headers, timestamp_ms, on_delivery)
 
     def _send_blocking(self, *args: Any) -> RecordHandle:
-        """send() that has to wait for metadata or buffer space (up to max_block_ms)."""
-        return self._portal.call(self._core.send, *args)
+        """send() that has to wait for metadata or buffer space (up to max_block_ms).
+
+        Buffer space is waited for here, on the caller's thread: a producer that
+        outruns the broker blocks once per batch or so, and a round trip through the
+        event loop each time cost the I/O thread more than the batch itself."""
+        core = self._core
+        topic, value, key, partition, headers = args[:5]
+        if threading.get_ident() != core._sender._loop_thread:
+            reserve = max(core.config.batch_size, record_size(key, value, headers) + HEADER_BYTES)
+            deadline = time.monotonic() + core.config.max_block_ms / 1000
+            while core._knows(topic, partition):
+                if not core._acc.wait_for_space(reserve, deadline - time.monotonic()):
+                    raise MinibrokerTimeoutError(
+                        "no buffer space within max_block_ms "
+                        f"(buffer_memory {core.config.buffer_memory})"
+                    )
+                try:
+                    return core._send_nowait(*args)
+                except _WouldBlock:
+                    pass
+        return self._portal.call(core.send, *args)
 
     def send_batch(
         self,

@@ -10,10 +10,12 @@ The records field of a batch (protocol/batch.py) is one msgpack array of
 | 2 | value           | bin or nil                   |                                    |
 | 3 | headers         | nil or array of [str, bin]   | header name, header value          |
 
-Records are encoded here only: `encode_rows` for rows already in that shape
-(the producer's per-record path), `RecordColumns.encode` for whole columns that
-share one timestamp (send_batch, Spark, bench), which skips msgpack's per-record
-work in the common case. Both give the same bytes for the same records.
+Records are encoded here only: `encode_rows` for rows already in that shape,
+`record_parts` + `join_records` for the producer's per-record path (each record
+framed as it is sent, the batch one join at the end), `RecordColumns.encode` for
+whole columns that share one timestamp (send_batch, Spark, bench). The last two
+skip msgpack's per-record work in the common case. All give the same bytes for
+the same records.
 `count_records` is the broker's strict check of what a client sent: msgspec is
 its reference, and a C walk (protocol/_records_fast.c) answers first for the
 plain shape [int, bin|nil, bin|nil, nil] without building an object per record.
@@ -48,7 +50,10 @@ HEADER_OVERHEAD = 8
 _Columns = TypeVar("_Columns", bound="RecordColumns")
 
 _FIXARRAY4_DELTA0 = b"\x94\x00"
-_NIL = b"\xc0"
+_NIL = NIL = b"\xc0"
+# Entries kept in each table of record heads: a few value sizes times 128 deltas fit,
+# any number of sizes cannot grow it without bound.
+_HEADS_MAX = 4096
 
 
 def encode_rows(rows: Sequence[Row]) -> bytes:
@@ -100,6 +105,45 @@ def _array_header(n: int) -> bytes:
     if n < 0x10000:
         return b"\xdc" + struct.pack(">H", n)
     return b"\xdd" + struct.pack(">I", n)
+
+
+class _Heads(dict[int, bytes]):
+    """The bytes of a record before its key (or value), by `length << 7 | delta`, for
+    0 <= delta < 128 (a positive fixint): [delta, (nil key,) bin header of `length`."""
+
+    def __init__(self, nil_key: bool) -> None:
+        super().__init__()
+        self._key = _NIL if nil_key else b""
+
+    def __missing__(self, index: int) -> bytes:
+        head = b"\x94" + bytes((index & 0x7F,)) + self._key + _BIN[index >> 7]
+        if len(self) < _HEADS_MAX:
+            self[index] = head
+        return head
+
+
+# The producer's hot path reads these inline: VALUE_HEADS[len(value) << 7 | delta],
+# value, NIL (nil headers) is a keyless record.
+VALUE_HEADS = _Heads(nil_key=True)
+KEY_HEADS = _Heads(nil_key=False)
+
+
+def record_parts(
+    delta: int, key: bytes | None, value: bytes | None, headers: Headers
+) -> tuple[bytes, ...]:
+    """One record's 4-array as parts to join (`join_records`): a table head and the raw
+    key and value for bytes key and value, small delta and no headers, else msgpack's."""
+    if headers is None and 0 <= delta < 0x80 and type(key) is bytes and type(value) is bytes:
+        return (KEY_HEADS[len(key) << 7 | delta], key, _BIN[len(value)], value, _NIL)
+    packed: bytes = msgpack.packb((delta, key, value, headers), use_bin_type=True)
+    return (packed,)
+
+
+def join_records(parts: list[bytes], count: int) -> bytes:
+    """The records array of `count` records whose parts follow `parts[0]`, a slot this
+    fills with the array header (so joining again gives the same bytes)."""
+    parts[0] = _array_header(count)
+    return b"".join(parts)
 
 
 def _lengths(column: Sequence[bytes | None]) -> list[int] | None:

@@ -9,7 +9,9 @@ every record lands exactly once, in order.
 from __future__ import annotations
 
 import random
+import time
 from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import msgpack
@@ -19,11 +21,19 @@ from client.accumulator import BufferFull, ProducerBatch, RecordAccumulator
 from client.errors import (
     DeliveryTimeoutError,
     MinibrokerError,
+    MinibrokerTimeoutError,
     ProducerFencedError,
     RecordTooLargeError,
 )
-from protocol.batch import SEQUENCE_MODULUS, decode_records, read_header, validate
+from protocol.batch import (
+    SEQUENCE_MODULUS,
+    decode_records,
+    encode_batch,
+    read_header,
+    validate,
+)
 from protocol.errors import ErrorCode
+from protocol.records import encode_rows, join_records, record_parts
 
 E = ErrorCode
 
@@ -143,6 +153,98 @@ def test_buffer_memory_blocks_then_frees_on_completion() -> None:
     assert acc.on_response(first, E.NONE, 0, 1) == [first]
     assert acc.buffered_bytes == 1_000
     add(acc, b"e" * 400)
+
+
+MIXED_RECORDS = [
+    # (timestamp_ms, key, value, headers): every shape record_parts frames itself or leaves
+    # to msgpack: keyless and keyed, None key or value, headers, deltas from -1 to 70,000.
+    (1_000, None, b"v" * 100, None),
+    (1_000, b"k", b"v" * 300, None),
+    (1_003, None, None, None),
+    (1_003, b"", b"", None),
+    (1_127, None, b"x", None),
+    (1_128, b"key", b"y" * 70_000, None),
+    (999, None, b"z", None),
+    (71_000, b"k", None, None),
+    (1_001, None, b"h", [("trace", b"\x01"), ("n\u00e9", b"")]),
+    (1_001, b"k", b"v", []),
+]
+
+
+def test_a_batch_built_record_by_record_has_the_bytes_of_encode_rows() -> None:
+    acc = make(batch_size=1_000_000, max_request_size=2_000_000, buffer_memory=4_000_000)
+    handles = [acc.append("t", 0, ts, k, v, h, None) for ts, k, v, h in MIXED_RECORDS]
+    (batch,) = drain_one_each(acc, 0, 1)
+    wire = batch.wire(7, 0, 0)
+    base = MIXED_RECORDS[0][0]
+    # What the batch was before records were framed one by one: rows packed at once.
+    expected = encode_batch(
+        encode_rows([(ts - base, k, v, h) for ts, k, v, h in MIXED_RECORDS]),
+        record_count=len(MIXED_RECORDS),
+        base_timestamp=base,
+        max_timestamp=71_000,
+        producer_id=7,
+        producer_epoch=0,
+        base_sequence=0,
+    )
+    assert wire == expected
+    assert batch.wire(7, 0, 0) is wire  # encoded once
+    acc.on_response(batch, E.NONE, 10, 1)
+    assert [h.get(0).timestamp for h in handles] == [r[0] for r in MIXED_RECORDS]
+
+
+def test_record_parts_match_msgpack_for_any_record() -> None:
+    for delta in (-200, -1, 0, 1, 127, 128, 70_000):
+        for key in (None, b"", b"k" * 300):
+            for value in (None, b"", b"v" * 70_000):
+                for headers in (None, [], [("a", b"b")]):
+                    row = (delta, key, value, headers)
+                    joined = join_records([b"", *record_parts(*row)], 1)
+                    assert joined == encode_rows([row]), row
+
+
+def test_wait_for_space_returns_when_a_batch_frees_its_memory() -> None:
+    acc = make(buffer_memory=2_000, batch_size=1_000)
+    fill_batches(acc, 2)
+    with pytest.raises(BufferFull):
+        add(acc, b"x" * 400)
+    assert acc.wait_for_space(1_000, 0) is False
+    first = drain_one_each(acc, 0, 1)[0]
+    waiter = ThreadPoolExecutor(1).submit(acc.wait_for_space, 1_000, 10)
+    time.sleep(0.05)
+    assert not waiter.done()
+    for batch in acc.on_response(first, E.NONE, 0, 1):
+        batch.notify()
+    assert waiter.result(5) is True
+    add(acc, b"x" * 400)
+
+
+def test_wait_for_space_returns_when_the_accumulator_closes() -> None:
+    acc = make(buffer_memory=1_000, batch_size=1_000)
+    fill_batches(acc, 1)
+    waiter = ThreadPoolExecutor(1).submit(acc.wait_for_space, 1_000, 10)
+    time.sleep(0.05)
+    acc.close()
+    assert waiter.result(5) is True
+    with pytest.raises(MinibrokerError, match="closed"):
+        add(acc, b"x")
+
+
+def test_batch_wait_sees_a_finish_from_another_thread() -> None:
+    acc = make()
+    handle = add(acc, b"v")
+    (batch,) = drain_one_each(acc, 0, 1)
+    assert batch.done_event is None  # made only by a waiter
+    with pytest.raises(MinibrokerTimeoutError):
+        handle.get(0.01)
+
+    def finish() -> None:
+        time.sleep(0.05)
+        for b in acc.on_response(batch, E.NONE, 5, 1):
+            b.notify()
+
+    ThreadPoolExecutor(1).submit(finish)
+    assert handle.get(5).offset == 5
 
 
 def test_handles_give_record_metadata_and_callbacks_run_once() -> None:

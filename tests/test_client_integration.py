@@ -219,6 +219,19 @@ def test_buffer_memory_blocks_up_to_max_block_ms(tmp_path: Path) -> None:
         broker.kill()
 
 
+def test_sync_send_waits_for_buffer_space_and_delivers_everything(
+    broker: BrokerProcess,
+) -> None:
+    """A producer far ahead of the broker blocks in send() (on its own thread) batch
+    after batch; every record still arrives once, in order."""
+    values = [b"%04d" % i + b"v" * 1_000 for i in range(300)]
+    config = {"buffer_memory": 8_192, "batch_size": 2_048, "max_request_size": 8_192}
+    with Producer(broker.bootstrap, acks="all", **config) as p:
+        handles = [p.send("space", v, partition=0) for v in values]
+        assert [h.get(10).offset for h in handles] == list(range(300))
+    assert [r.value for r in read_all(broker.bootstrap, "space")[0]] == values
+
+
 def test_consumer_positions_seek_and_offsets(broker: BrokerProcess) -> None:
     with Producer(broker.bootstrap) as producer:
         producer.send_batch("o", [b"%d" % i for i in range(10)], partition=0).get(10)
