@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -88,39 +88,60 @@ class Connection:
         Returns False when the connection is or became unusable before the frame
         was fully written (the callback then has been called with the error).
         Without a callback no answer is expected (Produce with acks=0)."""
+        return await self.send_many([(request, callback)], timeout_s)
+
+    async def send_many(
+        self, items: Sequence[tuple[Request, ResponseCallback | None]], timeout_s: float
+    ) -> bool:
+        """`send` for several requests in order: one lock and as few writes as their sizes
+        allow. The lock and the stream's send each let the event loop run, so a
+        producer that drained three requests paid that three times with one `send`
+        each (issue 14: 26-31% of the client's CPU per record with 4 producers)."""
         if self.closed:
-            if callback is not None:
-                callback(None, ConnectionLostError(f"{self.address}: {self._close_reason}"))
+            self._refuse(items)
             return False
-        cid = self._next_cid
-        self._next_cid = 0 if cid >= CID_MAX else cid + 1
-        body = encode_request(request, cid, self._client_id)
-        # A large body goes out after its length prefix rather than being copied behind it.
-        frame = (
-            [LENGTH.pack(len(body)) + body]
-            if len(body) < COPY_BYTES_MAX
-            else [
-                LENGTH.pack(len(body)),
-                body,
-            ]
-        )
+        parts: list[bytes] = []
+        small: list[bytes] = []
+        cids: list[int] = []
+        for request, _ in items:
+            cid = self._next_cid
+            self._next_cid = 0 if cid >= CID_MAX else cid + 1
+            cids.append(cid)
+            body = encode_request(request, cid, self._client_id)
+            if len(body) < COPY_BYTES_MAX:
+                small += (LENGTH.pack(len(body)), body)
+                continue
+            # A large body goes out after its length prefix rather than being copied behind it.
+            if small:
+                parts.append(b"".join(small))
+                small = []
+            parts += (LENGTH.pack(len(body)), body)
+        if small:
+            parts.append(b"".join(small))
         async with self._send_lock:
             if self.closed:
-                if callback is not None:
-                    callback(None, ConnectionLostError(f"{self.address}: {self._close_reason}"))
+                self._refuse(items)
                 return False
-            if callback is not None:
-                deadline = anyio.current_time() + timeout_s
-                self._pending.append(_Pending(cid, request.response, callback, deadline))
-                if len(self._pending) == 1 and self._recv_scope is not None:
-                    self._recv_scope.deadline = deadline
+            waiting = len(self._pending)
+            deadline = anyio.current_time() + timeout_s
+            for cid, (request, callback) in zip(cids, items, strict=True):
+                if callback is not None:
+                    self._pending.append(_Pending(cid, request.response, callback, deadline))
+            if not waiting and self._pending and self._recv_scope is not None:
+                self._recv_scope.deadline = deadline
             try:
-                for part in frame:
+                for part in parts:
                     await self._stream.send(part)
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 self._shutdown(f"send failed: {exc!r}")
                 return False
         return True
+
+    def _refuse(self, items: Sequence[tuple[Request, ResponseCallback | None]]) -> None:
+        error = ConnectionLostError(f"{self.address}: {self._close_reason}")
+        for _, callback in items:
+            if callback is not None:
+                callback(None, error)
 
     async def request(self, request: Request, timeout_s: float) -> Any:
         """Send `request` and wait for its typed response (of `request.response`)."""

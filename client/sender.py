@@ -26,7 +26,7 @@ import anyio.abc
 from client._portal import threadsafe_caller
 from client.accumulator import ProducerBatch, RecordAccumulator, monotonic_ms
 from client.config import ProducerConfig
-from client.connection import Connection, Reconnector
+from client.connection import Connection, Reconnector, ResponseCallback
 from client.errors import (
     FENCING_CODES,
     ConnectionLostError,
@@ -218,8 +218,9 @@ class Sender:
                     continue
                 capacity = max_in_flight - self._produce_in_flight
                 if capacity > 0:
-                    for batches in acc.drain(now, capacity):
-                        await self._send_produce(conn, batches)
+                    drained = acc.drain(now, capacity)
+                    if drained:
+                        await self._send_produce(conn, drained)
                 can_send = not conn.closed and self._produce_in_flight < max_in_flight
             deadline = acc.next_deadline(now, can_send)
             if conn is None:
@@ -255,35 +256,42 @@ class Sender:
         else:
             self.finish(self.acc.fail_all(error_for(error, "InitProducerId"), fatal=True))
 
-    async def _send_produce(self, conn: Connection, batches: list[ProducerBatch]) -> None:
+    async def _send_produce(self, conn: Connection, drained: list[list[ProducerBatch]]) -> None:
+        """One Produce request per list of batches, all in one write (Connection.send_many)."""
         acc = self.acc
         cfg = self.config
         pid, epoch, compression = acc.producer_id, acc.producer_epoch, acc.compression
         transactional = acc.transactional
-        by_topic: dict[str, list[ProducePartition]] = {}
-        for batch in batches:
-            by_topic.setdefault(batch.topic, []).append(
-                ProducePartition(
-                    batch.partition, batch.wire(pid, epoch, compression, transactional)
-                )
-            )
-        request = ProduceRequest(
-            acks=cfg.acks_int,
-            timeout_ms=cfg.request_timeout_ms,
-            topics=[ProduceTopic(topic, parts) for topic, parts in by_topic.items()],
-            transactional_id=cfg.transactional_id,
-        )
+        acks = cfg.acks_int
         timeout_s = cfg.request_timeout_ms / 1000
-        acc.metrics["requests_sent"] += 1
-        if cfg.acks_int == 0:
-            if await conn.send(request, None, timeout_s):
-                self.finish(acc.on_sent_without_ack(batches))
-            else:
-                self.finish(acc.on_connection_lost(batches, monotonic_ms(), "send failed"))
-            return
-        self._produce_in_flight += 1
-        callback = partial(self._on_produce_answer, batches, monotonic_ms())
-        await conn.send(request, callback, timeout_s)
+        items: list[tuple[ProduceRequest, ResponseCallback | None]] = []
+        for batches in drained:
+            by_topic: dict[str, list[ProducePartition]] = {}
+            for batch in batches:
+                by_topic.setdefault(batch.topic, []).append(
+                    ProducePartition(
+                        batch.partition, batch.wire(pid, epoch, compression, transactional)
+                    )
+                )
+            request = ProduceRequest(
+                acks=acks,
+                timeout_ms=cfg.request_timeout_ms,
+                topics=[ProduceTopic(topic, parts) for topic, parts in by_topic.items()],
+                transactional_id=cfg.transactional_id,
+            )
+            acc.metrics["requests_sent"] += 1
+            if acks == 0:
+                items.append((request, None))
+                continue
+            self._produce_in_flight += 1
+            items.append((request, partial(self._on_produce_answer, batches, monotonic_ms())))
+        sent = await conn.send_many(items, timeout_s)
+        if acks == 0:
+            for batches in drained:
+                if sent:
+                    self.finish(acc.on_sent_without_ack(batches))
+                else:
+                    self.finish(acc.on_connection_lost(batches, monotonic_ms(), "send failed"))
 
     def _on_produce_answer(
         self,
