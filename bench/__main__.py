@@ -143,12 +143,21 @@ def client_targets(rows: list[dict[str, Any]]) -> list[str]:
     send = _value(rows, "producer send()", "records_per_sec")
     batch = _value(rows, "producer send_batch()", "records_per_sec")
     consume = _value(rows, "consumer poll()", "records_per_sec")
+    durable = [
+        f"- {row['benchmark']}: {row['mb_per_sec']} MB/s is {row['of_ceiling_1_per_64']} of the "
+        "fdatasync ceiling with one fsync per 64 writes, measured in the same rounds (median, "
+        f"min-max; 60% wanted): {_verdict(float(row['of_ceiling_1_per_64'].split()[0]) >= 0.6)}; "
+        f"the producers spend {row['client_cpu_us_per_record']} µs of CPU per record."
+        for row in rows
+        if "producer processes" in str(row["benchmark"])
+    ]
     return [
         f"- send(): {send:,.0f} records/s against 400,000: {_verdict(send >= 400_000)}.",
         f"- send_batch(): {batch:,.0f} records/s against 2,000,000: "
         f"{_verdict(batch >= 2_000_000)}.",
         f"- consumer: {consume:,.0f} records/s against 1,000,000: "
         f"{_verdict(consume >= 1_000_000)}.",
+        *durable,
     ]
 
 
