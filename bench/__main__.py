@@ -22,6 +22,12 @@ from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 PLOTS = DOC.parent / "bench-plots"
+DOC_HEADER = (
+    "# Benchmarks\n\n`make bench` runs every suite below and rewrites this file "
+    "(`make bench-quick` runs the same at a tenth of the size); each section names "
+    "the command that made its figures. Notes on the figures are in "
+    "[benchmark-notes.md](benchmark-notes.md).\n"
+)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -372,13 +378,10 @@ def main() -> None:
         )
         print(body)
         sections[name] = section(name, body)
-    header = (
-        "# Benchmarks\n\n`make bench` runs every suite below and rewrites this file "
-        "(`make bench-quick` runs the same at a tenth of the size); each section names "
-        "the command that made its figures. Notes on the figures are in "
-        "[benchmark-notes.md](benchmark-notes.md).\n"
-    )
-    DOC.write_text(header + "\n" + "\n\n".join(sections[s] for s in SUITES if s in sections) + "\n")
+        # After every suite, so a later one that fails costs only its own section.
+        DOC.write_text(
+            DOC_HEADER + "\n" + "\n\n".join(sections[s] for s in SUITES if s in sections) + "\n"
+        )
 
 
 if __name__ == "__main__":

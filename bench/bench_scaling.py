@@ -608,7 +608,8 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
         r: dict[str, Any], value: str = "value", spread: str = "min_max"
     ) -> tuple[float, float]:
         low, high = (float(v) for v in str(r[spread]).split("-"))
-        return r[value] - low, high - r[value]
+        # The range is printed rounded, so a median next to an end can fall just outside.
+        return max(0.0, r[value] - low), max(0.0, high - r[value])
 
     def throughput_rss(curve: list[list[dict[str, Any]]], key: str, title: str) -> Any:
         fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(14, 4.2))
