@@ -462,6 +462,19 @@ def _percentile(sorted_values: list[float], pct: float) -> float:
     return sorted_values[index]
 
 
+def _rate_row(name: str, case: Case, values: list[float]) -> dict[str, Any]:
+    """The columns every records/s row has: median, min-max and MB/s of its runs."""
+    return {
+        "benchmark": name,
+        "durability": case.durability,
+        "median": round(statistics.median(values)),
+        "min_max": _minmax(values),
+        "runs": len(values),
+        "unit": "records/s",
+        "mb_per_s": round(statistics.median(values) * RECORD_BYTES / 1e6, 1),
+    }
+
+
 def _skipped_row(benchmark: str, case: Case, unit: str) -> dict[str, Any]:
     return {
         "benchmark": benchmark,
@@ -616,13 +629,7 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
         values = rates[case.label]
         rows.append(
             {
-                "benchmark": name,
-                "durability": case.durability,
-                "median": round(statistics.median(values)),
-                "min_max": _minmax(values),
-                "runs": len(values),
-                "unit": "records/s",
-                "mb_per_s": round(statistics.median(values) * RECORD_BYTES / 1e6, 1),
+                **_rate_row(name, case, values),
                 "client_cpu_us_per_record": round(
                     statistics.median(c for c, _ in cpu[case.label]), 2
                 ),
@@ -653,13 +660,7 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
             continue
         rows.append(
             {
-                "benchmark": name,
-                "durability": case.durability,
-                "median": round(statistics.median(values)),
-                "min_max": _minmax(values),
-                "runs": len(values),
-                "unit": "records/s",
-                "mb_per_s": round(statistics.median(values) * RECORD_BYTES / 1e6, 1),
+                **_rate_row(name, case, values),
                 "how": f"{target:,} records from the start, chunks of {READ_CHUNK:,}"
                 if case.label != MB_ALL
                 else f"{target:,} records from the start, poll()",

@@ -186,6 +186,15 @@ def _stop_all(brokers: dict[str, BrokerProcess]) -> None:
         shutil.rmtree(b.data_dir, ignore_errors=True)
 
 
+def _empty_rss_with_topic(b: BrokerProcess, partitions: int) -> int:
+    """The broker's RSS before any load, then the curve's topic created."""
+    assert b.proc is not None
+    rss = _rss_bytes(b.proc.pid)
+    with WireClient(b.bootstrap, timeout_s=60) as c:
+        assert c.create_topic("scaling", partitions) == 0
+    return rss
+
+
 def partition_rows(tmp: Path, batches: int, rounds: int) -> list[dict[str, Any]]:
     """Throughput, CPU per batch and RSS of one topic of 1, 100 and 1,000 partitions."""
     brokers = _start_brokers(tmp, [f"p{n}" for n in PARTITION_STEPS])
@@ -193,11 +202,7 @@ def partition_rows(tmp: Path, batches: int, rounds: int) -> list[dict[str, Any]]
     rss_empty: dict[int, int] = {}
     try:
         for n in PARTITION_STEPS:
-            b = brokers[f"p{n}"]
-            assert b.proc is not None
-            rss_empty[n] = _rss_bytes(b.proc.pid)
-            with WireClient(b.bootstrap, timeout_s=60) as c:
-                assert c.create_topic("scaling", n) == 0
+            rss_empty[n] = _empty_rss_with_topic(brokers[f"p{n}"], n)
         for round_ in range(rounds):
             for n in _rotated(list(PARTITION_STEPS), round_):
                 figures[n].append(
@@ -232,11 +237,7 @@ def producer_rows(tmp: Path, batches: int, rounds: int) -> list[dict[str, Any]]:
     rss_empty: dict[int, int] = {}
     try:
         for p in PRODUCER_STEPS:
-            b = brokers[f"w{p}"]
-            assert b.proc is not None
-            rss_empty[p] = _rss_bytes(b.proc.pid)
-            with WireClient(b.bootstrap, timeout_s=60) as c:
-                assert c.create_topic("scaling", PRODUCER_CURVE_PARTITIONS) == 0
+            rss_empty[p] = _empty_rss_with_topic(brokers[f"w{p}"], PRODUCER_CURVE_PARTITIONS)
         for round_ in range(rounds):
             for p, acks in _rotated(cases, round_):
                 figures[p, acks].append(
