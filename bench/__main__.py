@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.stats import verdict
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 PLOTS = DOC.parent / "bench-plots"
 DOC_HEADER = (
@@ -64,10 +66,6 @@ def _row(rows: list[dict[str, Any]], name: str) -> dict[str, Any]:
     raise KeyError(name)
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "MISSED"
-
-
 def _cost_verdict(row: dict[str, Any], limit_pct: float = 3.0) -> str:
     """A cost is judged by its interval: a median under the limit whose interval
     reaches over it has not shown anything yet."""
@@ -99,16 +97,16 @@ def broker_targets(rows: list[dict[str, Any]]) -> list[str]:
         }
         out += [
             f"- {backend}: acks=1 idempotent {acks1:.0f} MB/s against a 150 MB/s floor: "
-            f"{_verdict(acks1 >= 150)}.",
+            f"{verdict(acks1 >= 150)}.",
             f"- {backend}: acks=-1 {acks_all:.0f} MB/s is {acks_all / ceiling:.0%} of the "
             "fdatasync ceiling with one fsync per 64 writes (60% wanted): "
-            f"{_verdict(acks_all >= 0.6 * ceiling)}; it is {acks_all / ceiling_each:.1f}x "
+            f"{verdict(acks_all >= 0.6 * ceiling)}; it is {acks_all / ceiling_each:.1f}x "
             "the ceiling of one fsync per 16 KiB batch.",
             f"- {backend}: broker CPU per 16 KiB batch at acks=1 is {idem_cpu:.0f} µs "
-            f"(at most 30 µs wanted): {_verdict(idem_cpu <= 30)}.",
+            f"(at most 30 µs wanted): {verdict(idem_cpu <= 30)}.",
             f"- {backend}: 4 producer processes at acks=-1 reach {parallel_mb_s:.0f} MB/s, "
             f"{_row(rows, parallel)['of_ceiling']} of the fdatasync ceiling of the same rounds "
-            f"(median, min-max; 60% wanted): {_verdict(parallel_mb_s >= 0.6 * parallel_ceiling)}; "
+            f"(median, min-max; 60% wanted): {verdict(parallel_mb_s >= 0.6 * parallel_ceiling)}; "
             f"{_value(rows, parallel, 'batches_per_fsync'):.0f} batches per fsync.",
             *(
                 f"- {backend}: {name} costs {row['value']:+.1f}% broker CPU per batch, median of "
@@ -117,7 +115,7 @@ def broker_targets(rows: list[dict[str, Any]]) -> list[str]:
                 for name, row in costs.items()
             ),
             f"- {backend}: RSS {rss:.0f} MB with 100 partitions and 10,000 producers "
-            f"(under 150 MB wanted): {_verdict(rss < 150)}.",
+            f"(under 150 MB wanted): {verdict(rss < 150)}.",
         ]
     return out
 
@@ -152,17 +150,15 @@ def client_targets(rows: list[dict[str, Any]]) -> list[str]:
     durable = [
         f"- {row['benchmark']}: {row['mb_per_sec']} MB/s is {row['of_ceiling_1_per_64']} of the "
         "fdatasync ceiling with one fsync per 64 writes, measured in the same rounds (median, "
-        f"min-max; 60% wanted): {_verdict(float(row['of_ceiling_1_per_64'].split()[0]) >= 0.6)}; "
+        f"min-max; 60% wanted): {verdict(float(row['of_ceiling_1_per_64'].split()[0]) >= 0.6)}; "
         f"the producers spend {row['client_cpu_us_per_record']} µs of CPU per record."
         for row in rows
         if "producer processes" in str(row["benchmark"])
     ]
     return [
-        f"- send(): {send:,.0f} records/s against 400,000: {_verdict(send >= 400_000)}.",
-        f"- send_batch(): {batch:,.0f} records/s against 2,000,000: "
-        f"{_verdict(batch >= 2_000_000)}.",
-        f"- consumer: {consume:,.0f} records/s against 1,000,000: "
-        f"{_verdict(consume >= 1_000_000)}.",
+        f"- send(): {send:,.0f} records/s against 400,000: {verdict(send >= 400_000)}.",
+        f"- send_batch(): {batch:,.0f} records/s against 2,000,000: {verdict(batch >= 2_000_000)}.",
+        f"- consumer: {consume:,.0f} records/s against 1,000,000: {verdict(consume >= 1_000_000)}.",
         *durable,
     ]
 
@@ -173,7 +169,7 @@ def txn_targets(rows: list[dict[str, Any]]) -> list[str]:
     return [
         f"- transactions of 1,000 records: {thousand:,.0f} records/s, "
         f"{1 - thousand / plain:+.1%} slower than idempotent-only {plain:,.0f} "
-        f"(at most 10% wanted): {_verdict(thousand >= 0.9 * plain)}.",
+        f"(at most 10% wanted): {verdict(thousand >= 0.9 * plain)}.",
     ]
 
 
@@ -184,10 +180,10 @@ def spark_targets(rows: list[dict[str, Any]]) -> list[str]:
     stream = next(r for r in rows if str(r["benchmark"]).startswith("spark stream"))
     return [
         f"- exactly_once {ours:,.0f} rows/s costs {loose / ours - 1:+.1%} over at_least_once "
-        f"{loose:,.0f} (at most 10% wanted): {_verdict(ours * 1.1 >= loose)}.",
+        f"{loose:,.0f} (at most 10% wanted): {verdict(ours * 1.1 >= loose)}.",
         f"- minibroker write (exactly_once) is {ours / ceiling:.0%} of the discard-only "
-        f"Arrow writer (50% wanted): {_verdict(ours >= 0.5 * ceiling)}; against the "
-        f"1,000,000 rows/s floor: {_verdict(ours >= 1_000_000)}.",
+        f"Arrow writer (50% wanted): {verdict(ours >= 0.5 * ceiling)}; against the "
+        f"1,000,000 rows/s floor: {verdict(ours >= 1_000_000)}.",
         f"- streaming A -> B at {stream['rate_per_s']:,} records/s: end-to-end p50 "
         f"{stream['p50_ms']:,.0f} ms, p99 {stream['p99_ms']:,.0f} ms (no target; a micro-batch "
         "per trigger bounds it from below).",
@@ -203,7 +199,7 @@ def offsets_targets(rows: list[dict[str, Any]]) -> list[str]:
         f"- 10,000 groups with an offset each: broker RSS {small:.0f} MB.",
         f"- 1,000,000 offsets (the default max_committed_offsets): RSS {cap:.0f} MB, "
         f"{per_offset:.0f} bytes per offset, restart {restart:.1f} s (under 512 MB "
-        f"wanted): {_verdict(cap < 512)}.",
+        f"wanted): {verdict(cap < 512)}.",
     ]
 
 

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.stats import min_max
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
 from protocol.batch import build_batch_from_columns, scan_batches, with_sequence
@@ -272,7 +273,7 @@ def fetch_zero_copy(tmp_path: Path, n_batches: int) -> list[dict[str, Any]]:
                 "benchmark": f"fetch trio {label}",
                 "value": statistics.median(v[0] for v in values),
                 "unit": "MB/s",
-                "min_max": _min_max([v[0] for v in values]),
+                "min_max": min_max([v[0] for v in values]),
                 "rounds": len(values),
             }
         )
@@ -397,7 +398,7 @@ def durable_rows(tmp_path: Path, n_batches: int, producers: int = 4) -> list[dic
                 "benchmark": f"produce {backend} {producers} producers acks={acks} idempotent",
                 "value": statistics.median(v[0] for v in values),
                 "unit": "MB/s",
-                "min_max": _min_max([v[0] for v in values]),
+                "min_max": min_max([v[0] for v in values]),
                 "broker_cpu_us_per_batch": statistics.median(v[1] for v in values),
                 "rounds": ROUNDS,
             }
@@ -476,10 +477,6 @@ def bootstrap_median_ci(values: list[float], level: float = 0.95) -> tuple[float
     return medians[int(tail * len(medians))], medians[int((1 - tail) * len(medians)) - 1]
 
 
-def _min_max(values: list[float]) -> str:
-    return f"{min(values):,.1f}-{max(values):,.1f}"
-
-
 def _spread(values: list[float]) -> str:
     """Median and min-max of ratios, as the docs quote them."""
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
@@ -549,7 +546,7 @@ def run(n_batches: int = 6000) -> list[dict[str, Any]]:
                         f"{'' if metrics else ' metrics off'}",
                         "value": statistics.median(v[0] for v in values),
                         "unit": "MB/s",
-                        "min_max": _min_max([v[0] for v in values]),
+                        "min_max": min_max([v[0] for v in values]),
                         "broker_cpu_us_per_batch": statistics.median(v[1] for v in values),
                         "rounds": len(values),
                     }

@@ -43,7 +43,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -51,6 +51,7 @@ from typing import Any
 
 from bench.bench_client import PRODUCER_CONFIG, _cpu_seconds
 from bench.peers_servers import NatsServer, RedisServer, find_binary
+from bench.stats import min_max, percentile
 from client import Consumer, Producer, TopicPartition
 from client.accumulator import RecordHandle
 from client.admin import create_topic
@@ -452,23 +453,13 @@ def nats_cases(server: NatsServer) -> list[Case]:
 # ---------------------------------------------------------------------------- rows
 
 
-def _minmax(values: Sequence[float], digits: int = 0) -> str:
-    fmt = f"{{:,.{digits}f}}"
-    return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
-
-
-def _percentile(sorted_values: list[float], pct: float) -> float:
-    index = min(len(sorted_values) - 1, int(len(sorted_values) * pct / 100))
-    return sorted_values[index]
-
-
 def _rate_row(name: str, case: Case, values: list[float]) -> dict[str, Any]:
     """The columns every records/s row has: median, min-max and MB/s of its runs."""
     return {
         "benchmark": name,
         "durability": case.durability,
         "median": round(statistics.median(values)),
-        "min_max": _minmax(values),
+        "min_max": min_max(values, 0),
         "runs": len(values),
         "unit": "records/s",
         "mb_per_s": round(statistics.median(values) * RECORD_BYTES / 1e6, 1),
@@ -553,7 +544,7 @@ def run(scale: float = 1.0) -> list[dict[str, Any]]:
                 "benchmark": "machine load (1-minute load average) at start and end",
                 "durability": "",
                 "median": round(statistics.mean(loads), 1),
-                "min_max": _minmax(loads, 1),
+                "min_max": min_max(loads, 1),
                 "runs": 2,
                 "unit": "runnable tasks",
                 "how": f"os.getloadavg() on {os.cpu_count()} cores, shared with other benchmarks",
@@ -684,7 +675,7 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
                 if lat:
                     lat.sort()
                     results.setdefault((case.label, load), []).append(
-                        tuple(_percentile(lat, p) * 1000 for p in (50, 99, 99.9))  # type: ignore[arg-type]
+                        tuple(percentile(lat, p) * 1000 for p in (0.5, 0.99, 0.999))  # type: ignore[arg-type]
                     )
     for case in lat_cases:
         for load in LOADS_PCT:
@@ -700,7 +691,7 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
                     "benchmark": name,
                     "durability": case.durability,
                     "median": round(statistics.median(p99s), 2),
-                    "min_max": _minmax(p99s, 2),
+                    "min_max": min_max(p99s, 2),
                     "runs": len(got),
                     "unit": "ms p99",
                     "p50_ms": round(statistics.median(p50s), 2),

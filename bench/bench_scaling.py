@@ -43,6 +43,7 @@ from bench.bench_broker import (
     _pipeline,
     _rss_bytes,
 )
+from bench.stats import min_max, percentile, verdict
 from broker.log import _read_recovery_point, _scan_from
 from broker.segment import LOG_SUFFIX
 from harness.broker_process import BrokerProcess
@@ -146,10 +147,6 @@ def _rotated(items: list[Any], round_: int) -> list[Any]:
     return items[k:] + items[:k]
 
 
-def _spread(values: list[float], digits: int = 1) -> str:
-    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
-
-
 def _curve_row(
     name: str, x: dict[str, Any], figures: list[tuple[float, float, int]], rss_empty: int
 ) -> dict[str, Any]:
@@ -159,9 +156,9 @@ def _curve_row(
         **x,
         "value": statistics.median(mb_s),
         "unit": "MB/s",
-        "min_max": _spread(mb_s, 0),
+        "min_max": min_max(mb_s, 0),
         "broker_cpu_us_per_batch": statistics.median(f[1] for f in figures),
-        "broker_cpu_min_max": _spread([f[1] for f in figures], 0),
+        "broker_cpu_min_max": min_max([f[1] for f in figures], 0),
         "rss_mb": figures[-1][2] / 1e6,
         "rss_empty_mb": rss_empty / 1e6,
         "rounds": len(figures),
@@ -284,11 +281,6 @@ def _grow_frame(topic: str) -> tuple[bytes, int, int]:
         }
     )
     return frame, count, len(batch)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
 def fetch_latencies(
@@ -437,15 +429,15 @@ def log_rows(tmp: Path, scale: float, fetches: int, rounds: int) -> list[dict[st
                 for _ in range(rounds)
             ]
             for end, k in (("head", 0), ("tail (page cache dropped)", 1)):
-                p50 = [_percentile(r[k], 0.5) * 1e3 for r in per_round]
-                p99 = [_percentile(r[k], 0.99) * 1e3 for r in per_round]
+                p50 = [percentile(r[k], 0.5) * 1e3 for r in per_round]
+                p99 = [percentile(r[k], 0.99) * 1e3 for r in per_round]
                 rows.append(
                     {
                         "benchmark": f"fetch 1 MiB from the {end}, log {gib:g} GiB",
                         **x,
                         "value": statistics.median(p99),
                         "unit": "ms p99",
-                        "min_max": _spread(p99, 2),
+                        "min_max": min_max(p99, 2),
                         "p50_ms": statistics.median(p50),
                         "rounds": rounds,
                         "fetches": fetches,
@@ -466,7 +458,7 @@ def log_rows(tmp: Path, scale: float, fetches: int, rounds: int) -> list[dict[st
                         **x,
                         "value": statistics.median(listen),
                         "unit": "ms to listening",
-                        "min_max": _spread(listen, 0),
+                        "min_max": min_max(listen, 0),
                         "first_fetch_ms": statistics.median(t[2] for t in times),
                         "broker_recovery_ms": statistics.median(t[3] for t in times),
                         "stop_ms": statistics.median(t[0] for t in times),
@@ -508,10 +500,6 @@ def _gib(row: dict[str, Any]) -> str:
     return f"{row['log_mib'] / 1024:.3g} GiB"
 
 
-def _verdict(ok: bool) -> str:
-    return "met" if ok else "MISSED"
-
-
 def targets(rows: list[dict[str, Any]]) -> list[str]:
     """Each cost against its work: costs per unit of work no more than 2x apart across
     the curve, except recovery, which should not grow with the log past a segment."""
@@ -522,14 +510,14 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
     out.append(
         f"- {many['partitions']:,} partitions against 1: throughput {many['value']:.0f} / "
         f"{one['value']:.0f} MB/s = {many['value'] / one['value']:.2f} (at least 0.5 wanted): "
-        f"{_verdict(many['value'] >= 0.5 * one['value'])}; broker CPU per batch "
-        f"{cpu_ratio:.2f}x (at most 2x wanted): {_verdict(cpu_ratio <= 2)}."
+        f"{verdict(many['value'] >= 0.5 * one['value'])}; broker CPU per batch "
+        f"{cpu_ratio:.2f}x (at most 2x wanted): {verdict(cpu_ratio <= 2)}."
     )
     per_partition_kib = (many["rss_mb"] - one["rss_mb"]) * 1e3 / 1.024 / (many["partitions"] - 1)
     out.append(
         f"- RSS {one['rss_mb']:.0f} MB at 1 partition, {many['rss_mb']:.0f} MB at "
         f"{many['partitions']:,}: {per_partition_kib:.0f} KiB per partition (at most 100 KiB "
-        f"wanted, 1,000 partitions in 100 MB): {_verdict(per_partition_kib <= 100)}."
+        f"wanted, 1,000 partitions in 100 MB): {verdict(per_partition_kib <= 100)}."
     )
     for acks in (1, -1):
         prods = _pick(rows, "produce ", acks=acks, partitions=PRODUCER_CURVE_PARTITIONS)
@@ -539,8 +527,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         out.append(
             f"- acks={acks}, {hi['producers']} producers against 1: throughput "
             f"{hi['value']:.0f} / {lo['value']:.0f} MB/s = {hi['value'] / lo['value']:.2f} "
-            f"(at least 0.5 wanted): {_verdict(hi['value'] >= 0.5 * lo['value'])}; broker CPU "
-            f"per batch {ratio:.2f}x (at most 2x wanted): {_verdict(ratio <= 2)}; RSS "
+            f"(at least 0.5 wanted): {verdict(hi['value'] >= 0.5 * lo['value'])}; broker CPU "
+            f"per batch {ratio:.2f}x (at most 2x wanted): {verdict(ratio <= 2)}; RSS "
             f"{lo['rss_mb']:.0f} -> {hi['rss_mb']:.0f} MB."
         )
     for end in ("head", "tail"):
@@ -552,7 +540,7 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
                 f"- fetch from the {end}: p99 {big['value']:.1f} ms at {_gib(big)} against "
                 f"{small['value']:.1f} ms at {_gib(small)}, {ratio:.2f}x for "
                 f"{big['log_mib'] / small['log_mib']:.0f}x the log (within 2x wanted): "
-                f"{_verdict(ratio <= 2)}."
+                f"{verdict(ratio <= 2)}."
             )
     writes = _pick(rows, "write the log")
     for how, kill, _ in RESTARTS:
@@ -569,7 +557,7 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             out.append(
                 f"- restart {how}, to listening: {points} (the broker's opening of the logs: "
                 f"{recovery}); {ratio:.2f}x for {big['log_mib'] / small['log_mib']:.0f}x the "
-                f"log (within 2x wanted): {_verdict(ratio <= 2)}."
+                f"log (within 2x wanted): {verdict(ratio <= 2)}."
             )
             continue
         scanned = ", ".join(
@@ -590,11 +578,11 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             f"{per_gib[0]:,.0f} at the smallest; growing no faster than the log (at the "
             "largest log at most 2x the smallest's recovery, or at most 2x its time per GiB "
             "validated; a few MiB validated make the second a fixed cost over nothing): "
-            f"{_verdict(big_ms <= 2 * small_ms or per_gib[-1] <= 2 * per_gib[0])}; "
+            f"{verdict(big_ms <= 2 * small_ms or per_gib[-1] <= 2 * per_gib[0])}; "
             "the largest log validates "
             f"{big['recovery_scan_mib'] / segment_mib:.1f} segments of {big['segments']} (at "
             f"most 2 wanted: bounded by segments, not the log): "
-            f"{_verdict(big['recovery_scan_mib'] <= 2 * segment_mib)}."
+            f"{verdict(big['recovery_scan_mib'] <= 2 * segment_mib)}."
         )
     return out
 
@@ -613,7 +601,7 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
     def bounds(
         r: dict[str, Any], value: str = "value", spread: str = "min_max"
     ) -> tuple[float, float]:
-        low, high = (float(v) for v in str(r[spread]).split("-"))
+        low, high = (float(v) for v in str(r[spread]).replace(",", "").split("-"))
         # The range is printed rounded, so a median next to an end can fall just outside.
         return max(0.0, r[value] - low), max(0.0, high - r[value])
 
