@@ -120,6 +120,16 @@ class BrokerProcess:
     def log_text(self) -> str:
         return "\n".join(self.log_lines)
 
+    def log_shows(self, text: str, timeout_s: float = 10.0) -> bool:
+        """Whether `text` appears in the log within `timeout_s`: a thread reads the
+        broker's stderr, so a line may land a moment after the reply it goes with."""
+        deadline = time.monotonic() + timeout_s
+        while text not in self.log_text():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
 
 def serve_once(data_dir: Path) -> subprocess.CompletedProcess[str]:
     """`python -m broker serve` on `data_dir` in the foreground, for a start that must fail."""

@@ -61,11 +61,14 @@ class WireClient:
         return response
 
     def is_closed_by_peer(self) -> bool:
-        """True when the broker has closed this connection (EOF or reset)."""
+        """True when the broker closes this connection (EOF or reset) within the socket's
+        timeout; False when it stays open that long or sends something instead."""
         try:
             return self.sock.recv(1) == b""
-        except (ConnectionResetError, TimeoutError):
+        except ConnectionResetError:
             return True
+        except TimeoutError:
+            return False
 
     # Convenience wrappers ------------------------------------------------
 

@@ -191,9 +191,7 @@ def test_a_trickled_request_closes_its_connection_only(tmp_path: Path, backend: 
             assert closed_after_s is not None, "the trickled request got the time it wanted"
             assert 0.4 < closed_after_s < 2.0, closed_after_s
             assert other.call("ApiVersions")["error"] == 0
-        assert "request not received whole within request_receive_timeout_ms=500" in (
-            broker.log_text()
-        )
+        assert broker.log_shows("request not received whole within request_receive_timeout_ms=500")
     finally:
         broker.kill()
 
@@ -334,11 +332,17 @@ def test_a_pipeline_of_costly_requests_takes_turns(broker: BrokerProcess) -> Non
                 answered.append(r["cid"])
 
         reader = threading.Thread(target=read_all, daemon=True)
+        started = time.monotonic()
         reader.start()
         slowest_s = 0.0
         while reader.is_alive():
             t = time.monotonic()
             assert c.call("ApiVersions")["error"] == 0
             slowest_s = max(slowest_s, time.monotonic() - t)
+        pipeline_s = time.monotonic() - started
         assert answered == list(range(1, requests + 1))
-        assert slowest_s < 0.3, f"another connection waited {slowest_s:.2f} s"
+        # Held back to back, the other client would wait about the whole pipeline; a
+        # loaded machine stretches both, so the bound is a share of it.
+        assert slowest_s < max(0.3, pipeline_s / 3), (
+            f"another connection waited {slowest_s:.2f} s of the pipeline's {pipeline_s:.2f} s"
+        )

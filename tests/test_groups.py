@@ -204,7 +204,7 @@ def test_a_silent_member_is_removed_after_the_session_timeout(tmp_path: Path, ba
                 time.sleep(0.1)
             assert set(held(c)) == {b.member_id}
             assert a.beat()["error"] == ErrorCode.UNKNOWN_MEMBER_ID
-            assert f"event=group_member_expired group='g' member={a.member_id}" in proc.log_text()
+            assert proc.log_shows(f"event=group_member_expired group='g' member={a.member_id}")
     finally:
         proc.kill()
 

@@ -404,11 +404,16 @@ def test_prometheus_scrapes_the_broker_under_load(
     assert len(rules) >= 5
     # DiskNearlyFull watches the machine's real filesystem: below 40% free, the test's
     # own writes are a trend to full, and the alert is right to be pending.
+    # FsyncLatencyHigh watches the real disk too: on a busy shared machine one fsync of
+    # the few dozen here may take over 100 ms, and then it is right to be pending.
     usage = shutil.disk_usage(broker.data_dir)
     machine_disk_low = usage.free / usage.total < 0.40
     for rule in rules:
         assert rule["health"] == "ok", rule
         if rule["name"] == "DiskNearlyFull" and machine_disk_low:
+            continue
+        if rule["name"] == "FsyncLatencyHigh":
+            assert rule["state"] != "firing", rule  # its `for` is minutes: never in a test
             continue
         assert rule["state"] == "inactive", rule
 

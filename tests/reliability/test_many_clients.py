@@ -26,6 +26,8 @@ from protocol.framing import encode_frame
 from tests.reliability.conftest import broker_pid, config_file, read_partition, rss_kib, size
 
 HELD = 1_000
+# A normal client's slowest answer: a blocked broker never answers; a busy machine is slow.
+ANSWER_S_MAX = 3.0
 
 
 def raise_open_file_limit(needed: int) -> None:
@@ -65,7 +67,9 @@ def answered_within(c: WireClient, limit_s: float) -> float:
 
 
 def answered_on_a_new_connection(bootstrap: str, limit_s: float) -> float:
-    with WireClient(bootstrap, timeout_s=limit_s) as c:
+    # The socket waits longer than the limit, so a slow answer fails the assert that
+    # says how slow, not a bare TimeoutError.
+    with WireClient(bootstrap, timeout_s=limit_s * 5) as c:
         return answered_within(c, limit_s)
 
 
@@ -82,8 +86,8 @@ def test_a_thousand_held_connections_and_a_normal_client(tmp_path: Path, backend
             assert all(c.recv()["cid"] == cid for c, cid in zip(step, cids, strict=True))
         cids = [c.send("ApiVersions") for c in held]  # all still open and served
         assert all(c.recv()["cid"] == cid for c, cid in zip(held, cids, strict=True))
-        with WireClient(broker.bootstrap, timeout_s=5) as normal:
-            slowest = answered_within(normal, 1.0)
+        with WireClient(broker.bootstrap, timeout_s=15) as normal:
+            slowest = answered_within(normal, ANSWER_S_MAX)
             with WireClient(broker.bootstrap, timeout_s=5) as one_too_many:
                 assert one_too_many.is_closed_by_peer(), "a connection past max_connections"
         print(f"held {HELD} connections on {backend}; normal client's slowest {slowest:.3f} s")
@@ -133,12 +137,11 @@ def test_a_client_that_never_reads_is_held_back(tmp_path: Path, backend: str) ->
         except TimeoutError:
             pass  # the broker stopped reading: back-pressure reached this client
         time.sleep(2)
-        slowest = answered_on_a_new_connection(broker.bootstrap, 1.0)
+        answered_on_a_new_connection(broker.bootstrap, ANSWER_S_MAX)
         grown_mib = (rss_kib(broker_pid(broker)) - before) / 1024
         sock.close()
         print(f"never-reading client on {backend}: {sent} Fetches sent, RSS +{grown_mib:.1f} MiB")
         assert grown_mib < 96, f"{sent} unread 1 MiB answers grew the broker by {grown_mib:.0f} MiB"
-        assert slowest <= 1.0
     finally:
         broker.kill()
 
@@ -160,7 +163,7 @@ def test_a_trickling_client_is_closed(tmp_path: Path, backend: str) -> None:
                 if trickler.is_closed_by_peer():
                     closed_after = time.monotonic() - started
                     break
-                answered_on_a_new_connection(broker.bootstrap, 1.0)
+                answered_on_a_new_connection(broker.bootstrap, ANSWER_S_MAX)
             assert closed_after is not None, "a client trickling one byte per 0.5 s was kept 10 s"
             assert closed_after < 6, closed_after
     finally:
