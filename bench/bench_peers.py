@@ -40,6 +40,7 @@ import os
 import queue
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -79,11 +80,24 @@ CLASS_ORDER = (FSYNC_GROUP, FSYNC_SECOND, PAGE_CACHE)
 MB_ALL = "minibroker trio acks=all idempotent"
 MB_1 = "minibroker trio acks=1"
 MB_ALL_LINGER0 = "minibroker trio acks=all idempotent, linger_ms 0"
+MB_ALL_SWITCH = "minibroker trio acks=all idempotent, switch interval 0.5 ms"
+# CPython's default: a thread that wants the GIL waits this long before it asks the
+# holder to let go (bench/trace_latency.py: the producer's I/O thread waits on the
+# caller's thread, and that wait is the latency tail).
+SWITCH_INTERVAL_S = 0.0005
 REDIS_ALWAYS = "redis XADD AOF always"
 REDIS_EVERYSEC = "redis XADD AOF everysec"
 NATS_PLAIN = "nats JetStream"
 NATS_MSGID = "nats JetStream Msg-Id"
-LATENCY_CASES = (MB_ALL, MB_ALL_LINGER0, MB_1, REDIS_ALWAYS, REDIS_EVERYSEC, NATS_MSGID)
+LATENCY_CASES = (
+    MB_ALL,
+    MB_ALL_LINGER0,
+    MB_ALL_SWITCH,
+    MB_1,
+    REDIS_ALWAYS,
+    REDIS_EVERYSEC,
+    NATS_MSGID,
+)
 CONSUME_CASES = {MB_ALL: "minibroker Consumer", REDIS_ALWAYS: "redis XRANGE", NATS_MSGID: "nats"}
 
 
@@ -172,8 +186,9 @@ def _values() -> list[bytes]:
 
 
 def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
-    """trio: every measurement, and the acks=all open loop once more with linger_ms 0 (at
-    the rates of the default settings), to show what linger costs; asyncio: produce."""
+    """trio: every measurement, and the acks=all open loop twice more at the rates of the
+    default settings: with linger_ms 0, to show what linger costs, and with CPython's
+    switch interval at 0.5 ms, to show what the wait for the GIL costs; asyncio: produce."""
     values = _values()
     bootstrap = broker.bootstrap
 
@@ -198,8 +213,18 @@ def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
 
         return run
 
-    def open_loop(config: dict[str, Any]) -> Callable[[str, float, int], list[float]]:
+    def open_loop(
+        config: dict[str, Any], switch_interval_s: float | None = None
+    ) -> Callable[[str, float, int], list[float]]:
         def run(topic: str, rate: float, records: int) -> list[float]:
+            default_switch_s = sys.getswitchinterval()
+            sys.setswitchinterval(switch_interval_s or default_switch_s)
+            try:
+                return timed(topic, rate, records)
+            finally:
+                sys.setswitchinterval(default_switch_s)
+
+        def timed(topic: str, rate: float, records: int) -> list[float]:
             create_topic(bootstrap, topic, partitions=1)
             firsts: queue.SimpleQueue[tuple[int, RecordHandle] | None] = queue.SimpleQueue()
             stamps: list[tuple[int, float]] = []
@@ -258,6 +283,13 @@ def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
             FSYNC_GROUP,
             how.replace("linger_ms 5", "linger_ms 0"),
             open_loop=open_loop(linger0),
+            rate_of=MB_ALL,
+        ),
+        Case(
+            MB_ALL_SWITCH,
+            FSYNC_GROUP,
+            how + ", sys.setswitchinterval(0.0005) in the producer's process",
+            open_loop=open_loop(MB_ACKS_ALL, SWITCH_INTERVAL_S),
             rate_of=MB_ALL,
         ),
     ]
@@ -774,6 +806,16 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"{head}: {lat['median']:.2f} ms (median of {lat['runs']} runs, {lat['min_max']}) "
             f"at {lat['rate_per_s']:,} records/s: {verdict}."
+        )
+    switched = _find(rows, f"latency {MB_ALL_SWITCH} at 50% load")
+    if _measured(lat) and _measured(switched):
+        assert lat is not None and switched is not None
+        verdict = "met" if switched["median"] <= 10 else "MISSED"
+        lines.append(
+            f"- the same with the producer process's switch interval at "
+            f"{SWITCH_INTERVAL_S * 1000:g} ms (CPython's default 5): {switched['median']:.2f} ms "
+            f"({switched['min_max']}), {switched['median'] / lat['median']:.2f}x the default's: "
+            f"{verdict}."
         )
     return lines
 
