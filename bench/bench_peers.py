@@ -178,6 +178,27 @@ def _stamp_batches(
             stamps.append((first, time.perf_counter()))
 
 
+def _open_loop_watched(
+    producer: Producer,
+    send_due: Callable[[int, int], None],
+    firsts: queue.SimpleQueue[tuple[int, RecordHandle] | None],
+    stamps: list[tuple[int, float]],
+    rate: float,
+    records: int,
+) -> float:
+    """`_open_loop` with a thread stamping each batch's ack as `send_due` queues its
+    first record in `firsts`; waits for every ack, and returns t0."""
+    watcher = threading.Thread(target=_stamp_batches, args=(firsts, stamps))
+    watcher.start()
+    try:
+        t0 = _open_loop(send_due, rate, records)
+        producer.flush(ACK_WAIT_S)
+    finally:
+        firsts.put(None)
+        watcher.join(ACK_WAIT_S)
+    return t0
+
+
 def _values() -> list[bytes]:
     return [os.urandom(RECORD_BYTES) for _ in range(256)]
 
@@ -231,21 +252,14 @@ def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
             with Producer(bootstrap, **config) as producer:
                 producer.partitions_for(topic)
                 send = producer.send
-                watcher = threading.Thread(target=_stamp_batches, args=(firsts, stamps))
-                watcher.start()
-                try:
 
-                    def send_due(first: int, stop: int) -> None:
-                        for i in range(first, stop):
-                            handle = send(topic, values[i & 255], partition=0)
-                            if handle[1] == 0:  # the first record of a new batch
-                                firsts.put((i, handle))
+                def send_due(first: int, stop: int) -> None:
+                    for i in range(first, stop):
+                        handle = send(topic, values[i & 255], partition=0)
+                        if handle[1] == 0:  # the first record of a new batch
+                            firsts.put((i, handle))
 
-                    t0 = _open_loop(send_due, rate, records)
-                    producer.flush(ACK_WAIT_S)
-                finally:
-                    firsts.put(None)
-                    watcher.join(ACK_WAIT_S)
+                t0 = _open_loop_watched(producer, send_due, firsts, stamps, rate, records)
                 end = time.perf_counter()
             acked = [0.0] * records
             stamps.sort()

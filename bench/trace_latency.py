@@ -28,7 +28,6 @@ import queue
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -41,8 +40,7 @@ from bench.bench_peers import (
     ACK_WAIT_S,
     MB_ACKS_1,
     MB_ACKS_ALL,
-    _open_loop,
-    _stamp_batches,
+    _open_loop_watched,
     _values,
 )
 from bench.stats import min_max, percentile
@@ -157,28 +155,21 @@ def traced_open_loop(
         undo.callback(gc.callbacks.remove, on_gc)
         producer.partitions_for(topic)
         send = producer.send
-        watcher = threading.Thread(target=_stamp_batches, args=(firsts, seen))
-        watcher.start()
-        try:
 
-            def send_due(first: int, stop: int) -> None:
-                now = time.perf_counter()
-                for i in range(first, stop):
-                    handle = send(topic, values[i & 255], partition=0)
-                    appended[i] = now
-                    if handle[1] == 0:  # one partition: a new batch holds every record that follows
-                        stamps.number_of[id(handle[0])] = i
-                        firsts.put((i, handle))
-                    batch_of[i] = stamps.number_of[id(handle[0])]
-                took = time.perf_counter() - now
-                if took > 0.005:
-                    slow_sends.append((now, took))
+        def send_due(first: int, stop: int) -> None:
+            now = time.perf_counter()
+            for i in range(first, stop):
+                handle = send(topic, values[i & 255], partition=0)
+                appended[i] = now
+                if handle[1] == 0:  # one partition: a new batch holds every record that follows
+                    stamps.number_of[id(handle[0])] = i
+                    firsts.put((i, handle))
+                batch_of[i] = stamps.number_of[id(handle[0])]
+            took = time.perf_counter() - now
+            if took > 0.005:
+                slow_sends.append((now, took))
 
-            t0 = _open_loop(send_due, rate, records)
-            producer.flush(ACK_WAIT_S)
-        finally:
-            firsts.put(None)
-            watcher.join(ACK_WAIT_S)
+        t0 = _open_loop_watched(producer, send_due, firsts, seen, rate, records)
     seen_at = dict(seen)
     out: dict[str, list[Any]] = {stage: [] for stage in (*STAGES, "total", "at_s")}
     batch_seen: dict[int, float] = {}
