@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -255,6 +256,26 @@ def _scaled(name: str) -> Suite:
     return Suite(
         run, lambda args: f"python -m bench --suites {name} --scale {args.scale:g}", targets, plots
     )
+
+
+def standalone(name: str, description: str) -> None:
+    """`python -m bench.bench_<name> [--scale S] [--out DIR]`: one scaled suite alone, its
+    table, verdicts and plots printed, docs/benchmarks.md left as it is."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=None, help="directory for the PNGs")
+    args = parser.parse_args()
+    suite = _scaled(name)
+    began = time.monotonic()
+    rows = suite.run(args)
+    print(table(rows))
+    print()
+    print("\n".join(suite.targets(rows)))
+    out = args.out or Path(tempfile.mkdtemp(prefix=f"bench-{name}-plots-"))
+    assert suite.plots is not None
+    for caption, path in suite.plots(rows, out):
+        print(f"{caption}: {path}")
+    print(f"wall time {time.monotonic() - began:.0f} s at scale {args.scale:g}")
 
 
 def _offsets_run(args: argparse.Namespace) -> list[dict[str, Any]]:

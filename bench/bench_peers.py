@@ -33,7 +33,6 @@ at once, so one wait per batch gives each record's time (see `_stamp_batches`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -44,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -178,6 +177,16 @@ def _stamp_batches(
             stamps.append((first, time.perf_counter()))
 
 
+def _chunks_until(records: int, deadline: float) -> Iterator[range]:
+    """Record indexes in chunks of 1,024, until all `records` or the perf_counter
+    `deadline`: a produce round bounded in count and in time."""
+    sent = 0
+    while sent < records and time.perf_counter() < deadline:
+        stop = min(records, sent + 1024)
+        yield range(sent, stop)
+        sent = stop
+
+
 def _open_loop_watched(
     producer: Producer,
     send_due: Callable[[int, int], None],
@@ -220,13 +229,11 @@ def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
                 producer.partitions_for(topic)
                 send = producer.send
                 started = time.perf_counter()
-                deadline = started + max_s
                 sent = 0
-                while sent < records and time.perf_counter() < deadline:
-                    stop = min(records, sent + 1024)
-                    for i in range(sent, stop):
+                for chunk in _chunks_until(records, started + max_s):
+                    for i in chunk:
                         send(topic, values[i & 255], partition=0)
-                    sent = stop
+                    sent = chunk.stop
                 producer.flush(ACK_WAIT_S)
                 seconds = time.perf_counter() - started
                 assert producer.metrics()["records_sent"] == sent
@@ -411,14 +418,12 @@ def nats_cases(server: NatsServer) -> list[Case]:
                 js = nc.jetstream(publish_async_max_pending=NATS_MAX_PENDING)
                 before = (await js.stream_info(stream)).state.messages
                 started = time.perf_counter()
-                deadline = started + max_s
                 sent = 0
-                while sent < records and time.perf_counter() < deadline:
-                    stop = min(records, sent + 1024)
-                    for i in range(sent, stop):
+                for chunk in _chunks_until(records, started + max_s):
+                    for i in chunk:
                         hdr = headers(msg_id, subject, i)
                         await js.publish_async(subject, values[i & 255], headers=hdr)
-                    sent = stop
+                    sent = chunk.stop
                 await asyncio.wait_for(js.publish_async_completed(), ACK_WAIT_S)
                 seconds = time.perf_counter() - started
                 assert (await js.stream_info(stream)).state.messages - before == sent
@@ -925,21 +930,9 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
 
 
 def main() -> None:
-    from bench.__main__ import table
+    from bench.__main__ import standalone
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument("--out", type=Path, default=None, help="directory for the PNGs")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    rows = run(args.scale)
-    print(table(rows))
-    print()
-    print("\n".join(targets(rows)))
-    out = args.out or Path(tempfile.mkdtemp(prefix="bench-peers-plots-"))
-    for caption, path in plots(rows, out):
-        print(f"{caption}: {path}")
-    print(f"took {time.perf_counter() - started:.0f} s")
+    standalone("peers", __doc__.split("\n")[0])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ spans the same number of segments at every scale: recovery is bounded by segment
 
 from __future__ import annotations
 
-import argparse
 import math
 import multiprocessing
 import os
@@ -500,19 +499,25 @@ def _gib(row: dict[str, Any]) -> str:
     return f"{row['log_mib'] / 1024:.3g} GiB"
 
 
+def _grown(lo: dict[str, Any], hi: dict[str, Any]) -> str:
+    """Throughput and broker CPU per batch of the curve's far end against its start,
+    each with its verdict (at least half the throughput, at most twice the CPU)."""
+    cpu_ratio = hi["broker_cpu_us_per_batch"] / lo["broker_cpu_us_per_batch"]
+    return (
+        f"throughput {hi['value']:.0f} / {lo['value']:.0f} MB/s = "
+        f"{hi['value'] / lo['value']:.2f} (at least 0.5 wanted): "
+        f"{verdict(hi['value'] >= 0.5 * lo['value'])}; broker CPU per batch "
+        f"{cpu_ratio:.2f}x (at most 2x wanted): {verdict(cpu_ratio <= 2)}"
+    )
+
+
 def targets(rows: list[dict[str, Any]]) -> list[str]:
     """Each cost against its work: costs per unit of work no more than 2x apart across
     the curve, except recovery, which should not grow with the log past a segment."""
     out = []
     parts = _pick(rows, "produce into")
     one, many = parts[0], parts[-1]
-    cpu_ratio = many["broker_cpu_us_per_batch"] / one["broker_cpu_us_per_batch"]
-    out.append(
-        f"- {many['partitions']:,} partitions against 1: throughput {many['value']:.0f} / "
-        f"{one['value']:.0f} MB/s = {many['value'] / one['value']:.2f} (at least 0.5 wanted): "
-        f"{verdict(many['value'] >= 0.5 * one['value'])}; broker CPU per batch "
-        f"{cpu_ratio:.2f}x (at most 2x wanted): {verdict(cpu_ratio <= 2)}."
-    )
+    out.append(f"- {many['partitions']:,} partitions against 1: {_grown(one, many)}.")
     per_partition_kib = (many["rss_mb"] - one["rss_mb"]) * 1e3 / 1.024 / (many["partitions"] - 1)
     out.append(
         f"- RSS {one['rss_mb']:.0f} MB at 1 partition, {many['rss_mb']:.0f} MB at "
@@ -523,12 +528,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
         prods = _pick(rows, "produce ", acks=acks, partitions=PRODUCER_CURVE_PARTITIONS)
         prods = [r for r in prods if not r["benchmark"].startswith("produce into")]
         lo, hi = prods[0], prods[-1]
-        ratio = hi["broker_cpu_us_per_batch"] / lo["broker_cpu_us_per_batch"]
         out.append(
-            f"- acks={acks}, {hi['producers']} producers against 1: throughput "
-            f"{hi['value']:.0f} / {lo['value']:.0f} MB/s = {hi['value'] / lo['value']:.2f} "
-            f"(at least 0.5 wanted): {verdict(hi['value'] >= 0.5 * lo['value'])}; broker CPU "
-            f"per batch {ratio:.2f}x (at most 2x wanted): {verdict(ratio <= 2)}; RSS "
+            f"- acks={acks}, {hi['producers']} producers against 1: {_grown(lo, hi)}; RSS "
             f"{lo['rss_mb']:.0f} -> {hi['rss_mb']:.0f} MB."
         )
     for end in ("head", "tail"):
@@ -751,22 +752,9 @@ def plots(rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[str, Path]]:
 
 
 def main() -> None:
-    from bench.__main__ import table
+    from bench.__main__ import standalone
 
-    parser = argparse.ArgumentParser(description="broker scaling curves")
-    parser.add_argument("--scale", type=float, default=1.0)
-    parser.add_argument(
-        "--out", type=Path, default=Path(tempfile.gettempdir()) / "minibroker-scaling"
-    )
-    args = parser.parse_args()
-    began = time.monotonic()
-    rows = run(args.scale)
-    print(table(rows))
-    print()
-    print("\n".join(targets(rows)))
-    for caption, path in plots(rows, args.out):
-        print(f"{caption}: {path}")
-    print(f"wall time {time.monotonic() - began:.0f} s at scale {args.scale:g}")
+    standalone("scaling", "broker scaling curves")
 
 
 if __name__ == "__main__":
