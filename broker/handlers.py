@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import anyio
 
@@ -26,7 +26,7 @@ from broker.group_coordinator import GroupCoordinator
 from broker.log import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.metrics import BrokerMetrics
 from broker.offset_store import OffsetStore
-from broker.partition import Partition
+from broker.partition import AppendResult, Partition
 from broker.producer_ids import ProducerIdManager
 from broker.topics import TopicError, TopicRegistry
 from broker.txn_coordinator import TransactionCoordinator, now_ms
@@ -213,11 +213,7 @@ class Handlers:
         # What isinstance(result, Awaitable) checks, at a fifth of the cost.
         if hasattr(result, "__await__"):
             result = await result
-        if result is None:
-            return NoAnswer()
-        if isinstance(result, m.Response):
-            return Answer(result)
-        return result
+        return _outcome(result)
 
     # ----------------------------------------------------------------- simple APIs
 
@@ -351,16 +347,41 @@ class Handlers:
                     for t in req.topics
                 ]
             )
-        checked = [
+        checked = self._check_request(req)
+        if req.transactional_id is not None:
+            return self._produce_transactional(req, req.transactional_id, checked)
+        return self._append_checked([(req, checked)])[0]
+
+    @staticmethod
+    def appends_together(request: Any) -> bool:
+        """Whether `request` may join `produce_many`: a Produce that needs no await."""
+        return (
+            isinstance(request, m.ProduceRequest)
+            and request.transactional_id is None
+            and request.acks in (-1, 0, 1)
+        )
+
+    def produce_many(self, reqs: list[m.ProduceRequest]) -> list[Outcome]:
+        """Produce requests read together (each `appends_together`), answered as one
+        after another would be, with each partition's batches appended in one write."""
+        replies = self._append_checked([(req, self._check_request(req)) for req in reqs])
+        return [
+            NoAnswer()
+            if reply is None
+            else Answer(reply)
+            if isinstance(reply, m.Response)
+            else reply
+            for reply in replies
+        ]
+
+    def _check_request(self, req: m.ProduceRequest) -> list[list[Checked]]:
+        return [
             [
                 self._check_batch(t.topic, p.partition, p.records, req.transactional_id)
                 for p in t.partitions
             ]
             for t in req.topics
         ]
-        if req.transactional_id is not None:
-            return self._produce_transactional(req, req.transactional_id, checked)
-        return self._append_checked(req, checked)
 
     async def _produce_transactional(
         self, req: m.ProduceRequest, transactional_id: str, checked: list[list[Checked]]
@@ -391,37 +412,62 @@ class Handlers:
                 ]
                 for code, _ in refused.values():
                     self._count_rejection(code)
-            return self._append_checked(req, checked)
+            return self._append_checked([(req, checked)])[0]
 
     def _append_checked(
-        self, req: m.ProduceRequest, checked: list[list[Checked]]
-    ) -> m.ProduceResponse | DurableReply | None:
+        self, checked: list[tuple[m.ProduceRequest, list[list[Checked]]]]
+    ) -> list[m.ProduceResponse | DurableReply | None]:
+        """Append the batches that passed the checks, each partition's in one
+        `append_many`, and build each request's reply from the results.
+
+        Each batch's entry in `checked` is replaced by its answer, so every entry is
+        an answer when the replies are built."""
         stamp = now_ms()
-        results: list[m.ProduceTopicResponse] = []
-        durable: list[tuple[Partition, int]] = []
-        for t, row in zip(req.topics, checked, strict=True):
-            out = []
-            for c, p in zip(row, t.partitions, strict=True):
-                if not isinstance(c, tuple):
-                    out.append(c)
-                    continue
-                partition, header = c
-                response, last_offset = self._append_one(
-                    t.topic, partition, p.records, header, stamp
-                )
-                out.append(response)
-                if req.acks == -1 and last_offset >= 0:
-                    durable.append((partition, last_offset))
-            results.append(m.ProduceTopicResponse(t.topic, out))
-        if req.acks == 0:
-            return None
-        if durable:
-            # Start the fsync round now rather than when the reply writer reaches
-            # this reply, so syncing overlaps the next appends.
-            for partition, _ in durable:
-                self.committer.request_flush(partition, batches=1)
-            return self._await_durable(req.timeout_ms, results, durable)
-        return m.ProduceResponse(topics=results)
+        # Per partition: where each of its batches sits (its row and place in the row),
+        # the batches and their headers, in the order they came.
+        runs: dict[
+            int, tuple[Partition, list[tuple[list[Checked], int]], list[bytes], list[BatchHeader]]
+        ] = {}
+        for req, rows in checked:
+            for t, row in zip(req.topics, rows, strict=True):
+                for i, c in enumerate(row):
+                    if isinstance(c, tuple):
+                        partition, header = c
+                        run = runs.get(id(partition))
+                        if run is None:
+                            run = runs[id(partition)] = (partition, [], [], [])
+                        run[1].append((row, i))
+                        run[2].append(t.partitions[i].records)
+                        run[3].append(header)
+        durable: dict[int, list[tuple[Partition, int]]] = {}
+        for partition, places, batches, headers in runs.values():
+            results = partition.append_many(batches, headers, stamp)
+            for (row, i), records, header, result in zip(
+                places, batches, headers, results, strict=True
+            ):
+                answer, last_offset = self._answer_append(partition, records, header, result)
+                row[i] = answer
+                if last_offset >= 0:
+                    durable.setdefault(id(row), []).append((partition, last_offset))
+        replies: list[m.ProduceResponse | DurableReply | None] = []
+        for req, rows in checked:
+            # Every entry is an answer now (see above).
+            topics = [
+                m.ProduceTopicResponse(t.topic, cast(list[m.ProducePartitionResponse], row))
+                for t, row in zip(req.topics, rows, strict=True)
+            ]
+            waits = [w for row in rows for w in durable.get(id(row), ())] if req.acks == -1 else []
+            if req.acks == 0:
+                replies.append(None)
+            elif waits:
+                # Start the fsync round now rather than when the reply writer reaches
+                # this reply, so syncing overlaps the next appends.
+                for partition, _ in waits:
+                    self.committer.request_flush(partition, batches=1)
+                replies.append(self._await_durable(req.timeout_ms, topics, waits))
+            else:
+                replies.append(m.ProduceResponse(topics=topics))
+        return replies
 
     def _check_batch(
         self, topic: str, index: int, records: bytes, transactional_id: str | None
@@ -443,11 +489,15 @@ class Handlers:
             return m.ProducePartitionResponse(index, error, message=message)
         return partition, header
 
-    def _append_one(
-        self, topic: str, partition: Partition, records: bytes, header: BatchHeader, stamp: int
+    def _answer_append(
+        self,
+        partition: Partition,
+        records: bytes,
+        header: BatchHeader,
+        result: AppendResult,
     ) -> tuple[m.ProducePartitionResponse, int]:
+        """A batch's answer and last offset (-1 when refused), counted in the metrics."""
         index = partition.index
-        result = partition.append(records, header, stamp)
         plog = partition.log
         if result.error:
             self._count_rejection(result.error)
@@ -463,7 +513,7 @@ class Handlers:
         if result.duplicate:
             self.metrics.producer_event("duplicate")
         else:
-            self.metrics.record_produce(topic, len(records), header.record_count)
+            self.metrics.record_produce(partition.topic, len(records), header.record_count)
             self._wake_fetchers()
         return (
             m.ProducePartitionResponse(
@@ -674,3 +724,13 @@ class Handlers:
                     p.log.log_start_offset,
                 )
             p.producers.expire(stamp)
+
+
+def _outcome(result: Any) -> Outcome:
+    """A handler's result as the connection answers it."""
+    if result is None:
+        return NoAnswer()
+    if isinstance(result, m.Response):
+        return Answer(result)
+    assert isinstance(result, DurableReply | SplicedReply | NoAnswer), type(result)
+    return result

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +31,7 @@ from broker.fileio import TMP_SUFFIX, write_atomic
 from broker.offset_index import UINT32_MAX
 from broker.recovery import RecoveryReport, decode_recovery_point, encode_recovery_point
 from broker.segment import (
+    APPEND_BATCHES_MAX,
     INDEX_SUFFIXES,
     LOG_SUFFIX,
     SEGMENT_SUFFIXES,
@@ -228,23 +229,74 @@ class PartitionLog:
     def append(self, batch: bytes, header: BatchHeader, now_ms: int) -> int:
         """Append one validated batch at log_end_offset and return the offset assigned.
 
-        Rolls first when the active segment is full by bytes, age or index. Raises
-        StorageError, with the log as before the call, when the write fails."""
-        segment = self._segments[-1]
-        base_offset = self.log_end_offset
-        size = header.size_bytes
-        if segment.size_bytes and (
-            segment.size_bytes + size > self.config.segment_bytes
-            or now_ms - segment.first_append_ms > self.config.segment_ms
-            or segment.index.is_full
-            or base_offset + header.last_offset_delta - segment.base_offset > UINT32_MAX
-        ):
-            self.roll(now_ms)
+        Raises StorageError, with the log as before the call, when the write fails."""
+        offsets, error = self.append_many([batch], [header], now_ms)
+        if error is not None:
+            raise error
+        return offsets[0]
+
+    def append_many(
+        self, batches: Sequence[bytes], headers: Sequence[BatchHeader], now_ms: int
+    ) -> tuple[list[int], StorageError | None]:
+        """Append validated batches in order from log_end_offset, one write per segment
+        they land in, and return the offsets assigned to those written.
+
+        Rolls first, before any batch, when the active segment is full by bytes, age or
+        index, exactly as appending them one by one would. A failed write ends the call:
+        its StorageError comes back beside the offsets of the batches before it, and the
+        log holds those and nothing of the rest."""
+        offsets: list[int] = []
+        done = 0
+        while done < len(batches):
             segment = self._segments[-1]
-        segment.append(batch, header, base_offset, now_ms)
-        self.log_end_offset = segment.next_offset
-        self.size_bytes += size
-        return base_offset
+            if segment.size_bytes and (
+                now_ms - segment.first_append_ms > self.config.segment_ms
+                or segment.index.is_full
+                or self._past_segment(
+                    segment, segment.size_bytes, self.log_end_offset, headers[done]
+                )
+            ):
+                try:
+                    self.roll(now_ms)
+                except StorageError as exc:
+                    return offsets, exc
+                segment = self._segments[-1]
+            # Within one write only the bytes and the offsets can fill the segment: the
+            # age was judged above, and each batch adds at most one index entry.
+            end = done + 1
+            room = min(max(1, segment.index.room), APPEND_BATCHES_MAX)
+            end_max = min(len(batches), done + room)
+            chunk_bytes = headers[done].size_bytes
+            next_offset = self.log_end_offset + headers[done].last_offset_delta + 1
+            while end < end_max and not self._past_segment(
+                segment, segment.size_bytes + chunk_bytes, next_offset, headers[end]
+            ):
+                chunk_bytes += headers[end].size_bytes
+                next_offset += headers[end].last_offset_delta + 1
+                end += 1
+            base_offset = self.log_end_offset
+            try:
+                segment.append(batches[done:end], headers[done:end], base_offset, now_ms)
+            except StorageError as exc:
+                return offsets, exc
+            assert segment.next_offset == next_offset, (segment.next_offset, next_offset)
+            for header in headers[done:end]:
+                offsets.append(base_offset)
+                base_offset += header.last_offset_delta + 1
+            self.log_end_offset = next_offset
+            self.size_bytes += chunk_bytes
+            done = end
+        return offsets, None
+
+    def _past_segment(
+        self, segment: Segment, size_bytes: int, base_offset: int, header: BatchHeader
+    ) -> bool:
+        """Whether the batch of `header`, appended at `base_offset` to `segment` holding
+        `size_bytes`, would overflow it in bytes or in offsets relative to its base."""
+        return (
+            size_bytes + header.size_bytes > self.config.segment_bytes
+            or base_offset + header.last_offset_delta - segment.base_offset > UINT32_MAX
+        )
 
     def roll(self, now_ms: int) -> None:
         """Start a new active segment at log_end_offset; nothing to do while the active one

@@ -222,6 +222,14 @@ class SegmentIndex:
     def is_full(self) -> bool:
         return self.offsets.is_full or self.times.is_full
 
+    @property
+    def room(self) -> int:
+        """Batches that may still be added before `is_full`: each adds at most one entry
+        to each index."""
+        return min(
+            self.offsets.max_entries - len(self.offsets), self.times.max_entries - len(self.times)
+        )
+
     def add(self, position: int, base_offset: int, max_timestamp: int) -> None:
         """Account for the batch just written at `position`.
 

@@ -14,7 +14,7 @@ per segment on roll and close and rebuilt by the same replay.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -48,6 +48,9 @@ class AppendResult(NamedTuple):
     duplicate: bool = False
     last_offset: int = -1
     message: str | None = None
+
+
+_UNDECIDED = AppendResult(ErrorCode.UNKNOWN_SERVER_ERROR, message="undecided")
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,48 +194,101 @@ class Partition:
 
     def append(self, batch: bytes, header: BatchHeader, now_ms: int) -> AppendResult:
         """Judge an idempotent batch by the producer state, then append it or not."""
+        return self.append_many([batch], [header], now_ms)[0]
+
+    def append_many(
+        self, batches: Sequence[bytes], headers: Sequence[BatchHeader], now_ms: int
+    ) -> list[AppendResult]:
+        """Judge and append batches in order, with the results appending them one after
+        another would give, but in one write per segment.
+
+        Each batch's verdict depends on the batches before it, which the producer state
+        learns only once they are written, so a run is judged on a scratch copy of its
+        producer's entry. That copy holds one producer: a run of several producers' or of
+        transactional batches goes one batch at a time. A failed write refuses the batches
+        it held with KAFKA_STORAGE_ERROR and leaves the state as if they never came."""
+        if len(batches) > 1 and (
+            len({h.producer_id for h in headers}) > 1
+            or any(h.attributes & TRANSACTIONAL_FLAG for h in headers)
+        ):
+            return [
+                self.append_many([b], [h], now_ms)[0] for b, h in zip(batches, headers, strict=True)
+            ]
         producers = self.producers
-        idempotent = header.producer_id != NO_PRODUCER_ID
-        if idempotent:
-            decision = producers.check(
-                header.producer_id,
-                header.producer_epoch,
-                header.base_sequence,
-                header.record_count,
-                now_ms,
-            )
-            if decision.error:
-                return AppendResult(decision.error, message=decision.message)
-            if decision.duplicate is not None:
-                dup = decision.duplicate
-                return AppendResult(
-                    ErrorCode.NONE, dup.base_offset, True, dup.base_offset + dup.last_offset_delta
+        producer_id = headers[0].producer_id
+        idempotent = producer_id != NO_PRODUCER_ID
+        judge = producers if len(batches) == 1 or not idempotent else producers.trial(producer_id)
+        results: list[AppendResult] = [_UNDECIDED] * len(batches)
+        chosen: list[int] = []
+        next_offset = self.log.log_end_offset
+        for i, header in enumerate(headers):
+            if idempotent:
+                epoch, sequence, count = (
+                    header.producer_epoch,
+                    header.base_sequence,
+                    header.record_count,
                 )
-        try:
-            base_offset = self.log.append(batch, header, now_ms)
-        except StorageError as exc:
+                decision = judge.check(producer_id, epoch, sequence, count, now_ms)
+                if decision.error:
+                    results[i] = AppendResult(decision.error, message=decision.message)
+                    continue
+                if (dup := decision.duplicate) is not None:
+                    results[i] = AppendResult(
+                        ErrorCode.NONE, dup.base_offset, True, dup.last_offset
+                    )
+                    continue
+                if judge is not producers:
+                    judge.apply(
+                        producer_id,
+                        epoch,
+                        sequence,
+                        count,
+                        next_offset,
+                        header.max_timestamp,
+                        now_ms,
+                    )
+            chosen.append(i)
+            next_offset += header.last_offset_delta + 1
+        offsets, error = self.log.append_many(
+            [batches[i] for i in chosen], [headers[i] for i in chosen], now_ms
+        )
+        adopt = judge is not producers and chosen and error is None
+        if adopt:
+            producers.adopt(judge, producer_id)
+        for i, base_offset in zip(chosen, offsets, strict=False):  # the written ones
+            header = headers[i]
+            if idempotent and not adopt:
+                if header.attributes & TRANSACTIONAL_FLAG:
+                    producers.begin_txn(producer_id, base_offset)
+                producers.apply(
+                    producer_id,
+                    header.producer_epoch,
+                    header.base_sequence,
+                    header.record_count,
+                    base_offset,
+                    header.max_timestamp,
+                    now_ms,
+                )
+            results[i] = AppendResult(
+                ErrorCode.NONE, base_offset, False, base_offset + header.last_offset_delta
+            )
+        if error is not None:
             log.error(
                 "event=storage_error topic=%s partition=%d error=%r",
                 self.topic,
                 self.index,
-                str(exc),
+                str(error),
             )
-            return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(exc))
-        if idempotent:
-            if header.attributes & TRANSACTIONAL_FLAG:
-                producers.begin_txn(header.producer_id, base_offset)
-            producers.apply(
-                header.producer_id,
-                header.producer_epoch,
-                header.base_sequence,
-                header.record_count,
-                base_offset,
-                header.max_timestamp,
-                now_ms,
-            )
-        return AppendResult(
-            ErrorCode.NONE, base_offset, False, base_offset + header.last_offset_delta
-        )
+            refused = AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(error))
+            for i in chosen[len(offsets) :]:
+                results[i] = refused
+            # A duplicate of a batch of this run that was not written has no offset to give.
+            end = self.log.log_end_offset
+            for i, result in enumerate(results):
+                if result.duplicate and result.base_offset >= end:
+                    results[i] = refused
+        assert _UNDECIDED not in results
+        return results
 
     def append_marker(
         self, producer_id: int, producer_epoch: int, committed: bool, now_ms: int

@@ -142,6 +142,12 @@ class _Producer:
         self.cached_records = count + sum(_DELTAS[count].unpack(batches))
         self.lapped = self.cached_records >= SEQUENCE_MODULUS
 
+    def copy(self) -> _Producer:
+        twin = _Producer.__new__(_Producer)
+        for name in _Producer.__slots__:
+            setattr(twin, name, getattr(self, name))
+        return twin
+
     def extend(
         self, batch: bytes, record_count: int, next_seq: int, last_offset: int, now_ms: int
     ) -> None:
@@ -214,6 +220,33 @@ class PartitionProducerState:
     def open_txns(self) -> dict[int, int]:
         """producer id -> first offset of each open transaction (a copy)."""
         return dict(self._open_txns)
+
+    def trial(self, producer_id: int) -> PartitionProducerState:
+        """A scratch state holding a copy of `producer_id`'s entry alone: `check` and
+        `apply` judge that producer's batches on it exactly as here, and this state is
+        untouched until the caller applies the batches that were written."""
+        scratch = PartitionProducerState(
+            max_producers=self.max_producers, expiration_ms=self.expiration_ms
+        )
+        entry = self._producers.get(producer_id)
+        if entry is not None:
+            scratch._producers[producer_id] = entry.copy()
+        return scratch
+
+    def adopt(self, trial: PartitionProducerState, producer_id: int) -> None:
+        """Take `producer_id`'s entry from `trial` once the log holds every batch that
+        was applied there: what applying them here one by one would leave."""
+        entry = trial._producers[producer_id]
+        producers = self._producers
+        before = producers.get(producer_id)
+        assert before is None or entry.last_offset > before.last_offset, "log offsets only grow"
+        producers[producer_id] = entry
+        producers.move_to_end(producer_id)
+        self.expired_total += trial.expired_total
+        while len(producers) > self.max_producers:
+            producers.popitem(last=False)
+            self.evicted_total += 1
+        assert producer_id in producers
 
     def epoch_of(self, producer_id: int) -> int | None:
         entry = self._producers.get(producer_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 
@@ -42,6 +42,8 @@ TXN_INDEX_SUFFIX = ".txnindex"  # aborted transactions, written by broker/partit
 INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 SEGMENT_SUFFIXES = (LOG_SUFFIX, *INDEX_SUFFIXES)
 
+# A batch is two pieces of one pwritev (its offset stamp, the rest): IOV_MAX bounds a call.
+APPEND_BATCHES_MAX = os.sysconf("SC_IOV_MAX") // 2
 # Header walks read this much per pread: several small batches' headers in one call.
 _HEADER_WINDOW_BYTES = 4096
 _READ_CHUNK_BYTES = 1 << 20
@@ -168,29 +170,48 @@ class Segment:
 
     # -- writing --------------------------------------------------------------------------
 
-    def append(self, batch: bytes, header: BatchHeader, base_offset: int, now_ms: int) -> None:
-        """Write `batch` stamped with `base_offset` at the end of the file and index it.
+    def append(
+        self,
+        batches: Sequence[bytes],
+        headers: Sequence[BatchHeader],
+        base_offset: int,
+        now_ms: int,
+    ) -> None:
+        """Write `batches`, the first stamped with `base_offset` and each next one with the
+        offset after its predecessor, at the end of the file in one call, and index them.
 
+        One write for many batches is the point: a write that starts or ends inside a
+        page costs the kernel about as much as a whole batch's copy (docs/benchmark-notes.md).
         On OSError the file is cut back to its previous size and StorageError raised with
         the in-memory state untouched; reads never go past `size_bytes` in any case."""
-        position = self.size_bytes
-        size = header.size_bytes
-        assert len(batch) == size, (len(batch), size)
+        assert 0 < len(batches) == len(headers) <= APPEND_BATCHES_MAX, len(batches)
         assert base_offset == self.next_offset, (base_offset, self.next_offset)
-        stamp = OFFSET.pack(base_offset)
+        start = self.size_bytes
+        pieces: list[bytes | memoryview] = []
+        entries: list[tuple[int, int, int]] = []  # position, base offset, max timestamp
+        position, offset = start, base_offset
+        for batch, header in zip(batches, headers, strict=True):
+            size = header.size_bytes
+            assert len(batch) == size, (len(batch), size)
+            pieces += (OFFSET.pack(offset), memoryview(batch)[8:])
+            entries.append((position, offset, header.max_timestamp))
+            position += size
+            offset += header.last_offset_delta + 1
         try:
-            written = os.pwritev(self.fd, (stamp, memoryview(batch)[8:]), position)
-            if written != size:
-                self._finish_short_write(stamp + batch[8:], written, position)
+            written = os.pwritev(self.fd, pieces, start)
+            if written != position - start:
+                self._finish_short_write(b"".join(pieces), written, start)
         except OSError as exc:
             with suppress(OSError):
-                os.ftruncate(self.fd, position)
+                os.ftruncate(self.fd, start)
             raise StorageError(f"append to {self._path(LOG_SUFFIX)}: {exc}") from exc
-        if position == 0:
+        if start == 0:
             self.first_append_ms = now_ms
-        self.size_bytes = position + size
-        self.next_offset = base_offset + header.last_offset_delta + 1
-        self.index.add(position, base_offset, header.max_timestamp)
+        self.size_bytes = position
+        self.next_offset = offset
+        add = self.index.add
+        for entry in entries:
+            add(*entry)
         self.index_dirty = True
 
     def _finish_short_write(self, data: bytes, written: int, position: int) -> None:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
@@ -30,7 +30,15 @@ from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.data_dir import DataDir
 from broker.group_commit import GroupCommitter
 from broker.group_coordinator import GroupCoordinator, PartitionCounts
-from broker.handlers import Answer, DurableReply, Handlers, NoAnswer, SplicedReply, now_ms
+from broker.handlers import (
+    Answer,
+    DurableReply,
+    Handlers,
+    NoAnswer,
+    Outcome,
+    SplicedReply,
+    now_ms,
+)
 from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.offset_store import NoMembers, OffsetLog, OffsetStore
@@ -42,6 +50,8 @@ from broker.txn_log import TxnLog
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, frame
 from protocol.messages import (
+    ProduceRequest,
+    Request,
     RequestRefused,
     decode_request,
     encode_response,
@@ -54,6 +64,9 @@ RECEIVE_BYTES = 256 * 1024
 # Longest run of one connection's requests before the others get the event
 # loop: a read can hold hundreds of requests, each up to max_entries_per_request.
 TURN_S = 0.01
+# Most batches one run of Produce requests appends before the reader looks at the
+# clock again; one request alone may name up to max_entries_per_request.
+RUN_BATCHES_MAX = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +86,13 @@ class SplicedFrame:
     pieces: list[bytes | int]
     reply: SplicedReply
     size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A request decoded ahead of its turn, back in the backlog."""
+
+    request: Request | bytes | CloseConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +443,8 @@ class Broker:
         # waiting for its bytes counts: while back-pressure stops reading, the
         # delay is the broker's, not the client's.
         receive_left_s = receive_ms / 1000
-        backlog: deque[Any] = deque()  # decoded requests waiting for in-flight room
+        # Frame bodies waiting for in-flight room, and the request a run read ahead.
+        backlog: deque[bytes | memoryview | Decoded] = deque()
         # Shutdown cancels only the waits (for bytes, for room); a request already
         # taken from the backlog runs to completion and its reply is queued
         # (shielded), so in-flight work finishes as SIGTERM promises.
@@ -472,14 +493,20 @@ class Broker:
                         if time.perf_counter() > turn_end_s:
                             await anyio.lowlevel.checkpoint()
                             turn_end_s = time.perf_counter() + TURN_S
-                        reply = await self._dispatch(backlog.popleft(), handlers, conn)
-                        if isinstance(reply, CloseConnection):
-                            close = reply
+                        first = self._decode(backlog.popleft())
+                        if isinstance(first, CloseConnection):
+                            close = first
                             break
-                        if not isinstance(reply, NoAnswer):
-                            group.append(reply)
-                            conn.inflight += 1
-                            conn.unsent_bytes += _size_bytes(reply)
+                        if isinstance(first, bytes):
+                            replies: list[Reply | NoAnswer] = [first]
+                        else:
+                            run = self._run_from(first, backlog, handlers, conn)
+                            replies = await self._dispatch(run, handlers, conn)
+                        for reply in replies:
+                            if not isinstance(reply, NoAnswer):
+                                group.append(reply)
+                                conn.inflight += 1
+                                conn.unsent_bytes += _size_bytes(reply)
                     if group:
                         try:
                             await send.send(group)
@@ -492,49 +519,91 @@ class Broker:
                         )
                         return
 
-    async def _dispatch(
-        self, body: bytes | memoryview, handlers: Handlers, conn: Connection
-    ) -> Reply | NoAnswer | CloseConnection:
-        """Run one request and turn its outcome into what the writer sends."""
+    def _decode(self, item: bytes | memoryview | Decoded) -> Request | bytes | CloseConnection:
+        """The request in a frame body, or the error frame that answers it, or why the
+        connection must close."""
+        if isinstance(item, Decoded):
+            return item.request
         started = time.perf_counter()
         try:
-            request = decode_request(body)
+            request = decode_request(item)
         except FrameError as exc:
             return CloseConnection(str(exc))
         except RequestRefused as exc:
             self.metrics.observe_request(exc.api, exc.code, time.perf_counter() - started)
             return frame(encode_response(error_response(exc.code, exc.message), exc.cid))
-        cid = request.cid
-        api = request.api
+        limit = self.config.max_entries_per_request
+        if request.entry_count() > limit:
+            code = ErrorCode.INVALID_REQUEST
+            self.metrics.observe_request(request.api, code, time.perf_counter() - started)
+            message = (
+                f"request names more than max_entries_per_request={limit} topics and partitions"
+            )
+            return frame(encode_response(error_response(code, message), request.cid))
+        return request
+
+    def _run_from(
+        self,
+        first: Request,
+        backlog: deque[bytes | memoryview | Decoded],
+        handlers: Handlers,
+        conn: Connection,
+    ) -> list[Request]:
+        """`first` and the Produce requests right behind it that append together: their
+        batches of one partition then take one write instead of one each. The request
+        that ends the run goes back to the front of the backlog, decoded."""
+        run = [first]
+        if not handlers.appends_together(first):
+            return run
+        batches = first.entry_count()
+        room = conn.inflight_max - conn.inflight
+        while backlog and len(run) < room and batches < RUN_BATCHES_MAX:
+            item = self._decode(backlog.popleft())
+            if not isinstance(item, Request) or not handlers.appends_together(item):
+                backlog.appendleft(item if isinstance(item, Decoded) else Decoded(item))
+                break
+            run.append(item)
+            batches += item.entry_count()
+        return run
+
+    async def _dispatch(
+        self, requests: list[Request], handlers: Handlers, conn: Connection
+    ) -> list[Reply | NoAnswer]:
+        """Run one request, or a run of Produce requests that append together, and turn
+        each outcome into what the writer sends."""
+        started = time.perf_counter()
         try:
-            limit = self.config.max_entries_per_request
-            if request.entry_count() > limit:
-                raise ProtocolError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"request names more than max_entries_per_request={limit} "
-                    "topics and partitions",
-                )
-            result = await handlers.handle(request)
+            if len(requests) == 1:
+                outcomes = [await handlers.handle(requests[0])]
+            else:
+                # A run holds only requests that append together: Produce requests.
+                outcomes = handlers.produce_many(cast(list[ProduceRequest], requests))
         except ProtocolError as exc:
-            self.metrics.observe_request(api, exc.code, time.perf_counter() - started)
-            return frame(encode_response(error_response(exc.code, exc.message), cid))
+            return [self._refusal(r, exc.code, exc.message, started) for r in requests]
         except (OSError, StorageError) as exc:
             # A file the request had to write (producer ids, a topic) could not be: the
             # disk's trouble, said as Kafka says it, not an internal error.
+            api = requests[0].api
             log.error("event=storage_error api=%s peer=%s error=%r", api, conn.peer, str(exc))
             code = ErrorCode.KAFKA_STORAGE_ERROR
-            self.metrics.observe_request(api, code, time.perf_counter() - started)
-            return frame(encode_response(error_response(code, f"storage: {exc}"), cid))
+            return [self._refusal(r, code, f"storage: {exc}", started) for r in requests]
         except Exception:
-            log.exception("event=request_failed api=%s peer=%s", api, conn.peer)
-            self.metrics.observe_request(
-                api, ErrorCode.UNKNOWN_SERVER_ERROR, time.perf_counter() - started
-            )
-            return frame(
-                encode_response(
-                    error_response(ErrorCode.UNKNOWN_SERVER_ERROR, "internal error"), cid
-                )
-            )
+            log.exception("event=request_failed api=%s peer=%s", requests[0].api, conn.peer)
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
+            return [self._refusal(r, code, "internal error", started) for r in requests]
+        return [
+            self._reply(request, outcome, started)
+            for request, outcome in zip(requests, outcomes, strict=True)
+        ]
+
+    def _refusal(self, request: Request, code: ErrorCode, message: str, started: float) -> bytes:
+        self.metrics.observe_request(request.api, code, time.perf_counter() - started)
+        return frame(encode_response(error_response(code, message), request.cid))
+
+    def _reply(self, request: Request, result: Outcome, started: float) -> Reply | NoAnswer:
+        """What the writer sends for a request's outcome."""
+        cid = request.cid
+        api = request.api
         if isinstance(result, DurableReply):
             return AwaitingDurability(cid, started, api, result)
         if isinstance(result, Answer):

@@ -15,6 +15,7 @@ from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, fetched_values, frame_of_length, values_batch
 from protocol.batch import scan_batches, validate
 from protocol.errors import ErrorCode
+from protocol.framing import encode_frame
 
 
 def test_api_versions_lists_the_v1_apis(broker: BrokerProcess) -> None:
@@ -185,6 +186,94 @@ def test_pipelined_requests_answer_in_order(broker: BrokerProcess) -> None:
             199,
             b"199",
         )
+
+
+def test_one_read_of_produce_requests_answers_as_one_after_another(
+    broker: BrokerProcess,
+) -> None:
+    """Tried: one write carrying a producer's next two batches, a resend of the first,
+    a batch after a gap, a Fetch, the next batch in sequence, another producer's batch
+    into the same partition and one more of the first. The broker appends the Produce
+    requests of one read together; the answers must still be those of the requests
+    sent one at a time, and the log must hold each accepted batch once, in order."""
+    with WireClient(broker.bootstrap) as c:
+        c.create_topic("run", 1)
+        pid, epoch = c.init_producer()
+        other, other_epoch = c.init_producer()
+
+        def produce(cid: int, seq: int, p: int = pid, e: int = epoch) -> bytes:
+            batch = values_batch(
+                [f"{p}-{seq}".encode()], producer_id=p, producer_epoch=e, base_sequence=seq
+            )
+            partitions = [{"partition": 0, "records": batch}]
+            return encode_frame(
+                {
+                    "api": "Produce",
+                    "v": 1,
+                    "cid": cid,
+                    "acks": 1,
+                    "timeout_ms": 10_000,
+                    "topics": [{"topic": "run", "partitions": partitions}],
+                }
+            )
+
+        fetch = encode_frame(
+            {
+                "api": "Fetch",
+                "v": 1,
+                "cid": 5,
+                "max_wait_ms": 0,
+                "min_bytes": 1,
+                "max_bytes": 1 << 20,
+                "isolation_level": 0,
+                "topics": [
+                    {
+                        "topic": "run",
+                        "partitions": [
+                            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}
+                        ],
+                    }
+                ],
+            }
+        )
+        frames = [
+            produce(1, 0),
+            produce(2, 1),
+            produce(3, 0),  # a resend: the original offset, not a second copy
+            produce(4, 5),  # a gap
+            fetch,
+            produce(6, 2),
+            produce(7, 0, other, other_epoch),
+            produce(8, 3),
+        ]
+        c.send_raw(b"".join(frames))
+        answers = [c.recv() for _ in frames]
+        assert [a["cid"] for a in answers] == [1, 2, 3, 4, 5, 6, 7, 8]
+        produced = {
+            a["cid"]: (p["error"], p["base_offset"], p["duplicate"])
+            for a in answers
+            if a["cid"] != 5
+            for p in [a["topics"][0]["partitions"][0]]
+        }
+        assert produced == {
+            1: (0, 0, False),
+            2: (0, 1, False),
+            3: (0, 0, True),
+            4: (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1, False),
+            6: (0, 2, False),
+            7: (0, 3, False),
+            8: (0, 4, False),
+        }
+        # The Fetch saw what was appended before it, and nothing after.
+        seen = answers[4]["topics"][0]["partitions"][0]["records"]
+        assert fetched_values(seen) == [(0, f"{pid}-0".encode()), (1, f"{pid}-1".encode())]
+        assert fetched_values(c.fetch("run", 0, 0)["records"]) == [
+            (0, f"{pid}-0".encode()),
+            (1, f"{pid}-1".encode()),
+            (2, f"{pid}-2".encode()),
+            (3, f"{other}-0".encode()),
+            (4, f"{pid}-3".encode()),
+        ]
 
 
 def test_idempotence_rules(broker: BrokerProcess) -> None:
