@@ -11,11 +11,17 @@ a profile and the numbers it explains come from the same run:
 sockets or event loop, so the rest of the end-to-end figure is theirs:
 
     python -m bench.profile_broker --pieces
+
+`--writes` times the kernel's part of an append: µs per batch of `pwritev`
+appending 16 KiB batches, page-aligned or not, one or several per call:
+
+    python -m bench.profile_broker --writes
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import subprocess
@@ -77,6 +83,29 @@ def pieces(n_batches: int) -> dict[str, float]:
     return {step: seconds / n_batches * 1e6 for step, seconds in spent.items()}
 
 
+def write_costs(n_batches: int) -> dict[str, float]:
+    """µs per batch of appending `n_batches` to a fresh file with pwritev, as a segment
+    does (an offset stamp and the rest of the batch), for page-aligned 16 KiB batches
+    and for 16,500-byte ones, written one, 4 or 16 to a call."""
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        path = Path(tmp) / "segment.log"
+        for size in (16_384, 16_500):
+            batch = memoryview(os.urandom(size))[8:]
+            for per_call in (1, 4, 16):
+                pieces = [b"\0" * 8, batch] * per_call
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+                try:
+                    started = time.perf_counter()
+                    for position in range(0, n_batches * size, size * per_call):
+                        os.pwritev(fd, pieces, position)
+                    elapsed = time.perf_counter() - started
+                finally:
+                    os.close(fd)
+                out[f"{size} B x{per_call}"] = elapsed / n_batches * 1e6
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
@@ -84,7 +113,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=6000, help="per producer")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--pieces", action="store_true")
+    parser.add_argument("--writes", action="store_true")
     args = parser.parse_args()
+    if args.writes:
+        print(", ".join(f"{k} {v:.1f}" for k, v in write_costs(args.batches).items()), "µs/batch")
+        return
     if args.pieces:
         steps = pieces(args.batches)
         print(

@@ -230,63 +230,48 @@ class PartitionLog:
         """Append one validated batch at log_end_offset and return the offset assigned.
 
         Raises StorageError, with the log as before the call, when the write fails."""
-        offsets, error = self.append_many([batch], [header], now_ms)
-        if error is not None:
-            raise error
-        return offsets[0]
+        return self.append_leading([batch], [header], now_ms)[0]
 
-    def append_many(
+    def append_leading(
         self, batches: Sequence[bytes], headers: Sequence[BatchHeader], now_ms: int
-    ) -> tuple[list[int], StorageError | None]:
-        """Append validated batches in order from log_end_offset, one write per segment
-        they land in, and return the offsets assigned to those written.
+    ) -> list[int]:
+        """Append the leading validated batches that one write can take, at least one, and
+        return the offsets assigned to them; the caller calls again with the rest.
 
-        Rolls first, before any batch, when the active segment is full by bytes, age or
-        index, exactly as appending them one by one would. A failed write ends the call:
-        its StorageError comes back beside the offsets of the batches before it, and the
-        log holds those and nothing of the rest."""
-        offsets: list[int] = []
-        done = 0
-        while done < len(batches):
+        Rolls first when the active segment is full by bytes, age or index, and stops
+        the write where appending one by one would roll, so each call sees the state
+        the batches before it left (a roll snapshots the producer state). Raises
+        StorageError, with the log as before the call, when the roll or write fails."""
+        segment = self._segments[-1]
+        if segment.size_bytes and (
+            now_ms - segment.first_append_ms > self.config.segment_ms
+            or segment.index.is_full
+            or self._past_segment(segment, segment.size_bytes, self.log_end_offset, headers[0])
+        ):
+            self.roll(now_ms)
             segment = self._segments[-1]
-            if segment.size_bytes and (
-                now_ms - segment.first_append_ms > self.config.segment_ms
-                or segment.index.is_full
-                or self._past_segment(
-                    segment, segment.size_bytes, self.log_end_offset, headers[done]
-                )
-            ):
-                try:
-                    self.roll(now_ms)
-                except StorageError as exc:
-                    return offsets, exc
-                segment = self._segments[-1]
-            # Within one write only the bytes and the offsets can fill the segment: the
-            # age was judged above, and each batch adds at most one index entry.
-            end = done + 1
-            room = min(max(1, segment.index.room), APPEND_BATCHES_MAX)
-            end_max = min(len(batches), done + room)
-            chunk_bytes = headers[done].size_bytes
-            next_offset = self.log_end_offset + headers[done].last_offset_delta + 1
-            while end < end_max and not self._past_segment(
-                segment, segment.size_bytes + chunk_bytes, next_offset, headers[end]
-            ):
-                chunk_bytes += headers[end].size_bytes
-                next_offset += headers[end].last_offset_delta + 1
-                end += 1
-            base_offset = self.log_end_offset
-            try:
-                segment.append(batches[done:end], headers[done:end], base_offset, now_ms)
-            except StorageError as exc:
-                return offsets, exc
-            assert segment.next_offset == next_offset, (segment.next_offset, next_offset)
-            for header in headers[done:end]:
-                offsets.append(base_offset)
-                base_offset += header.last_offset_delta + 1
-            self.log_end_offset = next_offset
-            self.size_bytes += chunk_bytes
-            done = end
-        return offsets, None
+        # Within one write only the bytes and the offsets can fill the segment: the age
+        # was judged above, and each batch adds at most one index entry.
+        end = 1
+        end_max = min(len(batches), max(1, segment.index.room), APPEND_BATCHES_MAX)
+        size_bytes = headers[0].size_bytes
+        next_offset = self.log_end_offset + headers[0].last_offset_delta + 1
+        while end < end_max and not self._past_segment(
+            segment, segment.size_bytes + size_bytes, next_offset, headers[end]
+        ):
+            size_bytes += headers[end].size_bytes
+            next_offset += headers[end].last_offset_delta + 1
+            end += 1
+        base_offset = self.log_end_offset
+        segment.append(batches[:end], headers[:end], base_offset, now_ms)
+        assert segment.next_offset == next_offset, (segment.next_offset, next_offset)
+        offsets = []
+        for header in headers[:end]:
+            offsets.append(base_offset)
+            base_offset += header.last_offset_delta + 1
+        self.log_end_offset = next_offset
+        self.size_bytes += size_bytes
+        return offsets
 
     def _past_segment(
         self, segment: Segment, size_bytes: int, base_offset: int, header: BatchHeader

@@ -205,8 +205,10 @@ class Partition:
         Each batch's verdict depends on the batches before it, which the producer state
         learns only once they are written, so a run is judged on a scratch copy of its
         producer's entry. That copy holds one producer: a run of several producers' or of
-        transactional batches goes one batch at a time. A failed write refuses the batches
-        it held with KAFKA_STORAGE_ERROR and leaves the state as if they never came."""
+        transactional batches goes one batch at a time. A failed write refuses its batch
+        and every one after it with KAFKA_STORAGE_ERROR, and leaves the log and the state
+        as the batches before it left them (there are any only when the run rolled a
+        segment, as one-by-one appends would have)."""
         if len(batches) > 1 and (
             len({h.producer_id for h in headers}) > 1
             or any(h.attributes & TRANSACTIONAL_FLAG for h in headers)
@@ -249,28 +251,38 @@ class Partition:
                     )
             chosen.append(i)
             next_offset += header.last_offset_delta + 1
-        offsets, error = self.log.append_many(
-            [batches[i] for i in chosen], [headers[i] for i in chosen], now_ms
-        )
-        adopt = judge is not producers and chosen and error is None
-        if adopt:
-            producers.adopt(judge, producer_id)
-        for i, base_offset in zip(chosen, offsets, strict=False):  # the written ones
-            header = headers[i]
-            if idempotent and not adopt:
-                if header.attributes & TRANSACTIONAL_FLAG:
-                    producers.begin_txn(producer_id, base_offset)
-                producers.apply(
-                    producer_id,
-                    header.producer_epoch,
-                    header.base_sequence,
-                    header.record_count,
-                    base_offset,
-                    header.max_timestamp,
-                    now_ms,
+        written: list[int] = []  # the offsets of the chosen batches written so far
+        error: StorageError | None = None
+        while len(written) < len(chosen):
+            rest = chosen[len(written) :]
+            try:
+                offsets = self.log.append_leading(
+                    [batches[i] for i in rest], [headers[i] for i in rest], now_ms
                 )
+            except StorageError as exc:
+                error = exc
+                break
+            # Applied before the next call, whose roll snapshots the producer state.
+            if judge is not producers and len(offsets) == len(chosen):
+                producers.adopt(judge, producer_id)
+            elif idempotent:
+                for i, base_offset in zip(rest, offsets, strict=False):  # the written ones
+                    header = headers[i]
+                    if header.attributes & TRANSACTIONAL_FLAG:
+                        producers.begin_txn(producer_id, base_offset)
+                    producers.apply(
+                        producer_id,
+                        header.producer_epoch,
+                        header.base_sequence,
+                        header.record_count,
+                        base_offset,
+                        header.max_timestamp,
+                        now_ms,
+                    )
+            written += offsets
+        for i, base_offset in zip(chosen, written, strict=False):  # the written ones
             results[i] = AppendResult(
-                ErrorCode.NONE, base_offset, False, base_offset + header.last_offset_delta
+                ErrorCode.NONE, base_offset, False, base_offset + headers[i].last_offset_delta
             )
         if error is not None:
             log.error(
@@ -279,14 +291,11 @@ class Partition:
                 self.index,
                 str(error),
             )
+            # From the first batch not written on, every verdict was reached on a state
+            # that counted it written: none of them stands.
             refused = AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, message=str(error))
-            for i in chosen[len(offsets) :]:
+            for i in range(chosen[len(written)], len(batches)):
                 results[i] = refused
-            # A duplicate of a batch of this run that was not written has no offset to give.
-            end = self.log.log_end_offset
-            for i, result in enumerate(results):
-                if result.duplicate and result.base_offset >= end:
-                    results[i] = refused
         assert _UNDECIDED not in results
         return results
 

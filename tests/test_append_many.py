@@ -31,7 +31,7 @@ from protocol.errors import ErrorCode
 PID = 7
 NOW_MS = 10_000
 LIMITS = ProducerLimits(max_producers=1000, expiration_ms=86_400_000)
-CONFIG = LogConfig(segment_bytes=4096)
+CONFIG = LogConfig(segment_bytes=1024)  # a roll every few batches: runs cross them
 
 
 def _batch(seq: int, count: int, epoch: int = 0, producer_id: int = PID) -> bytes:
@@ -49,12 +49,17 @@ def _open(directory: Path) -> Partition:
 
 def _state(p: Partition) -> tuple[Any, ...]:
     """Everything an append may change, as comparable values."""
-    segments = sorted((path.name, path.read_bytes()) for path in p.log.directory.glob("*.log"))
+    # The logs, and the producer-state snapshots the rolls of a run wrote.
+    files = sorted(
+        (path.name, path.read_bytes())
+        for suffix in ("*.log", "*.snapshot")
+        for path in p.log.directory.glob(suffix)
+    )
     return (
         p.log.log_end_offset,
         p.log.size_bytes,
         p.log.segment_bases,
-        segments,
+        files,
         p.producers.encode_snapshot(p.log.log_end_offset),
     )
 
@@ -139,13 +144,15 @@ def test_a_run_in_one_segment_is_one_write(tmp_path: Path, monkeypatch: pytest.M
 def test_failed_write_refuses_the_run_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    p = _open(tmp_path)
+    p = _open(tmp_path / "failed")
+    twin = _open(tmp_path / "twin")  # the same history, never failed
     for seq in range(0, 6, 2):
         data = _batch(seq, 2)
-        assert p.append(data, validate(data), NOW_MS).error == ErrorCode.NONE
+        assert p.append(data, validate(data), NOW_MS) == twin.append(data, validate(data), NOW_MS)
     before = _state(p)
-    # The next three in sequence, and a resend of the first of them in the same run.
-    run = [_batch(6, 2), _batch(8, 2), _batch(10, 1), _batch(6, 2)]
+    # The next six in sequence, then resends of the first of them (out of the 5-batch
+    # window by then) and of the last: verdicts reached on the run's own batches.
+    run = [_batch(seq, 2) for seq in range(6, 18, 2)] + [_batch(6, 2), _batch(16, 2)]
     headers = [validate(b) for b in run]
 
     def full_disk(fd: int, buffers: list[bytes], offset: int) -> int:
@@ -155,16 +162,16 @@ def test_failed_write_refuses_the_run_and_changes_nothing(
     monkeypatch.setattr(os, "pwritev", full_disk)
     refused = p.append_many(run, headers, NOW_MS)
     monkeypatch.undo()
-    assert [r.error for r in refused] == [ErrorCode.KAFKA_STORAGE_ERROR] * 4
+    assert [r.error for r in refused] == [ErrorCode.KAFKA_STORAGE_ERROR] * len(run)
     assert _state(p) == before
     results = p.append_many(run, headers, NOW_MS)
-    assert [(r.error, r.base_offset, r.duplicate) for r in results] == [
-        (ErrorCode.NONE, 6, False),
-        (ErrorCode.NONE, 8, False),
-        (ErrorCode.NONE, 10, False),
-        (ErrorCode.NONE, 6, True),
+    assert results == [twin.append(data, validate(data), NOW_MS) for data in run]
+    assert [(r.error, r.base_offset, r.duplicate) for r in results[-2:]] == [
+        (ErrorCode.DUPLICATE_SEQUENCE_NUMBER, -1, False),
+        (ErrorCode.NONE, 16, True),
     ]
     p.log.close()
+    twin.log.close()
 
 
 def test_a_run_of_several_producers_goes_batch_by_batch(tmp_path: Path) -> None:
