@@ -64,9 +64,10 @@ RECEIVE_BYTES = 256 * 1024
 # Longest run of one connection's requests before the others get the event
 # loop: a read can hold hundreds of requests, each up to max_entries_per_request.
 TURN_S = 0.01
-# Most batches one run of Produce requests appends before the reader looks at the
-# clock again; one request alone may name up to max_entries_per_request.
-RUN_BATCHES_MAX = 512
+# Most topic and partition entries (about one batch each) one run of Produce requests
+# takes before the reader looks at the clock again; one request alone may name up to
+# max_entries_per_request.
+RUN_ENTRIES_MAX = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -555,15 +556,15 @@ class Broker:
         run = [first]
         if not handlers.appends_together(first):
             return run
-        batches = first.entry_count()
+        entries = first.entry_count()
         room = conn.inflight_max - conn.inflight
-        while backlog and len(run) < room and batches < RUN_BATCHES_MAX:
+        while backlog and len(run) < room and entries < RUN_ENTRIES_MAX:
             item = self._decode(backlog.popleft())
             if not isinstance(item, Request) or not handlers.appends_together(item):
                 backlog.appendleft(item if isinstance(item, Decoded) else Decoded(item))
                 break
             run.append(item)
-            batches += item.entry_count()
+            entries += item.entry_count()
         return run
 
     async def _dispatch(
