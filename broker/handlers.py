@@ -365,14 +365,7 @@ class Handlers:
         """Produce requests read together (each `appends_together`), answered as one
         after another would be, with each partition's batches appended in one write."""
         replies = self._append_checked([(req, self._check_request(req)) for req in reqs])
-        return [
-            NoAnswer()
-            if reply is None
-            else Answer(reply)
-            if isinstance(reply, m.Response)
-            else reply
-            for reply in replies
-        ]
+        return [_outcome(reply) for reply in replies]
 
     def _check_request(self, req: m.ProduceRequest) -> list[list[Checked]]:
         return [
