@@ -262,13 +262,8 @@ class PartitionLog:
             size_bytes += headers[end].size_bytes
             next_offset += headers[end].last_offset_delta + 1
             end += 1
-        base_offset = self.log_end_offset
-        segment.append(batches[:end], headers[:end], base_offset, now_ms)
+        offsets = segment.append(batches[:end], headers[:end], self.log_end_offset, now_ms)
         assert segment.next_offset == next_offset, (segment.next_offset, next_offset)
-        offsets = []
-        for header in headers[:end]:
-            offsets.append(base_offset)
-            base_offset += header.last_offset_delta + 1
         self.log_end_offset = next_offset
         self.size_bytes += size_bytes
         return offsets

@@ -176,9 +176,10 @@ class Segment:
         headers: Sequence[BatchHeader],
         base_offset: int,
         now_ms: int,
-    ) -> None:
+    ) -> list[int]:
         """Write `batches`, the first stamped with `base_offset` and each next one with the
-        offset after its predecessor, at the end of the file in one call, and index them.
+        offset after its predecessor, at the end of the file in one call, index them, and
+        return the offsets they were stamped with.
 
         One write for many batches is the point: a write that starts or ends inside a
         page costs the kernel about as much as a whole batch's copy (docs/benchmark-notes.md).
@@ -213,6 +214,7 @@ class Segment:
         for entry in entries:
             add(*entry)
         self.index_dirty = True
+        return [stamped for _, stamped, _ in entries]
 
     def _finish_short_write(self, data: bytes, written: int, position: int) -> None:
         """Write the rest after a short write; the next call reports why it was short."""
