@@ -95,7 +95,12 @@ def _frames(
 
 
 def _pipeline(bootstrap: str, frames: list[bytes]) -> float:
-    """Send every frame with at most WINDOW unanswered; return elapsed seconds."""
+    """Send every frame with at most WINDOW unanswered; return elapsed seconds.
+
+    Each send takes every frame the window has room for, as a Kafka client's network
+    thread writes every ready request: one frame per send let the load generator's two
+    threads fall into lock-step with the broker at two frames per read, which doubled
+    the broker's CPU per batch in one asyncio run out of six (docs/benchmark-notes.md)."""
     host, port = bootstrap.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -120,15 +125,32 @@ def _pipeline(bootstrap: str, frames: list[bytes]) -> float:
     reader = threading.Thread(target=read_all)
     started = time.perf_counter()
     reader.start()
-    for frame in frames:
+    i = 0
+    while i < len(frames):
         window.acquire()
-        sock.sendall(frame)
+        n = 1
+        while i + n < len(frames) and window.acquire(blocking=False):
+            n += 1
+        _send_all(sock, frames[i : i + n])
+        i += n
     reader.join()
     elapsed = time.perf_counter() - started
     sock.close()
     if errors:
         raise RuntimeError(f"produce errors: {errors[:3]}")
     return elapsed
+
+
+def _send_all(sock: socket.socket, frames: list[bytes]) -> None:
+    """sendall() for several buffers: one sendmsg per call the kernel takes whole."""
+    views = [memoryview(f) for f in frames]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views and sent:
+            views[0] = views[0][sent:]
 
 
 def _produce(
