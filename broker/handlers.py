@@ -347,7 +347,7 @@ class Handlers:
                     for t in req.topics
                 ]
             )
-        checked = self._check_request(req)
+        checked = self._check_request(req, set())
         if req.transactional_id is not None:
             return self._produce_transactional(req, req.transactional_id, checked)
         return self._append_checked([(req, checked)])[0]
@@ -364,13 +364,19 @@ class Handlers:
     def produce_many(self, reqs: list[m.ProduceRequest]) -> list[Outcome]:
         """Produce requests read together (each `appends_together`), answered as one
         after another would be, with each partition's batches appended in one write."""
-        replies = self._append_checked([(req, self._check_request(req)) for req in reqs])
+        passed: set[tuple[int, int, str | None]] = set()
+        replies = self._append_checked([(req, self._check_request(req, passed)) for req in reqs])
         return [_outcome(reply) for reply in replies]
 
-    def _check_request(self, req: m.ProduceRequest) -> list[list[Checked]]:
+    def _check_request(
+        self, req: m.ProduceRequest, passed: set[tuple[int, int, str | None]]
+    ) -> list[list[Checked]]:
+        """Each batch's partition and header, or its refusal. `passed` holds the
+        producers (id, epoch, transactional id) found in good standing since the caller
+        last awaited: until then nothing can change their standing."""
         return [
             [
-                self._check_batch(t.topic, p.partition, p.records, req.transactional_id)
+                self._check_batch(t.topic, p.partition, p.records, req.transactional_id, passed)
                 for p in t.partitions
             ]
             for t in req.topics
@@ -463,7 +469,12 @@ class Handlers:
         return replies
 
     def _check_batch(
-        self, topic: str, index: int, records: bytes, transactional_id: str | None
+        self,
+        topic: str,
+        index: int,
+        records: bytes,
+        transactional_id: str | None,
+        passed: set[tuple[int, int, str | None]],
     ) -> Checked:
         """The partition and header of a batch that may be appended, or the refusal."""
         partition = self.topics.partition(topic, index)
@@ -477,7 +488,7 @@ class Handlers:
             header = validate(records, max_bytes=self.config.message_max_bytes)
         except BatchError as exc:
             return m.ProducePartitionResponse(index, exc.code, message=exc.message)
-        error, message = self._refuse_batch(header, transactional_id)
+        error, message = self._refuse_batch(header, transactional_id, passed)
         if error:
             return m.ProducePartitionResponse(index, error, message=message)
         return partition, header
@@ -526,7 +537,10 @@ class Handlers:
             self._appended = anyio.Event()
 
     def _refuse_batch(
-        self, header: BatchHeader, transactional_id: str | None
+        self,
+        header: BatchHeader,
+        transactional_id: str | None,
+        passed: set[tuple[int, int, str | None]],
     ) -> tuple[ErrorCode, str | None]:
         """Broker-wide checks before the partition's producer state is consulted."""
         # The flags are read once as bits: this runs for every produced batch.
@@ -545,6 +559,9 @@ class Handlers:
         if pid == NO_PRODUCER_ID:
             return ErrorCode.NONE, None
         epoch = header.producer_epoch
+        standing = (pid, epoch, transactional_id)
+        if standing in passed:
+            return ErrorCode.NONE, None
         if not self.producer_ids.is_issued(pid):
             self.metrics.producer_event("unknown_producer_id")
             return ErrorCode.UNKNOWN_PRODUCER_ID, f"producer id {pid} was never issued"
@@ -559,6 +576,7 @@ class Handlers:
                     f"producer {pid} belongs to transactional id {owner!r}: its batches are "
                     "transactional",
                 )
+        passed.add(standing)
         return ErrorCode.NONE, None
 
     def _count_rejection(self, code: ErrorCode) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import msgpack
 import pytest
-from hypothesis import event, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -20,7 +20,7 @@ from broker.producer_state import (
     PartitionProducerState,
     SnapshotError,
 )
-from protocol.batch import SEQUENCE_MODULUS
+from protocol.batch import SEQUENCE_MODULUS, BatchHeader
 from protocol.errors import ErrorCode
 
 M = SEQUENCE_MODULUS
@@ -213,6 +213,89 @@ def test_lapped_cache_answers_duplicate_before_next_sequence() -> None:
     decision = p.send(PID, 0, 0, M - 1)
     assert decision.duplicate is not None and decision.duplicate.base_offset == lapping_offset
     assert appended(p.send(PID, 0, 0, 1))
+
+
+def _header(epoch: int, seq: int, count: int, max_timestamp: int = 5) -> BatchHeader:
+    return BatchHeader(0, 0, 0, 2, 0, count - 1, 0, max_timestamp, PID, epoch, seq, count)
+
+
+# Mostly small counts; now and then one big enough that a few of them span a lap.
+_counts = st.integers(0, 19).flatmap(
+    lambda k: st.integers(M // 3, M - 1) if k == 0 else st.integers(1, 4)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    history=st.lists(_counts, max_size=12),
+    start_seq=st.integers(0, 2).flatmap(
+        lambda k: st.integers(M - 20, M - 1) if k == 0 else st.just(0)
+    ),
+    idle_ms=st.sampled_from([0, 0, 0, EXPIRATION_MS + 1]),
+    run=st.lists(
+        st.tuples(st.sampled_from(["next"] * 6 + ["gap", "old", "epoch"]), _counts),
+        min_size=1,
+        max_size=12,
+    ),
+)
+# The run's first batch makes the cache span a lap, so its second is a duplicate.
+@example(history=[M - 1], start_seq=0, idle_ms=0, run=[("next", 1), ("next", M - 1)])
+def test_apply_in_order_takes_what_check_and_apply_take_one_by_one(
+    history: list[int], start_seq: int, idle_ms: int, run: list[tuple[str, int]]
+) -> None:
+    """The run's fast path against `check` and `apply` batch by batch, on twin states:
+    from a cache that spans a lap or wraps around 2^31, an expired producer or none,
+    runs of next batches broken by a gap, a resend or a new epoch. It takes the same
+    leading batches and leaves the same state, and it stops early only where the cache
+    could come to span a lap."""
+    fast, slow = Partition(), Partition()
+    for p in (fast, slow):
+        if start_seq:
+            # As recovery would find it: a producer whose sequence nears the wrap.
+            p.state.apply(PID, 1, start_seq, 1, p.next_offset, 5, 0)
+            p.next_offset += 1
+        for count in history:
+            entry = p.state._producers.get(PID)
+            p.send(PID, 1, 0 if entry is None else entry.next_seq, count)
+    now_ms = idle_ms
+    entry = fast.state._producers.get(PID)
+    seq = 0 if entry is None else entry.next_seq
+    headers = []
+    for kind, count in run:
+        if kind == "gap":
+            headers.append(_header(1, (seq + 1) % M, count))
+        elif kind == "old":
+            headers.append(_header(0, seq, count))
+        elif kind == "epoch":
+            headers.append(_header(2, 0, count))
+        else:
+            headers.append(_header(1, seq, count))
+            seq = (seq + count) % M
+    taken = fast.state.apply_in_order(PID, headers, fast.next_offset, now_ms)
+    one_by_one = 0
+    for header in headers:
+        epoch, sequence, count = header.producer_epoch, header.base_sequence, header.record_count
+        decision = slow.state.check(PID, epoch, sequence, count, now_ms)
+        if not appended(decision):
+            break
+        if one_by_one == taken:
+            # Left to check and apply: a producer with no entry to continue, one in a
+            # new epoch, or a cache that might come to span a lap.
+            entry = slow.state._producers.get(PID)
+            assert (
+                entry is None
+                or now_ms - entry.last_seen_ms > EXPIRATION_MS
+                or header.producer_epoch != entry.epoch
+                or entry.cached_records + sum(h.record_count for h in headers[taken:]) >= M
+            )
+            break
+        slow.state.apply(PID, epoch, sequence, count, slow.next_offset, 5, now_ms)
+        slow.next_offset += count
+        one_by_one += 1
+    assert taken == one_by_one
+    end = slow.next_offset
+    assert fast.state.encode_snapshot(end) == slow.state.encode_snapshot(end)
+    event(f"taken {'none' if not taken else 'some' if taken < len(headers) else 'all'}")
 
 
 def test_epoch_bump_needs_sequence_zero_and_clears_the_cache() -> None:
