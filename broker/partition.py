@@ -13,6 +13,7 @@ per segment on roll and close and rebuilt by the same replay.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -227,7 +228,8 @@ class Partition:
         while i < len(headers):
             if judge is not producers:
                 # The next batches in sequence, the common case, in one step.
-                taken = judge.apply_in_order(producer_id, headers[i:], next_offset, now_ms)
+                following = itertools.islice(headers, i, None)
+                taken = judge.apply_in_order(producer_id, following, next_offset, now_ms)
                 for header in headers[i : i + taken]:
                     chosen.append(i)
                     next_offset += header.last_offset_delta + 1

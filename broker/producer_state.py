@@ -50,7 +50,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -240,7 +240,7 @@ class PartitionProducerState:
         assert producer_id in producers
 
     def apply_in_order(
-        self, producer_id: int, headers: Sequence[BatchHeader], base_offset: int, now_ms: int
+        self, producer_id: int, headers: Iterable[BatchHeader], base_offset: int, now_ms: int
     ) -> int:
         """Apply the leading `headers` that `check` would take as the next batches, at
         offsets from `base_offset` on, as `apply` one by one would; return how many.

@@ -231,7 +231,7 @@ _counts = st.integers(0, 19).flatmap(
     start_seq=st.integers(0, 2).flatmap(
         lambda k: st.integers(M - 20, M - 1) if k == 0 else st.just(0)
     ),
-    idle_ms=st.sampled_from([0, 0, 0, EXPIRATION_MS + 1]),
+    idle_ms=st.sampled_from([3, 3, EXPIRATION_MS, EXPIRATION_MS + 1]),
     run=st.lists(
         st.tuples(st.sampled_from(["next"] * 6 + ["gap", "old", "epoch"]), _counts),
         min_size=1,
@@ -239,15 +239,16 @@ _counts = st.integers(0, 19).flatmap(
     ),
 )
 # The run's first batch makes the cache span a lap, so its second is a duplicate.
-@example(history=[M - 1], start_seq=0, idle_ms=0, run=[("next", 1), ("next", M - 1)])
+@example(history=[M - 1], start_seq=0, idle_ms=3, run=[("next", 1), ("next", M - 1)])
 def test_apply_in_order_takes_what_check_and_apply_take_one_by_one(
     history: list[int], start_seq: int, idle_ms: int, run: list[tuple[str, int]]
 ) -> None:
     """The run's fast path against `check` and `apply` batch by batch, on twin states:
     from a cache that spans a lap or wraps around 2^31, an expired producer or none,
-    runs of next batches broken by a gap, a resend or a new epoch. It takes the same
-    leading batches and leaves the same state, and it stops early only where the cache
-    could come to span a lap."""
+    runs of next batches broken by a gap, a resend or a new epoch, another producer
+    seen since. It takes the same leading batches and leaves the same state (the
+    snapshots hold the cache, last-seen times and LRU order), and it stops early only
+    where the cache could come to span a lap."""
     fast, slow = Partition(), Partition()
     for p in (fast, slow):
         if start_seq:
@@ -257,9 +258,11 @@ def test_apply_in_order_takes_what_check_and_apply_take_one_by_one(
         for count in history:
             entry = p.state._producers.get(PID)
             p.send(PID, 1, 0 if entry is None else entry.next_seq, count)
+        p.send(PID + 1, 0, 0, 1)  # seen more recently than PID
     now_ms = idle_ms
     entry = fast.state._producers.get(PID)
     seq = 0 if entry is None else entry.next_seq
+    records_before = 0 if entry is None else entry.cached_records
     headers = []
     for kind, count in run:
         if kind == "gap":
@@ -280,13 +283,14 @@ def test_apply_in_order_takes_what_check_and_apply_take_one_by_one(
             break
         if one_by_one == taken:
             # Left to check and apply: a producer with no entry to continue, one in a
-            # new epoch, or a cache that might come to span a lap.
+            # new epoch, or a cache that might come to span a lap (the bound counts
+            # every record since the run began).
             entry = slow.state._producers.get(PID)
             assert (
                 entry is None
                 or now_ms - entry.last_seen_ms > EXPIRATION_MS
                 or header.producer_epoch != entry.epoch
-                or entry.cached_records + sum(h.record_count for h in headers[taken:]) >= M
+                or records_before + sum(h.record_count for h in headers[: taken + 1]) >= M
             )
             break
         slow.state.apply(PID, epoch, sequence, count, slow.next_offset, 5, now_ms)
