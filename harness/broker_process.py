@@ -54,9 +54,11 @@ class BrokerProcess:
             str(self.data_dir),
             "--backend",
             self.backend,
-            # Tests run brokers side by side: never the fixed default metrics port.
+            # Tests run brokers side by side: never the fixed default metrics port. A
+            # restart keeps the metrics port it had, so that port 0 cannot hand the
+            # metrics listener the broker port the killed process just freed.
             "--metrics-port",
-            "0",
+            str(self.metrics_port or 0),
             *self.extra_args,
         ]
 
