@@ -12,6 +12,11 @@ sockets or event loop, so the rest of the end-to-end figure is theirs:
 
     python -m bench.profile_broker --pieces
 
+`--runs` times `Partition.append_many` on runs of 16 batches, one idempotent
+producer's and plain ones, so what idempotence adds to an append shows alone:
+
+    python -m bench.profile_broker --runs
+
 `--writes` times the kernel's part of an append: µs per batch of `pwritev`
 appending 16 KiB batches, page-aligned or not, one or several per call:
 
@@ -24,18 +29,19 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_broker import _frames, _produce, produce_parallel
+from bench.bench_broker import _batch_template, _frames, _produce, produce_parallel
 from broker.log import LogConfig
 from broker.partition import Partition, ProducerLimits
 from harness.broker_process import BrokerProcess
 from protocol import messages as m
-from protocol.batch import validate
+from protocol.batch import validate, with_sequence
 from protocol.framing import FrameDecoder, frame
 
 LOADS = ("acks1", "acks1-plain", "acks-all-4")
@@ -106,6 +112,42 @@ def write_costs(n_batches: int) -> dict[str, float]:
     return out
 
 
+def run_costs(n_batches: int, run_batches: int = 16) -> dict[str, float]:
+    """Median µs per batch of `Partition.append_many` on runs of `run_batches`, for one
+    idempotent producer's batches in sequence and for plain batches: what idempotence
+    adds to the append, write included, without sockets."""
+    out: dict[str, float] = {}
+    for name, pid in (("idempotent", 1), ("plain", -1)):
+        template, count = _batch_template(pid, 0)
+        # Every batch its own bytes, as read from a socket: one buffer reused would stay
+        # in the CPU cache and make the plain write cheaper than the idempotent one.
+        batches = [
+            with_sequence(template, 0, i * count) if pid >= 0 else bytes(bytearray(template))
+            for i in range(n_batches)
+        ]
+        headers = [validate(b) for b in batches]
+        with tempfile.TemporaryDirectory(dir=".") as tmp:
+            partition = Partition.open(
+                "t",
+                0,
+                Path(tmp),
+                LogConfig(),
+                ProducerLimits(10, 10**9),
+                clean_shutdown=True,
+                now_ms=0,
+            )
+            per_batch_us = []
+            for start in range(0, n_batches, run_batches):
+                started = time.perf_counter()
+                partition.append_many(
+                    batches[start : start + run_batches], headers[start : start + run_batches], 0
+                )
+                per_batch_us.append((time.perf_counter() - started) / run_batches * 1e6)
+            partition.log.close()
+        out[name] = statistics.median(per_batch_us)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
@@ -114,7 +156,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--pieces", action="store_true")
     parser.add_argument("--writes", action="store_true")
+    parser.add_argument("--runs", action="store_true")
     args = parser.parse_args()
+    if args.runs:
+        costs = run_costs(args.batches)
+        print(
+            ", ".join(f"{k} {v:.2f}" for k, v in costs.items()),
+            f"µs/batch; idempotence adds {costs['idempotent'] - costs['plain']:.2f}",
+        )
+        return
     if args.writes:
         print(", ".join(f"{k} {v:.1f}" for k, v in write_costs(args.batches).items()), "µs/batch")
         return

@@ -229,11 +229,11 @@ class Partition:
             if judge is not producers:
                 # The next batches in sequence, the common case, in one step.
                 following = itertools.islice(headers, i, None)
-                taken = judge.apply_in_order(producer_id, following, next_offset, now_ms)
-                for header in headers[i : i + taken]:
-                    chosen.append(i)
-                    next_offset += header.last_offset_delta + 1
-                    i += 1
+                taken, next_offset = judge.apply_in_order(
+                    producer_id, following, next_offset, now_ms
+                )
+                chosen += range(i, i + taken)
+                i += taken
                 if i == len(headers):
                     break
             header = headers[i]

@@ -241,9 +241,10 @@ class PartitionProducerState:
 
     def apply_in_order(
         self, producer_id: int, headers: Iterable[BatchHeader], base_offset: int, now_ms: int
-    ) -> int:
+    ) -> tuple[int, int]:
         """Apply the leading `headers` that `check` would take as the next batches, at
-        offsets from `base_offset` on, as `apply` one by one would; return how many.
+        offsets from `base_offset` on, as `apply` one by one would; return how many,
+        and the offset after the last of them.
 
         The hot path of a run of one producer's batches: one cache update for the run
         instead of one per batch. It stops at the first batch that is not the next in
@@ -251,12 +252,12 @@ class PartitionProducerState:
         sequence numbers (then rule 3 comes first); `check` and `apply` take it."""
         entry = self._producers.get(producer_id)
         if entry is None or entry.lapped or now_ms - entry.last_seen_ms > self.expiration_ms:
-            return 0
+            return 0, base_offset
         epoch, next_seq = entry.epoch, entry.next_seq
         # An upper bound of the records the cache will span: below a lap, no batch
         # taken here can start at a cached sequence number.
         records = entry.cached_records
-        packed = []
+        taken: list[tuple[int, int, int, int]] = []
         offset = base_offset
         for header in headers:
             count = header.record_count
@@ -268,15 +269,17 @@ class PartitionProducerState:
             ):
                 break
             assert 1 <= count <= RECORD_COUNT_MAX, count
-            packed.append(_CACHED.pack(next_seq, count - 1, offset, header.max_timestamp))
+            taken.append((next_seq, count - 1, offset, header.max_timestamp))
             next_seq = (next_seq + count) % SEQUENCE_MODULUS
             offset += count
-        if not packed:
-            return 0
+        if not taken:
+            return 0, base_offset
         assert base_offset > entry.last_offset, "log offsets only grow"
-        entry.cache((entry.batches + b"".join(packed))[-_CACHE_BYTES_MAX:], now_ms)
+        # Only the newest CACHED_BATCHES are kept: only they are packed.
+        packed = b"".join(_CACHED.pack(*batch) for batch in taken[-CACHED_BATCHES:])
+        entry.cache((entry.batches + packed)[-_CACHE_BYTES_MAX:], now_ms)
         self._producers.move_to_end(producer_id)
-        return len(packed)
+        return len(taken), offset
 
     def epoch_of(self, producer_id: int) -> int | None:
         entry = self._producers.get(producer_id)

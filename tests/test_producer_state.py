@@ -274,7 +274,8 @@ def test_apply_in_order_takes_what_check_and_apply_take_one_by_one(
         else:
             headers.append(_header(1, seq, count))
             seq = (seq + count) % M
-    taken = fast.state.apply_in_order(PID, headers, fast.next_offset, now_ms)
+    taken, end_offset = fast.state.apply_in_order(PID, headers, fast.next_offset, now_ms)
+    assert end_offset == fast.next_offset + sum(h.record_count for h in headers[:taken])
     one_by_one = 0
     for header in headers:
         epoch, sequence, count = header.producer_epoch, header.base_sequence, header.record_count
