@@ -49,6 +49,13 @@ SAMPLE_RATE_HZ = 1000
 READ_BYTES = 256 * 1024  # broker.server.RECEIVE_BYTES
 
 
+def _partition(directory: Path) -> Partition:
+    """A fresh partition with the broker's default log settings."""
+    return Partition.open(
+        "t", 0, directory, LogConfig(), ProducerLimits(10, 10**9), clean_shutdown=True, now_ms=0
+    )
+
+
 def pieces(n_batches: int) -> dict[str, float]:
     """µs per 16 KiB idempotent batch of each step from bytes read to answer encoded."""
     data = b"".join(_frames(n_batches, 1, 1, 0, "t", 1))
@@ -58,9 +65,7 @@ def pieces(n_batches: int) -> dict[str, float]:
     )
     clock = time.perf_counter
     with tempfile.TemporaryDirectory(dir=".") as tmp:
-        partition = Partition.open(
-            "t", 0, Path(tmp), LogConfig(), ProducerLimits(10, 10**9), clean_shutdown=True, now_ms=0
-        )
+        partition = _partition(Path(tmp))
         decoder = FrameDecoder(1 << 30)
         for start in range(0, len(data), READ_BYTES):
             t0 = clock()
@@ -127,15 +132,7 @@ def run_costs(n_batches: int, run_batches: int = 16) -> dict[str, float]:
         ]
         headers = [validate(b) for b in batches]
         with tempfile.TemporaryDirectory(dir=".") as tmp:
-            partition = Partition.open(
-                "t",
-                0,
-                Path(tmp),
-                LogConfig(),
-                ProducerLimits(10, 10**9),
-                clean_shutdown=True,
-                now_ms=0,
-            )
+            partition = _partition(Path(tmp))
             per_batch_us = []
             for start in range(0, n_batches, run_batches):
                 started = time.perf_counter()

@@ -251,11 +251,11 @@ class PartitionProducerState:
         sequence of the current epoch, or that could make the cache span a lap of
         sequence numbers (then rule 3 comes first); `check` and `apply` take it."""
         entry = self._producers.get(producer_id)
-        if entry is None or entry.lapped or now_ms - entry.last_seen_ms > self.expiration_ms:
+        if entry is None or now_ms - entry.last_seen_ms > self.expiration_ms:
             return 0, base_offset
         epoch, next_seq = entry.epoch, entry.next_seq
         # An upper bound of the records the cache will span: below a lap, no batch
-        # taken here can start at a cached sequence number.
+        # taken here can start at a cached sequence number (a lapped cache takes none).
         records = entry.cached_records
         taken: list[tuple[int, int, int, int]] = []
         offset = base_offset
