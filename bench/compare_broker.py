@@ -7,6 +7,9 @@ and its min-max. The base tree is any checkout, e.g.
 
     git archive <commit> | tar -x -C /tmp/base
     python -m bench.compare_broker --base /tmp/base --load acks1 --backend trio
+
+`--load clients-4` is issue 14's durable case (bench_client's 4 `Producer`
+processes, `--batches` 16 KiB batches in all) against each broker.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from bench.bench_broker import _produce, bootstrap_median_ci, produce_parallel
+from bench.bench_client import DURABLE_PRODUCERS, durable_round
 from harness.broker_process import BrokerProcess
 
 
@@ -26,7 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the code tree to compare with")
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
-    parser.add_argument("--load", choices=["acks1", "acks-all-4"], default="acks1")
+    parser.add_argument("--load", choices=["acks1", "acks-all-4", "clients-4"], default="acks1")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--batches", type=int, default=2000, help="per round")
     args = parser.parse_args()
@@ -50,15 +54,22 @@ def main() -> None:
                         figure: tuple[float, ...] = _produce(
                             brokers[name], acks=1, idempotent=True, n_batches=args.batches
                         )
-                    else:
+                    elif args.load == "acks-all-4":
                         figure = produce_parallel(
                             brokers[name], producers=4, acks=-1, n_batches=args.batches // 4
                         )
+                    else:
+                        records = args.batches * 16 // DURABLE_PRODUCERS
+                        figure = durable_round(brokers[name], records)
                     figures[name].append(figure)
         finally:
             for broker in brokers.values():
                 broker.kill()
-    names = ["MB/s", "broker CPU µs/batch", "batches/fsync"]
+    names = (
+        ["MB/s", "client CPU µs/record", "broker CPU µs/16 KiB", "records/batch"]
+        if args.load == "clients-4"
+        else ["MB/s", "broker CPU µs/batch", "batches/fsync"]
+    )
     for i, name in enumerate(names[: len(figures["new"][0])]):
         base = [f[i] for f in figures["base"]]
         new = [f[i] for f in figures["new"]]
