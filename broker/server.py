@@ -8,6 +8,10 @@ run ahead of the writer (pipelining) by up to
 stops reading and TCP pushes back on the client. Both bounds matter: the send
 blocks on both backends, but answers built ahead of it wait in the queue, and a
 few hundred unread Fetch answers are gigabytes.
+
+On trio, when the writer is idle, the reader sends a read's whole-frame answers
+itself with one non-blocking send, and leaves the writer only what the socket
+did not take: it saves a task switch per read.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -438,6 +443,14 @@ class Broker:
         decoder = FrameDecoder(self.config.max_frame_bytes)
         handlers = self.handlers
         assert handlers is not None
+        # Only a plain trio socket: asyncio's transport buffers what it cannot send at
+        # once, and a send on its socket could overtake those bytes; a wrapping stream
+        # (TLS) would be bypassed.
+        sock = (
+            stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            if self.config.backend == "trio" and isinstance(stream, SocketStream)
+            else None
+        )
         idle_s = self.config.connections_max_idle_ms / 1000
         receive_ms = self.config.request_receive_timeout_ms
         # Time left for the request that has partly arrived. Only time spent
@@ -508,6 +521,8 @@ class Broker:
                                 group.append(reply)
                                 conn.inflight += 1
                                 conn.unsent_bytes += _size_bytes(reply)
+                    if group and sock is not None and send.statistics().tasks_waiting_receive:
+                        group = _send_now(sock, group, conn)
                     if group:
                         try:
                             await send.send(group)
@@ -709,6 +724,24 @@ async def _send_spliced(stream: SocketStream, frame: SplicedFrame) -> None:
                 remaining -= sent
     finally:
         frame.reply.close()
+
+
+def _send_now(sock: socket.socket, group: list[Reply], conn: Connection) -> list[Reply]:
+    """Send a read's answers from the reader, while the writer waits with nothing unsent
+    (so nothing older can be overtaken): one non-blocking send when they are all whole
+    frames. Returns what is left for the writer."""
+    if not all(isinstance(reply, bytes) for reply in group):
+        return group
+    data = b"".join(cast(list[bytes], group))
+    try:
+        sent = sock.send(data)
+    except OSError:  # full (BlockingIOError) or broken: the writer waits, or meets it too
+        return group
+    if sent == len(data):
+        conn.sent(len(group), sent)
+        return []
+    conn.sent(len(group) - 1, sent)
+    return [data[sent:]]
 
 
 def _size_bytes(reply: Reply) -> int:

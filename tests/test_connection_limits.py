@@ -7,11 +7,18 @@ broker process, on both backends, with the broker's memory read from
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
+import anyio
+
+from broker.handlers import DurableReply
+from broker.server import AwaitingDurability, Connection, Reply, _send_now
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode
@@ -346,3 +353,40 @@ def test_a_pipeline_of_costly_requests_takes_turns(broker: BrokerProcess) -> Non
         assert slowest_s < max(0.3, pipeline_s / 3), (
             f"another connection waited {slowest_s:.2f} s of the pipeline's {pipeline_s:.2f} s"
         )
+
+
+def test_answers_the_reader_sends_itself_leave_the_rest_to_the_writer() -> None:
+    """The trio reader's shortcut (`_send_now`) on a real socket pair whose peer does not
+    read: it sends what the socket takes, hands the writer exactly the rest, and counts
+    both in the connection's bounds; a full socket or an answer that is not a whole
+    frame leaves everything to the writer."""
+    anyio.run(_reader_sends_itself, backend="trio")
+
+
+async def _reader_sends_itself() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.setblocking(False)
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+        answers: list[Reply] = [bytes([i]) * 300_000 for i in range(3)]
+        conn = Connection("peer", inflight_max=10, unsent_bytes_max=10 * MIB)
+        conn.inflight, conn.unsent_bytes = 3, 900_000
+
+        rest = _send_now(left, answers, conn)
+
+        assert len(rest) == 1 and isinstance(rest[0], bytes)
+        sent = 900_000 - len(rest[0])
+        assert 0 < sent < 900_000
+        assert (conn.inflight, conn.unsent_bytes) == (1, len(rest[0]))
+        received = b""
+        while len(received) < sent:
+            received += right.recv(1 << 20)
+        assert received + rest[0] == b"".join(cast(list[bytes], answers))
+
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                left.send(b"f" * 65536)
+        assert _send_now(left, [b"x" * 300_000], conn) == [b"x" * 300_000]
+        durable = AwaitingDurability(1, 0.0, "Produce", cast(DurableReply, None))
+        assert _send_now(left, [b"x", durable], conn) == [b"x", durable]
+        assert (conn.inflight, conn.unsent_bytes) == (1, len(rest[0]))
