@@ -103,7 +103,7 @@ def broker_targets(rows: list[dict[str, Any]]) -> list[str]:
             "fdatasync ceiling with one fsync per 64 writes (60% wanted): "
             f"{verdict(acks_all >= 0.6 * ceiling)}; it is {acks_all / ceiling_each:.1f}x "
             "the ceiling of one fsync per 16 KiB batch.",
-            f"- {backend}: broker CPU per 16 KiB batch at acks=1 is {idem_cpu:.0f} µs "
+            f"- {backend}: broker CPU per 16 KiB batch at acks=1 is {idem_cpu:.1f} µs "
             f"(at most 30 µs wanted): {verdict(idem_cpu <= 30)}.",
             f"- {backend}: 4 producer processes at acks=-1 reach {parallel_mb_s:.0f} MB/s, "
             f"{_row(rows, parallel)['of_ceiling']} of the fdatasync ceiling of the same rounds "
