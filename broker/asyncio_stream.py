@@ -4,7 +4,7 @@ anyio's asyncio stream resumes the transport's reading for each `receive`,
 pauses it again after, and hands over one `data_received` chunk per call: two
 `epoll_ctl` calls and a loop iteration per chunk, which is most of what asyncio
 cost per pipelined batch beyond trio (docs/benchmark-notes.md, rounds five and
-six of issue 14). Here the protocol keeps reading until `read_ahead_bytes_max`
+six of issue 14). Here the protocol keeps reading until `read_ahead_max_bytes`
 bytes wait, and a `receive` takes everything that waits, up to its `max_bytes`.
 Writes wait until the transport has handed every byte to the kernel, as
 anyio's do, so a writer that counts a reply as sent once `send` returns holds
@@ -26,15 +26,14 @@ from typing import Any, cast
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
-from anyio.streams.stapled import MultiListener
 
 
 class ReadAheadProtocol(asyncio.Protocol):
-    """Buffers what arrives, up to `read_ahead_bytes_max`; then pauses the transport."""
+    """Buffers what arrives, up to `read_ahead_max_bytes`; then pauses the transport."""
 
-    def __init__(self, read_ahead_bytes_max: int) -> None:
-        assert read_ahead_bytes_max > 0
-        self.read_ahead_bytes_max = read_ahead_bytes_max
+    def __init__(self, read_ahead_max_bytes: int) -> None:
+        assert read_ahead_max_bytes > 0
+        self.read_ahead_max_bytes = read_ahead_max_bytes
         self.chunks: deque[bytes] = deque()
         self.buffered_bytes = 0
         self.reading = True
@@ -54,7 +53,7 @@ class ReadAheadProtocol(asyncio.Protocol):
         self.chunks.append(bytes(data))
         self.buffered_bytes += len(data)
         self.readable.set()
-        if self.buffered_bytes >= self.read_ahead_bytes_max and self.reading:
+        if self.buffered_bytes >= self.read_ahead_max_bytes and self.reading:
             assert self.transport is not None
             self.transport.pause_reading()
             self.reading = False
@@ -75,7 +74,7 @@ class ReadAheadProtocol(asyncio.Protocol):
         self.buffered_bytes -= size
         if not self.chunks:
             self.readable.clear()
-        if not self.reading and self.buffered_bytes < self.read_ahead_bytes_max:
+        if not self.reading and self.buffered_bytes < self.read_ahead_max_bytes:
             assert self.transport is not None
             self.transport.resume_reading()
             self.reading = True
@@ -108,6 +107,9 @@ class ReadAheadStream(anyio.abc.ByteStream):
         self._closed = False
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
+        # Bytes that are waiting must not hide a cancellation: it is how a shutdown's
+        # drain stops the reader of a client that keeps sending.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         protocol = self._protocol
         while not protocol.chunks:
             if self._closed:
@@ -154,38 +156,24 @@ class ReadAheadStream(anyio.abc.ByteStream):
         }
 
 
-async def serve(
-    listener: anyio.abc.Listener[Any],
-    handler: Callable[[ReadAheadStream], Any],
-    task_group: anyio.abc.TaskGroup,
-    read_ahead_bytes_max: int,
-) -> None:
-    """Accept on every socket of `listener` (anyio's, which still closes them) and run
-    `handler` in `task_group` for each connection, over a `ReadAheadStream`."""
-    listeners = listener.listeners if isinstance(listener, MultiListener) else [listener]
-    async with anyio.create_task_group() as tg:
-        for one in listeners:
-            sock = one.extra(SocketAttribute.raw_socket)
-            tg.start_soon(_accept, sock, handler, task_group, read_ahead_bytes_max)
-
-
-async def _accept(
-    sock: socket.socket,
-    handler: Callable[[ReadAheadStream], Any],
-    task_group: anyio.abc.TaskGroup,
-    read_ahead_bytes_max: int,
-) -> None:
+async def accept(sock: socket.socket, read_ahead_max_bytes: int) -> ReadAheadStream:
+    """The next connection on the listening `sock` (one of anyio's listener's, which
+    still closes it), as a `ReadAheadStream`."""
     loop = asyncio.get_running_loop()
-    protocol_factory = partial(ReadAheadProtocol, read_ahead_bytes_max)
-    while True:
-        try:
-            client, _address = await loop.sock_accept(sock)
-        except asyncio.CancelledError:
-            # A cancelled sock_accept can leave the socket registered (bpo-41317), and
-            # the listener closes it next.
-            with contextlib.suppress(ValueError, NotImplementedError):
-                loop.remove_reader(sock)
-            raise
+    try:
+        client, _address = await loop.sock_accept(sock)
+    except asyncio.CancelledError:
+        # A cancelled sock_accept can leave the socket registered (bpo-41317), and the
+        # listener closes it next.
+        with contextlib.suppress(ValueError, NotImplementedError):
+            loop.remove_reader(sock)
+        raise
+    try:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport, protocol = await loop.connect_accepted_socket(protocol_factory, client)
-        task_group.start_soon(handler, ReadAheadStream(transport, protocol))
+        transport, protocol = await loop.connect_accepted_socket(
+            partial(ReadAheadProtocol, read_ahead_max_bytes), client
+        )
+    except BaseException:
+        client.close()
+        raise
+    return ReadAheadStream(transport, protocol)

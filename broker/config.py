@@ -188,10 +188,11 @@ class BrokerConfig:
         max=INT32_MAX,
     )
     read_ahead_max_bytes: int = _setting(
-        4 * 1024 * 1024,
+        2 * 1024 * 1024,
         "On the asyncio backend, per connection, bytes the transport reads ahead of the "
-        "broker before it pauses reading; the broker then takes them in one read, so a "
-        "pipelining client costs less per request (trio reads the socket directly).",
+        "broker before it pauses reading (memory each connection may hold); the broker "
+        "takes up to 1 MiB of them per read, so a pipelining client costs less per "
+        "request (trio reads the socket directly).",
         unit="bytes",
         min=64 * 1024,
         max=INT32_MAX,

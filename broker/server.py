@@ -19,19 +19,22 @@ reader works.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import logging
 import os
 import signal
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import anyio
 from anyio.abc import ByteStream, SocketStream, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.stapled import MultiListener
 
 from broker import asyncio_stream
 from broker.asyncio_stream import ReadAheadStream
@@ -70,6 +73,16 @@ from protocol.messages import (
 log = logging.getLogger(f"minibroker.{__name__}")
 
 RECEIVE_BYTES = 256 * 1024
+# Accept failures that mean "not now" (out of descriptors or memory, a peer gone before
+# its accept): the listener logs, waits and accepts again instead of ending the broker.
+ACCEPT_RETRY_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
+)
+ACCEPT_RETRY_MS = 100
+# One read from an asyncio connection's read-ahead: a pipelining client's whole window
+# (64 batches of 16 KiB) at once, while the frame views one read makes (184 bytes each,
+# waiting in the backlog) stay a few MiB even for tiny requests.
+READ_AHEAD_RECEIVE_BYTES = 1024 * 1024
 # Longest run of one connection's requests before the others get the event
 # loop: a read can hold hundreds of requests, each up to max_entries_per_request.
 TURN_S = 0.01
@@ -401,16 +414,41 @@ class Broker:
     # ------------------------------------------------------------------ connections
 
     async def _serve(
-        self, listener: Any, scope: anyio.CancelScope, connections: anyio.abc.TaskGroup
+        self,
+        listener: MultiListener[SocketStream],
+        scope: anyio.CancelScope,
+        connections: anyio.abc.TaskGroup,
     ) -> None:
         with scope:
-            async with listener:
-                if self.config.backend == "asyncio":
-                    await asyncio_stream.serve(
-                        listener, self._connection, connections, self.config.read_ahead_max_bytes
-                    )
-                else:
-                    await listener.serve(self._connection, task_group=connections)
+            async with listener, anyio.create_task_group() as accepting:
+                for sub in cast(list[anyio.abc.SocketListener], listener.listeners):
+                    if self.config.backend == "asyncio":
+                        accept: Callable[[], Awaitable[ByteStream]] = functools.partial(
+                            asyncio_stream.accept,
+                            sub.extra(anyio.abc.SocketAttribute.raw_socket),
+                            self.config.read_ahead_max_bytes,
+                        )
+                    else:
+                        accept = sub.accept
+                    accepting.start_soon(self._accept_forever, accept, connections)
+
+    async def _accept_forever(
+        self, accept: Callable[[], Awaitable[ByteStream]], connections: anyio.abc.TaskGroup
+    ) -> None:
+        while True:
+            try:
+                stream = await accept()
+            except (OSError, anyio.BrokenResourceError) as exc:
+                # anyio's trio listener wraps the OSError; asyncio's accept raises it.
+                cause = exc if isinstance(exc, OSError) else exc.__cause__
+                if not isinstance(cause, OSError) or cause.errno not in ACCEPT_RETRY_ERRNOS:
+                    raise
+                log.error(
+                    "event=accept_failed error=%r retry_in_ms=%d", str(cause), ACCEPT_RETRY_MS
+                )
+                await anyio.sleep(ACCEPT_RETRY_MS / 1000)
+                continue
+            connections.start_soon(self._connection, stream)
 
     async def _connection(self, stream: ByteStream) -> None:
         peer = _peer(stream)
@@ -460,11 +498,8 @@ class Broker:
             if self.config.backend == "trio" and isinstance(stream, SocketStream)
             else None
         )
-        # A read-ahead stream hands over all it holds: fewer, bigger reads.
         receive_bytes = (
-            self.config.read_ahead_max_bytes
-            if isinstance(stream, ReadAheadStream)
-            else RECEIVE_BYTES
+            READ_AHEAD_RECEIVE_BYTES if isinstance(stream, ReadAheadStream) else RECEIVE_BYTES
         )
         idle_s = self.config.connections_max_idle_ms / 1000
         receive_ms = self.config.request_receive_timeout_ms
@@ -747,16 +782,21 @@ def _send_now(sock: socket.socket, group: list[Reply], conn: Connection) -> list
     frames. Returns what is left for the writer."""
     if not all(isinstance(reply, bytes) for reply in group):
         return group
-    data = b"".join(cast(list[bytes], group))
+    frames = cast(list[bytes], group)
     try:
-        sent = sock.send(data)
+        sent = sock.send(b"".join(frames))
     except OSError:  # full (BlockingIOError) or broken: the writer waits, or meets it too
         return group
-    if sent == len(data):
-        conn.sent(len(group), sent)
+    whole, left = 0, sent
+    while whole < len(frames) and len(frames[whole]) <= left:
+        left -= len(frames[whole])
+        whole += 1
+    conn.sent(whole, sent)
+    if whole == len(frames):
         return []
-    conn.sent(len(group) - 1, sent)
-    return [data[sent:]]
+    # The frame the socket took part of stays one answer in flight until its rest is sent.
+    rest: list[Reply] = [frames[whole][left:]]
+    return rest + group[whole + 1 :]
 
 
 def _size_bytes(reply: Reply) -> int:

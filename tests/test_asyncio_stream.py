@@ -25,27 +25,19 @@ Case = Callable[[ReadAheadStream, anyio.abc.SocketStream], Awaitable[None]]
 
 
 def run_case(case: Case, use_uvloop: bool) -> None:
-    """Serve one connection through asyncio_stream.serve and run `case` on both of its ends."""
+    """Accept one connection through asyncio_stream.accept and run `case` on both ends."""
 
     async def main() -> None:
-        accepted: list[ReadAheadStream] = []
-        arrived = anyio.Event()
-
-        async def handler(stream: ReadAheadStream) -> None:
-            accepted.append(stream)
-            arrived.set()
-            await anyio.sleep_forever()
-
         listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
         port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        async with anyio.create_task_group() as tg, listener:
-            tg.start_soon(asyncio_stream.serve, listener, handler, tg, LIMIT)
-            with anyio.fail_after(10):
-                async with await anyio.connect_tcp("127.0.0.1", port) as peer:
-                    await arrived.wait()
-                    async with accepted[0] as stream:
-                        await case(stream, peer)
-            tg.cancel_scope.cancel()
+        sock = listener.listeners[0].extra(anyio.abc.SocketAttribute.raw_socket)
+        with anyio.fail_after(10):
+            async with (
+                listener,
+                await anyio.connect_tcp("127.0.0.1", port) as peer,
+                await asyncio_stream.accept(sock, LIMIT) as stream,
+            ):
+                await case(stream, peer)
 
     anyio.run(main, backend="asyncio", backend_options={"use_uvloop": use_uvloop})
 
@@ -68,6 +60,23 @@ def test_one_receive_takes_every_write_that_arrived_up_to_max_bytes(use_uvloop: 
         assert await stream.receive(2500) == b"a" * 1000 + b"b" * 1500
         assert await stream.receive(1 << 20) == b"b" * 500 + b"c" * 3000
         assert protocol_of(stream).buffered_bytes == 0
+
+    run_case(case, use_uvloop)
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False])
+def test_a_cancelled_reader_stops_even_with_bytes_waiting(use_uvloop: bool) -> None:
+    """A shutdown's drain cancels the reader of a client that keeps sending: receive
+    must not hand it more requests to run because bytes happen to be waiting."""
+
+    async def case(stream: ReadAheadStream, peer: anyio.abc.SocketStream) -> None:
+        await peer.send(b"request")
+        await until(lambda: protocol_of(stream).buffered_bytes == 7)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await stream.receive()
+            raise AssertionError("receive returned in a cancelled scope")
+        assert await stream.receive() == b"request"
 
     run_case(case, use_uvloop)
 

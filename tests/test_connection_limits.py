@@ -8,6 +8,7 @@ broker process, on both backends, with the broker's memory read from
 from __future__ import annotations
 
 import contextlib
+import resource
 import socket
 import threading
 import time
@@ -358,8 +359,8 @@ def test_a_pipeline_of_costly_requests_takes_turns(broker: BrokerProcess) -> Non
 def test_answers_the_reader_sends_itself_leave_the_rest_to_the_writer() -> None:
     """The trio reader's shortcut (`_send_now`) on a real socket pair whose peer does not
     read: it sends what the socket takes, hands the writer exactly the rest, and counts
-    both in the connection's bounds; a full socket or an answer that is not a whole
-    frame leaves everything to the writer."""
+    as sent only the answers the socket took whole; a full socket or an answer that is
+    not a whole frame leaves everything to the writer."""
     anyio.run(_reader_sends_itself, backend="trio")
 
 
@@ -368,20 +369,23 @@ async def _reader_sends_itself() -> None:
     with left, right:
         left.setblocking(False)
         left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
-        answers: list[Reply] = [bytes([i]) * 300_000 for i in range(3)]
+        frames = [bytes([i]) * 300_000 for i in range(3)]
+        answers: list[Reply] = list(frames)
         conn = Connection("peer", inflight_max=10, unsent_bytes_max=10 * MIB)
         conn.inflight, conn.unsent_bytes = 3, 900_000
 
-        rest = _send_now(left, answers, conn)
+        rest = cast(list[bytes], _send_now(left, answers, conn))
 
-        assert len(rest) == 1 and isinstance(rest[0], bytes)
-        sent = 900_000 - len(rest[0])
+        sent = 900_000 - sum(map(len, rest))
         assert 0 < sent < 900_000
-        assert (conn.inflight, conn.unsent_bytes) == (1, len(rest[0]))
+        whole = sent // 300_000  # answers the socket took all of
+        assert rest == [frames[whole][sent - whole * 300_000 :], *frames[whole + 1 :]]
+        assert (conn.inflight, conn.unsent_bytes) == (3 - whole, 900_000 - sent)
         received = b""
         while len(received) < sent:
             received += right.recv(1 << 20)
-        assert received + rest[0] == b"".join(cast(list[bytes], answers))
+        assert received + b"".join(rest) == b"".join(frames)
+        still = (conn.inflight, conn.unsent_bytes)
 
         with contextlib.suppress(BlockingIOError):
             while True:
@@ -389,4 +393,58 @@ async def _reader_sends_itself() -> None:
         assert _send_now(left, [b"x" * 300_000], conn) == [b"x" * 300_000]
         durable = AwaitingDurability(1, 0.0, "Produce", cast(DurableReply, None))
         assert _send_now(left, [b"x", durable], conn) == [b"x", durable]
-        assert (conn.inflight, conn.unsent_bytes) == (1, len(rest[0]))
+        assert (conn.inflight, conn.unsent_bytes) == still
+
+
+def test_a_quick_answer_never_overtakes_one_waiting_for_its_fsync(tmp_path: Path) -> None:
+    """An acks=-1 Produce (its answer waits in the writer for the fsync), then, in a read
+    of its own, an ApiVersions whose answer is ready at once: on trio the reader may send
+    ready answers itself only while the writer has nothing unsent, so the order holds."""
+    broker = BrokerProcess(tmp_path / "data", backend="trio").start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("d") == 0
+            batch = values_batch([b"x" * 1000] * 900)
+            for _ in range(20):
+                first = c.send(
+                    "Produce",
+                    acks=-1,
+                    timeout_ms=10_000,
+                    topics=[{"topic": "d", "partitions": [{"partition": 0, "records": batch}]}],
+                )
+                time.sleep(0.002)  # a read of its own
+                second = c.send("ApiVersions")
+                assert [c.recv()["cid"], c.recv()["cid"]] == [first, second]
+    finally:
+        broker.kill()
+
+
+def test_running_out_of_descriptors_at_accept_is_survived(tmp_path: Path, backend: str) -> None:
+    """The broker may open 100 files; 120 clients connect at once. The accepts past the
+    limit fail with EMFILE: the broker logs them, waits and accepts again, and once the
+    clients are gone it serves a new one. It used to exit on both backends."""
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    broker = BrokerProcess(tmp_path / "data", backend=backend, preexec_fn=few_descriptors)
+    broker.start()
+    try:
+        clients = []
+        for _ in range(120):
+            try:
+                clients.append(socket.create_connection(("127.0.0.1", broker.port), timeout=5))
+            except OSError:
+                break
+        deadline = time.monotonic() + 10
+        while not any("event=accept_failed" in line for line in broker.log_lines):
+            assert broker.proc is not None and broker.proc.poll() is None, "the broker exited"
+            assert time.monotonic() < deadline, "no accept ever failed: the test tried nothing"
+            time.sleep(0.05)
+        for client in clients:
+            client.close()
+        with WireClient(broker.bootstrap, timeout_s=10) as c:
+            assert c.call("ApiVersions")["error"] == 0
+        assert broker.proc is not None and broker.proc.poll() is None
+    finally:
+        broker.kill()
