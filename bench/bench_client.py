@@ -15,7 +15,9 @@ own. Its rows give MB/s, the producers' CPU per record, the broker's CPU per
 16 KiB of records, and the fraction of the fdatasync ceiling measured in the
 same rounds (bench_broker's, one fdatasync per 64 writes as in the broker
 suite, and per 20: the most batches these producers have in flight at once):
-medians of `DURABLE_ROUNDS` rounds with min-max.
+medians of `DURABLE_ROUNDS` rounds with min-max. The same case with larger
+`batch_size` (`DURABLE_LARGER_BATCH_BYTES`) shows what the default's 16 KiB
+costs: with 5 requests in flight, a batch is what one fsync round can carry.
 
 `run()` returns the rows (for the lead's bench runner); running the file prints
 them as a markdown table:
@@ -67,6 +69,8 @@ DURABLE_PRODUCERS = 4
 DURABLE_RECORD_BYTES = 1024
 DURABLE_CONFIG: dict[str, Any] = {"acks": "all", "enable_idempotence": True}
 DURABLE_ROUNDS = 3
+# What a user tuning the durable case for throughput would raise first.
+DURABLE_LARGER_BATCH_BYTES = (64 * 1024, 256 * 1024)
 DURABLE_TIMEOUT_S = 600
 TREE = Path(__file__).resolve().parent.parent  # the source tree whose client is measured
 
@@ -172,8 +176,11 @@ print(cpu, metrics["batch_size_avg"], flush=True)
 """
 
 
-def _start_producers(tree: Path, bootstrap: str, topic: str, records: int) -> list[Any]:
-    """DURABLE_PRODUCERS processes of `tree`'s client, each ready to send to its partition."""
+def _start_producers(
+    tree: Path, bootstrap: str, topic: str, records: int, config: dict[str, Any]
+) -> list[Any]:
+    """DURABLE_PRODUCERS processes of `tree`'s client with Producer settings `config`, each
+    ready to send to its partition."""
     procs = [
         subprocess.Popen(
             [
@@ -181,7 +188,7 @@ def _start_producers(tree: Path, bootstrap: str, topic: str, records: int) -> li
                 "-c",
                 _PRODUCER_PROCESS,
                 *(bootstrap, topic, str(i), str(records), str(DURABLE_RECORD_BYTES)),
-                json.dumps(DURABLE_CONFIG),
+                json.dumps(config),
             ],
             cwd=tree,
             env={**os.environ, "PYTHONPATH": str(tree)},
@@ -203,14 +210,15 @@ def _start_producers(tree: Path, bootstrap: str, topic: str, records: int) -> li
 
 
 def durable_round(
-    broker: BrokerProcess, records: int, tree: Path = TREE
+    broker: BrokerProcess, records: int, tree: Path = TREE, batch_size: int | None = None
 ) -> tuple[float, float, float, float]:
     """(MB/s, producers' CPU µs per record, broker CPU µs per 16 KiB of records, records
     per batch) of DURABLE_PRODUCERS processes of `tree`'s client sending `records` records
-    each into a fresh topic."""
+    each into a fresh topic, with the default batch_size or `batch_size`."""
     topic = f"bench-durable-{time.monotonic_ns()}"
     create_topic(broker.bootstrap, topic, partitions=DURABLE_PRODUCERS)
-    procs = _start_producers(tree, broker.bootstrap, topic, records)
+    config = DURABLE_CONFIG if batch_size is None else {**DURABLE_CONFIG, "batch_size": batch_size}
+    procs = _start_producers(tree, broker.bootstrap, topic, records, config)
     assert broker.proc is not None
     broker_cpu = cpu_s_schedstat(broker.proc.pid)
     began = time.perf_counter()
@@ -229,7 +237,7 @@ def durable_round(
     return (
         payload / wall / 1e6,
         sum(r[0] for r in results) / total * 1e6,
-        broker_cpu / (payload / ProducerConfig().batch_size) * 1e6,
+        broker_cpu / (payload / (16 * 1024)) * 1e6,
         statistics.mean(r[1] for r in results),
     )
 
@@ -243,35 +251,42 @@ def durable_rows(
     tmp_path: Path, records: int, rounds: int = DURABLE_ROUNDS, base: Path | None = None
 ) -> list[dict[str, Any]]:
     """Issue 14's case on a trio and an asyncio broker, side by side, for this tree's
-    client and (with `base`) another tree's. Every round measures both fdatasync
-    ceilings and every case (in alternating order), so drift on the machine lands on
-    each alike."""
+    client with the default and the larger batch sizes, or (with `base`) with the
+    default for this tree's client and another tree's. Every round measures both
+    fdatasync ceilings and every case (in alternating order), so drift on the machine
+    lands on each alike."""
     in_flight = DURABLE_PRODUCERS * ProducerConfig().max_in_flight_requests_per_connection
     n_batches = DURABLE_PRODUCERS * records * DURABLE_RECORD_BYTES // ProducerConfig().batch_size
     backends = ("trio", "asyncio")
-    trees = [TREE] if base is None else [base.resolve(), TREE]
-    cases = [(backend, tree) for backend in backends for tree in trees]
+    default = ProducerConfig().batch_size
+    if base is None:
+        runs = [(TREE, size) for size in (default, *DURABLE_LARGER_BATCH_BYTES)]
+    else:
+        runs = [(base.resolve(), default), (TREE, default)]
+    cases = [(backend, tree, size) for backend in backends for tree, size in runs]
     brokers = {
         b: BrokerProcess(tmp_path / f"data-durable-{b}", backend=b).start() for b in backends
     }
-    figures: dict[tuple[str, Path], list[tuple[float, ...]]] = {case: [] for case in cases}
+    figures: dict[tuple[str, Path, int], list[tuple[float, ...]]] = {case: [] for case in cases}
     ceilings: dict[int, list[float]] = {WINDOW: [], in_flight: []}
     try:
         for round_ in range(rounds):
-            for group, values in ceilings.items():
-                values.append(fdatasync_ceiling_mb_s(tmp_path, n_batches, group))
-            for backend, tree in cases if round_ % 2 == 0 else cases[::-1]:
-                figures[(backend, tree)].append(durable_round(brokers[backend], records, tree))
+            for group, measured in ceilings.items():
+                measured.append(fdatasync_ceiling_mb_s(tmp_path, n_batches, group))
+            for backend, tree, size in cases if round_ % 2 == 0 else cases[::-1]:
+                figure = durable_round(brokers[backend], records, tree, size)
+                figures[(backend, tree, size)].append(figure)
     finally:
         for broker in brokers.values():
             broker.kill()
     rows = []
-    for (backend, tree), values in figures.items():
+    for (backend, tree, size), values in figures.items():
         mb_s = [v[0] for v in values]
         row: dict[str, Any] = {
             "benchmark": f"{DURABLE_PRODUCERS} producer processes, send() of 1 KiB records, "
-            f"16 KiB batches, acks=all, idempotent, one partition each ({backend} broker)"
-            + ("" if tree == TREE else f", client of {tree}"),
+            f"{size // 1024} KiB batches, acks=all, idempotent, one partition each "
+            f"({backend} broker)" + ("" if tree == TREE else f", client of {tree}"),
+            "batch_size": size,
             "records": DURABLE_PRODUCERS * records,
             "mb_per_sec": _median_range(mb_s),
             "client_cpu_us_per_record": _median_range([v[1] for v in values], 2),
