@@ -520,23 +520,29 @@ class Broker:
                 if not backlog:
                     partial = decoder.buffered_bytes > 0
                     waited_from_s = anyio.current_time()
-                    with anyio.move_on_after(receive_left_s if partial else idle_s) as timer:
-                        data = await _receive(stream, receive_bytes)
-                    if timer.cancelled_caught and partial:
-                        log.warning(
-                            "event=connection_closed peer=%s reason=%r",
-                            conn.peer,
-                            f"request not received whole within request_receive_timeout_ms="
-                            f"{receive_ms} ({decoder.buffered_bytes} bytes of it arrived)",
-                        )
-                        return
-                    if timer.cancelled_caught:
-                        log.info("event=connection_idle_closed peer=%s", conn.peer)
-                        return
-                    if data is None:
-                        return
+                    # The frames a read holds come out inflight_max at a time, so a
+                    # read of many small requests is not a view per request while the
+                    # connection waits for room (no new bytes until they are taken).
+                    data = b""
+                    if not decoder.frames_waiting:
+                        with anyio.move_on_after(receive_left_s if partial else idle_s) as timer:
+                            received = await _receive(stream, receive_bytes)
+                        if timer.cancelled_caught and partial:
+                            log.warning(
+                                "event=connection_closed peer=%s reason=%r",
+                                conn.peer,
+                                f"request not received whole within request_receive_timeout_ms="
+                                f"{receive_ms} ({decoder.buffered_bytes} bytes of it arrived)",
+                            )
+                            return
+                        if timer.cancelled_caught:
+                            log.info("event=connection_idle_closed peer=%s", conn.peer)
+                            return
+                        if received is None:
+                            return
+                        data = received
                     try:
-                        messages = decoder.feed_views(data)
+                        messages = decoder.feed_views(data, conn.inflight_max)
                     except FrameError as exc:
                         log.warning(
                             "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)

@@ -7,7 +7,9 @@
 
 `FrameDecoder` never touches a socket. It refuses a declared length over its
 limit as soon as the 4 length bytes arrive, before buffering the body, so a
-hostile peer cannot make the broker allocate a large frame.
+hostile peer cannot make the broker allocate a large frame. It hands out at most
+`frames_max` bodies per call when asked to, so a read of many small requests costs
+a bounded number of views at a time, not one per request.
 """
 
 from __future__ import annotations
@@ -49,15 +51,25 @@ def decode_body(body: bytes | memoryview) -> Any:
 class FrameDecoder:
     """Incremental decoder: `feed` bytes as they arrive, get whole messages back."""
 
-    __slots__ = ("_buffer", "frame_bytes_max")
+    __slots__ = ("_buffer", "_waiting", "frame_bytes_max")
 
     def __init__(self, frame_bytes_max: int = DEFAULT_FRAME_BYTES_MAX) -> None:
         self.frame_bytes_max = frame_bytes_max
         self._buffer = bytearray()
+        # What a call that stopped at frames_max left unread of its data: a view,
+        # not a copy, handed out by the next call.
+        self._waiting: memoryview | None = None
 
     @property
     def buffered_bytes(self) -> int:
+        """Bytes of a frame begun but not yet whole."""
         return len(self._buffer)
+
+    @property
+    def frames_waiting(self) -> bool:
+        """Whether bytes already fed hold whole frames not handed out yet (a call stopped
+        at its frames_max): take them with `feed_views()` before feeding more."""
+        return self._waiting is not None
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
         """Append `data` and return every message now complete, decoded as plain msgpack."""
@@ -68,22 +80,33 @@ class FrameDecoder:
         for callers that decode with a typed decoder of their own."""
         return [bytes(body) for body in self.feed_views(data)]
 
-    def feed_views(self, data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
+    def feed_views(
+        self, data: bytes | bytearray | memoryview = b"", frames_max: int | None = None
+    ) -> list[bytes | memoryview]:
         """As `feed_bodies`, without copying what need not be: a body lying whole in
         `data` comes back as a view of it, which holds the whole of `data` alive. Only
         a body split across reads is copied, once. The broker's path for 16 KiB
-        batches, where each copy costs as much as the CRC check."""
-        if not isinstance(data, bytes):
-            data = bytes(data)  # a view must not see the caller change its buffer
-        view = memoryview(data)
+        batches, where each copy costs as much as the CRC check.
+
+        With `frames_max`, at most that many bodies; the whole frames left wait
+        (`frames_waiting`) for the next call, which must then feed nothing new."""
+        assert frames_max is None or frames_max > 0, frames_max
         bodies: list[bytes | memoryview] = []
+        if self._waiting is not None:
+            assert not data, "feed_views() the waiting frames before feeding more"
+            view, self._waiting = self._waiting, None
+        else:
+            if not isinstance(data, bytes):
+                data = bytes(data)  # a view must not see the caller change its buffer
+            view = memoryview(data)
+            if self._buffer:
+                view = self._finish_buffered(view, bodies)
+                if self._buffer:
+                    return bodies
         buf = self._buffer
-        if buf:
-            view = self._finish_buffered(view, bodies)
-            if buf:
-                return bodies
         pos = 0
         end = len(view)
+        room = len(view) if frames_max is None else frames_max - len(bodies)
         while end - pos >= LENGTH_BYTES:
             (length,) = LENGTH.unpack_from(view, pos)
             if length > self.frame_bytes_max:
@@ -92,8 +115,12 @@ class FrameDecoder:
             start = pos + LENGTH_BYTES
             if end - start < length:
                 break
+            if room <= 0:
+                self._waiting = view[pos:]
+                return bodies
             bodies.append(view[start : start + length])
             pos = start + length
+            room -= 1
         buf += view[pos:]
         return bodies
 

@@ -124,6 +124,46 @@ def test_unread_fetch_answers_are_held_within_a_bound(broker: BrokerProcess) -> 
         assert not sender.is_alive()
 
 
+def test_many_small_requests_unread_cost_a_bounded_read_per_connection(
+    broker: BrokerProcess,
+) -> None:
+    """16 clients pipeline 12 MiB each of 29-byte ApiVersions requests and never read.
+    Each stalls with a read's worth of requests decoded ahead: that used to be one
+    frame view per request of the read, 171 MiB for the 16 on asyncio (1 MiB reads,
+    about 11 MiB per connection) and 37 MiB on trio. Views are now handed out at most
+    max_inflight_requests_per_connection at a time: 54 and 10 MiB."""
+    clients, per_client_bytes = 16, 12 * MIB
+    one = encode_frame({"api": "ApiVersions", "v": 1, "cid": 7})
+    pipelined = one * (per_client_bytes // len(one))
+    assert broker.proc is not None
+    pid = broker.proc.pid
+    conns = [WireClient(broker.bootstrap, timeout_s=60) for _ in range(clients)]
+    senders = [
+        threading.Thread(target=_send_until_closed, args=(c, pipelined), daemon=True) for c in conns
+    ]
+    base = rss_bytes(pid)
+    with PeakRss(pid) as rss:
+        for sender in senders:
+            sender.start()
+        time.sleep(4.0)
+    growth = rss.peak_bytes - base
+    try:
+        assert growth < 6 * MIB * clients, f"broker grew {growth / MIB:.0f} MiB"
+        # The stalled connections are served as soon as they read.
+        for c in conns[:2]:
+            for _ in range(1000):
+                answer = c.recv()
+                assert answer["cid"] == 7 and answer["error"] == 0
+    finally:
+        for c in conns:
+            c.close()
+
+
+def _send_until_closed(client: WireClient, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        client.send_raw(data)
+
+
 def test_unread_produce_answers_are_held_within_a_bound(broker: BrokerProcess) -> None:
     """Produce requests of 5000 partitions of an unknown, long-named topic: each
     answer is ~13 times its request (an error message per partition), so 400

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 
@@ -391,3 +392,47 @@ def test_list_transactions_refuses_an_unknown_state() -> None:
     with pytest.raises(m.RequestRefused) as refused:
         m.decode_request(body)
     assert refused.value.code == ErrorCode.INVALID_REQUEST
+
+
+@given(
+    bodies=st.lists(st.binary(max_size=40), max_size=30),
+    cuts=st.lists(st.integers(0, 2000), max_size=6),
+    frames_max=st.integers(1, 5),
+)
+def test_frames_max_hands_out_the_same_bodies_a_few_at_a_time(
+    bodies: list[bytes], cuts: list[int], frames_max: int
+) -> None:
+    """Reads cut anywhere, at most `frames_max` bodies per call, the waiting ones taken
+    before the next read: the bodies of an uncapped decoder, in order."""
+    stream = b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+    edges = [0, *sorted(c for c in cuts if c < len(stream)), len(stream)]
+    decoder = FrameDecoder()
+    out: list[bytes] = []
+    for start, stop in itertools.pairwise(edges):
+        taken = decoder.feed_views(stream[start:stop], frames_max)
+        while True:
+            assert len(taken) <= frames_max
+            out += map(bytes, taken)
+            if not decoder.frames_waiting:
+                break
+            taken = decoder.feed_views(frames_max=frames_max)
+            assert taken, "frames_waiting promised a whole frame"
+    assert out == bodies
+    assert decoder.buffered_bytes == 0
+
+
+def test_frames_max_refuses_new_bytes_while_frames_wait() -> None:
+    decoder = FrameDecoder()
+    assert decoder.feed_views(encode_frame(1) * 3, frames_max=2) == [b"\x01", b"\x01"]
+    with pytest.raises(AssertionError):
+        decoder.feed_views(encode_frame(2), frames_max=2)
+    assert decoder.feed_views(frames_max=2) == [b"\x01"]
+    assert not decoder.frames_waiting
+
+
+def test_frames_max_refuses_a_large_length_among_the_waiting_frames() -> None:
+    decoder = FrameDecoder(frame_bytes_max=1024)
+    data = encode_frame(1) + encode_frame(2) + struct.pack(">I", 1025)
+    assert decoder.feed_views(data, frames_max=1) == [b"\x01"]
+    with pytest.raises(FrameTooLarge):
+        decoder.feed_views(frames_max=1)
