@@ -62,7 +62,8 @@ class FrameDecoder:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes of a frame begun but not yet whole."""
+        """Bytes of a frame begun but not yet whole (a frame at the end of the waiting
+        ones is counted once they are taken)."""
         return len(self._buffer)
 
     @property
@@ -90,10 +91,12 @@ class FrameDecoder:
 
         With `frames_max`, at most that many bodies; the whole frames left wait
         (`frames_waiting`) for the next call, which must then feed nothing new."""
-        assert frames_max is None or frames_max > 0, frames_max
+        if frames_max is not None and frames_max < 1:
+            raise ValueError(f"frames_max must be at least 1, not {frames_max}")
         bodies: list[bytes | memoryview] = []
         if self._waiting is not None:
-            assert not data, "feed_views() the waiting frames before feeding more"
+            if data:
+                raise ValueError("feed_views() the waiting frames before feeding more bytes")
             view, self._waiting = self._waiting, None
         else:
             if not isinstance(data, bytes):

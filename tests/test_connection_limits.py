@@ -159,6 +159,18 @@ def test_many_small_requests_unread_cost_a_bounded_read_per_connection(
             c.close()
 
 
+def test_a_read_of_more_requests_than_may_wait_is_answered_whole_and_in_order(
+    broker: BrokerProcess,
+) -> None:
+    """3,000 ApiVersions in one send: a read holds more than the 256 requests that may
+    be decoded ahead of their answers, so they come out of it in turns, the rest
+    waiting in the read. Every one is answered, once, in order."""
+    cids = range(1, 3001)
+    with WireClient(broker.bootstrap) as c:
+        c.send_raw(b"".join(encode_frame({"api": "ApiVersions", "v": 1, "cid": i}) for i in cids))
+        assert [c.recv()["cid"] for _ in cids] == list(cids)
+
+
 def _send_until_closed(client: WireClient, data: bytes) -> None:
     with contextlib.suppress(OSError):
         client.send_raw(data)

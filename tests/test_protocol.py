@@ -424,10 +424,12 @@ def test_frames_max_hands_out_the_same_bodies_a_few_at_a_time(
 def test_frames_max_refuses_new_bytes_while_frames_wait() -> None:
     decoder = FrameDecoder()
     assert decoder.feed_views(encode_frame(1) * 3, frames_max=2) == [b"\x01", b"\x01"]
-    with pytest.raises(AssertionError):
+    with pytest.raises(ValueError, match="waiting frames"):
         decoder.feed_views(encode_frame(2), frames_max=2)
     assert decoder.feed_views(frames_max=2) == [b"\x01"]
     assert not decoder.frames_waiting
+    with pytest.raises(ValueError, match="at least 1"):
+        decoder.feed_views(encode_frame(3), frames_max=0)
 
 
 def test_frames_max_refuses_a_large_length_among_the_waiting_frames() -> None:
