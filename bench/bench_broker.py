@@ -33,9 +33,10 @@ BATCH_BYTES = 16 * 1024
 RECORD_BYTES = 100
 WINDOW = 64
 ROUNDS = 6
-# The cost rounds: enough paired rounds that a 3% difference clears the noise of
-# one round (±5-10% here), each short enough that 24 of them take a minute.
-COST_ROUNDS = 24
+# The cost rounds: enough paired rounds that the median's 95% interval is about
+# ±1.5% (24 gave ±2.5-4.5%, wider than the 3% it is meant to judge), each short
+# enough that 96 of them take a minute per backend.
+COST_ROUNDS = 96
 COST_BLOCK_ROUNDS = 6
 COST_BATCHES = 2000
 BOOTSTRAP_RESAMPLES = 4000
