@@ -22,7 +22,12 @@ import tempfile
 from pathlib import Path
 
 from bench.bench_broker import _produce, bootstrap_median_ci, produce_parallel
-from bench.bench_client import DURABLE_PRODUCERS, durable_round
+from bench.bench_client import (
+    DURABLE_CPU_UNIT_BYTES,
+    DURABLE_PRODUCERS,
+    DURABLE_RECORD_BYTES,
+    durable_round,
+)
 from harness.broker_process import BrokerProcess
 
 
@@ -59,7 +64,8 @@ def main() -> None:
                             brokers[name], producers=4, acks=-1, n_batches=args.batches // 4
                         )
                     else:
-                        records = args.batches * 16 // DURABLE_PRODUCERS
+                        payload = args.batches * DURABLE_CPU_UNIT_BYTES
+                        records = payload // DURABLE_RECORD_BYTES // DURABLE_PRODUCERS
                         figure = durable_round(brokers[name], records)
                     figures[name].append(figure)
         finally:

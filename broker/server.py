@@ -80,8 +80,8 @@ ACCEPT_RETRY_ERRNOS = frozenset(
 )
 ACCEPT_RETRY_MS = 100
 # One read from an asyncio connection's read-ahead: a pipelining client's whole window
-# (64 batches of 16 KiB) at once, while the frame views one read makes (184 bytes each,
-# waiting in the backlog) stay a few MiB even for tiny requests.
+# (64 batches of 16 KiB) at once. Its frames are decoded inflight_max at a time, so a
+# read of tiny requests costs the read, not a frame view per request.
 READ_AHEAD_RECEIVE_BYTES = 1024 * 1024
 # Longest run of one connection's requests before the others get the event
 # loop: a read can hold hundreds of requests, each up to max_entries_per_request.
