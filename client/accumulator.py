@@ -48,6 +48,7 @@ completion (events, callbacks) happens outside the lock, in `ProducerBatch.notif
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -148,6 +149,7 @@ class ProducerBatch:
         "base_ts",
         "callbacks",
         "created_ms",
+        "done_callbacks",
         "done_event",
         "encoded",
         "error",
@@ -197,6 +199,8 @@ class ProducerBatch:
         self.error: BaseException | None = None
         self.done_event: threading.Event | None = None  # made by the first `wait`
         self._async_event: anyio.Event | None = None
+        # RecordHandle.add_done_callback's, under _event_lock: added from any thread.
+        self.done_callbacks: list[Callable[[], object]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -244,6 +248,7 @@ class ProducerBatch:
         """Wake waiters and run delivery callbacks; once, after the batch finished."""
         with _event_lock:
             event = self.done_event
+            done_callbacks, self.done_callbacks = self.done_callbacks, None
         if event is not None:
             event.set()
         if self._async_event is not None:
@@ -255,6 +260,22 @@ class ProducerBatch:
                     callback(error, self.record_metadata(index, timestamp_ms))
                 except Exception:
                     log.exception("on_delivery callback raised")
+        for done in done_callbacks or ():
+            try:
+                done()
+            except Exception:
+                log.exception("done callback raised")
+
+    def add_done_callback(self, callback: Callable[[], object]) -> bool:
+        """Have `notify` call `callback`; False, keeping nothing, if the batch has finished
+        (`finished` is set before `notify` takes the lock, so one of the two sees the other)."""
+        with _event_lock:
+            if self.finished:
+                return False
+            if self.done_callbacks is None:
+                self.done_callbacks = []
+            self.done_callbacks.append(callback)
+            return True
 
     def wait(self, timeout: float | None) -> None:
         """Block until the batch finished. Few batches are waited for one by one, so the
@@ -299,6 +320,14 @@ class RecordHandle(tuple):  # a 3-tuple: the cheapest object CPython can allocat
     def exception(self) -> BaseException | None:
         batch: ProducerBatch = self[0]
         return batch.error if batch.finished else None
+
+    def add_done_callback(self, fn: Callable[[RecordHandle], object]) -> None:
+        """Call `fn(handle)` once the record's batch has finished, delivered or not: on the
+        producer's I/O thread as the answer is handled, or at once on this thread if it has
+        finished already (concurrent.futures.Future's rule; kafka-python's add_callback and
+        add_errback). One per batch times every record of it, as they finish together."""
+        if not self[0].add_done_callback(functools.partial(fn, self)):
+            fn(self)
 
     def __await__(self) -> Any:
         return self._wait().__await__()

@@ -262,6 +262,60 @@ def test_handles_give_record_metadata_and_callbacks_run_once() -> None:
     assert len(calls) == 1 and calls[0][0] is None and calls[0][1].offset == 40
 
 
+def test_done_callbacks_run_once_at_notify_or_at_once_when_already_finished() -> None:
+    acc = make()
+    calls: list[tuple[str, object]] = []
+    h0 = add(acc, b"v0")
+    h1 = add(acc, b"v1")
+    h0.add_done_callback(lambda h: calls.append(("h0", h.get(0).offset)))
+    h1.add_done_callback(lambda h: calls.append(("h1", h.get(0).offset)))
+    (batch,) = drain_one_each(acc, 0, 1)
+    done = acc.on_response(batch, E.NONE, 40, 1)
+    assert calls == []  # finished, but callbacks run at notify, outside the lock
+    for b in done:
+        b.notify()
+        b.notify()  # a second notify runs nothing again
+    assert calls == [("h0", 40), ("h1", 41)]
+    h1.add_done_callback(lambda h: calls.append(("late", h.get(0).offset)))
+    assert calls[-1] == ("late", 41)  # already finished: run now, on this thread
+
+
+def test_done_callback_of_a_failed_batch_sees_the_error() -> None:
+    acc = make()
+    handle = add(acc, b"v")
+    errors: list[BaseException | None] = []
+    handle.add_done_callback(lambda h: errors.append(h.exception()))
+    (batch,) = drain_one_each(acc, 0, 1)
+    for b in acc.on_response(batch, E.INVALID_PRODUCER_EPOCH, -1, 1):
+        b.notify()
+    assert len(errors) == 1 and isinstance(errors[0], ProducerFencedError)
+
+
+def test_done_callbacks_added_while_notify_runs_each_run_exactly_once() -> None:
+    """A thread adds callbacks to batches as another finishes and notifies them: each
+    runs once, whichever side of `notify` it was added on."""
+    rounds = 300
+    acc = make(buffer_memory=10_000_000)
+    handles = []
+    for i in range(rounds):
+        handles.append(add(acc, b"x%d" % i, partition=i))
+    batches = [b for request in acc.drain(0, rounds) for b in request]
+    assert len(batches) == rounds
+    ran = [0] * rounds
+
+    def adder() -> None:
+        for i, handle in enumerate(handles):
+            handle.add_done_callback(lambda _h, i=i: ran.__setitem__(i, ran[i] + 1))
+
+    with ThreadPoolExecutor(1) as pool:
+        adding = pool.submit(adder)
+        for batch in batches:
+            for b in acc.on_response(batch, E.NONE, 0, 1):
+                b.notify()
+        adding.result(10)
+    assert ran == [1] * rounds
+
+
 def test_wakeup_fires_once_when_a_batch_becomes_ready_before_the_planned_wake() -> None:
     wakes = []
     acc = make(linger_ms=5, wakeup=lambda: wakes.append(1))

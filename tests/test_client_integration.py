@@ -6,6 +6,7 @@ The async tests run the client on the same AnyIO backend as the broker
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from client import (
     RecordMetadata,
     TopicPartition,
 )
+from client.accumulator import RecordHandle
 from client.admin import create_topic, create_topic_async, describe_topic, list_topics
 from client.errors import TopicAlreadyExistsError
 from client.partitioner import murmur2_partition
@@ -94,6 +96,27 @@ def test_send_get_and_consume_round_trip(broker: BrokerProcess) -> None:
         assert r1.value == b"text value"
         assert list(r1.headers) == [("trace", b"abc"), ("n", b"1")]
         assert c.position(TP0) == 2
+
+
+def test_done_callbacks_run_on_the_producers_io_thread_with_the_offsets(
+    broker: BrokerProcess,
+) -> None:
+    """One callback per batch is how the latency bench times acks: it must run as the
+    answer is handled, on the producer's thread, not on the caller's."""
+    caller = threading.get_ident()
+    seen: list[tuple[int, int]] = []
+    with Producer(broker.bootstrap, linger_ms=50) as producer:
+        handles = [producer.send("t", b"v%d" % i, partition=0) for i in range(20)]
+        for handle in handles[::5]:
+            handle.add_done_callback(
+                lambda h: seen.append((h.get(0).offset, threading.get_ident()))
+            )
+        producer.flush(10)
+        late: list[int] = []
+        handles[0].add_done_callback(lambda h: late.append(threading.get_ident()))
+    assert sorted(offset for offset, _ in seen) == [0, 5, 10, 15]
+    assert all(thread != caller for _, thread in seen)
+    assert late == [caller]
 
 
 def test_keys_hash_like_kafka_and_keyless_records_stick(broker: BrokerProcess) -> None:
@@ -384,6 +407,23 @@ async def test_async_round_trip(broker: BrokerProcess) -> None:
         many = await consumer.getmany(timeout_ms=2_000)
         assert [r.value for r in many[TopicPartition("as", 1)]] == [b"b2"]
         assert await consumer.end_offsets([TopicPartition("as", 1)]) == {TopicPartition("as", 1): 2}
+
+
+@pytest.mark.anyio
+async def test_async_done_callbacks_run_on_the_event_loop(broker: BrokerProcess) -> None:
+    seen: list[int] = []
+    async with AsyncProducer(broker.bootstrap) as producer:
+        handle = await producer.send("t", b"v", partition=0)
+        done = anyio.Event()
+
+        def on_done(h: RecordHandle) -> None:
+            seen.append(h.get(0).offset)
+            done.set()  # an anyio.Event: only legal on the event loop's thread
+
+        handle.add_done_callback(on_done)
+        with anyio.fail_after(10):
+            await done.wait()
+    assert seen == [0]
 
 
 @pytest.mark.anyio
