@@ -7,7 +7,8 @@ and stamps every batch on its way:
 
     scheduled -> appended (the caller's send) -> drained (the sender took the sealed
     batch) -> written (the Produce request left in one send) -> answered (the
-    response was decoded) -> seen (the caller's wait returned)
+    response was decoded) -> acked (the batch's done callback ran, as the peers suite
+    times it)
 
 The sender's two methods are wrapped for the run only; nothing in the client
 changes. Each record's latency is split into those stages, and the table compares
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import queue
 import statistics
 import sys
 import tempfile
@@ -40,12 +40,13 @@ from bench.bench_peers import (
     ACK_WAIT_S,
     MB_ACKS_1,
     MB_ACKS_ALL,
-    _open_loop_watched,
+    _AckTimes,
+    _open_loop_acked,
     _values,
 )
 from bench.stats import min_max, percentile
 from client import Producer
-from client.accumulator import ProducerBatch, RecordHandle
+from client.accumulator import ProducerBatch
 from client.admin import create_topic
 from client.sender import Sender
 from harness.broker_process import BrokerProcess
@@ -56,7 +57,7 @@ STAGE_MEANING = {
     "accumulator": "appended -> drained: linger, batch filling, in-flight cap, sender's turn",
     "send": "drained -> written: request encoded and written to the socket",
     "broker+network": "written -> answered: the broker's work and fsync, both ways on loopback",
-    "wake": "answered -> seen: the caller's wait returned",
+    "wake": "answered -> acked: the batch finished and its done callback ran",
 }
 MAX_RATE_RECORDS = 300_000
 
@@ -131,8 +132,7 @@ def traced_open_loop(
     create_topic(bootstrap, topic, partitions=1)
     values = _values()
     stamps = _Stamps()
-    firsts: queue.SimpleQueue[tuple[int, RecordHandle] | None] = queue.SimpleQueue()
-    seen: list[tuple[int, float]] = []
+    acks = _AckTimes()
     appended = [0.0] * records
     batch_of = [-1] * records  # each record's batch number
     gc_pauses: list[tuple[float, int, float]] = []  # (at, generation, seconds)
@@ -163,22 +163,22 @@ def traced_open_loop(
                 appended[i] = now
                 if handle[1] == 0:  # one partition: a new batch holds every record that follows
                     stamps.number_of[id(handle[0])] = i
-                    firsts.put((i, handle))
+                    acks.opened(i, handle)
                 batch_of[i] = stamps.number_of[id(handle[0])]
             took = time.perf_counter() - now
             if took > 0.005:
                 slow_sends.append((now, took))
 
-        t0 = _open_loop_watched(producer, send_due, firsts, seen, rate, records)
-    seen_at = dict(seen)
+        t0 = _open_loop_acked(producer, send_due, acks, rate, records)
+    acked_at = {first: at for first, at in acks.acked_at.items() if at}
     out: dict[str, list[Any]] = {stage: [] for stage in (*STAGES, "total", "at_s")}
-    batch_seen: dict[int, float] = {}
+    batch_acked: dict[int, float] = {}
     for i, key in enumerate(batch_of):
         if key < 0:
             continue
-        if i in seen_at:
-            batch_seen[key] = seen_at[i]
-        if key not in batch_seen or key not in stamps.answered:
+        if i in acked_at:
+            batch_acked[key] = acked_at[i]
+        if key not in batch_acked or key not in stamps.answered:
             continue  # never acknowledged in time: the peers suite counts it at the end
         scheduled = t0 + i / rate
         points = (
@@ -187,7 +187,7 @@ def traced_open_loop(
             stamps.drained[key],
             stamps.written[key],
             stamps.answered[key],
-            batch_seen[key],
+            batch_acked[key],
         )
         for stage, start, end in zip(STAGES, points, points[1:], strict=False):
             out[stage].append(end - start)
@@ -216,7 +216,7 @@ def tail_breakdown(stages: dict[str, list[Any]]) -> list[dict[str, Any]]:
                 "p99_ms": percentile(values, 0.99) * 1000,
                 # Means, not medians: they add up to the total's, stage by stage.
                 "in_slowest_1pct_ms": statistics.fmean(values[i] for i in tail) * 1000,
-                "meaning": STAGE_MEANING.get(stage, "scheduled -> seen"),
+                "meaning": STAGE_MEANING.get(stage, "scheduled -> acked"),
             }
         )
     return rows
