@@ -168,6 +168,7 @@ class _AckTimes:
     def __init__(self) -> None:
         self.firsts: list[int] = []  # the first record of each batch, in order
         self.acked_at: dict[int, float] = {}  # first record -> perf_counter; 0.0: failed
+        self.sent = 0  # records sent so far: `send_due` sets it
 
     def opened(self, first: int, handle: RecordHandle) -> None:
         """`first`, just sent, opened a batch: time its acknowledgement."""
@@ -177,17 +178,11 @@ class _AckTimes:
     def _stamp(self, first: int, handle: RecordHandle) -> None:
         self.acked_at[first] = time.perf_counter() if handle.exception() is None else 0.0
 
-    def wait(self, timeout_s: float) -> None:
-        """Until every batch's callback has run: `flush` returns once the batches have
-        finished, a moment before the I/O thread runs their callbacks."""
-        deadline = time.perf_counter() + timeout_s
-        while len(self.acked_at) < len(self.firsts) and time.perf_counter() < deadline:
-            time.sleep(0.001)
-
     def per_record(self, records: int) -> list[float]:
-        """Each record's ack time: its batch's, or 0.0 (failed or never acknowledged)."""
+        """Each record's ack time: its batch's, or 0.0 (failed, never acknowledged, or
+        never sent because the loop ran out of time)."""
         acked = [0.0] * records
-        for first, stop in zip(self.firsts, [*self.firsts[1:], records], strict=True):
+        for first, stop in zip(self.firsts, [*self.firsts[1:], self.sent], strict=True):
             acked[first:stop] = [self.acked_at.get(first, 0.0)] * (stop - first)
         return acked
 
@@ -209,11 +204,11 @@ def _open_loop_acked(
     rate: float,
     records: int,
 ) -> float:
-    """`_open_loop`, then every ack (`send_due` calls `acks.opened` for each batch);
-    returns t0."""
+    """`_open_loop`, then every ack (`send_due` calls `acks.opened` for each batch and
+    sets `acks.sent`); returns t0. Once `flush` returns every callback has run: the I/O
+    thread runs a batch's callbacks as it finishes it, before `flush` may resume."""
     t0 = _open_loop(send_due, rate, records)
     producer.flush(ACK_WAIT_S)
-    acks.wait(ACK_WAIT_S)
     return t0
 
 
@@ -274,6 +269,7 @@ def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
                         handle = send(topic, values[i & 255], partition=0)
                         if handle[1] == 0:  # the first record of a new batch
                             acks.opened(i, handle)
+                    acks.sent = stop
 
                 t0 = _open_loop_acked(producer, send_due, acks, rate, records)
                 end = time.perf_counter()

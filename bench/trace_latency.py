@@ -165,6 +165,7 @@ def traced_open_loop(
                     stamps.number_of[id(handle[0])] = i
                     acks.opened(i, handle)
                 batch_of[i] = stamps.number_of[id(handle[0])]
+            acks.sent = stop
             took = time.perf_counter() - now
             if took > 0.005:
                 slow_sends.append((now, took))

@@ -324,10 +324,14 @@ class RecordHandle(tuple):  # a 3-tuple: the cheapest object CPython can allocat
     def add_done_callback(self, fn: Callable[[RecordHandle], object]) -> None:
         """Call `fn(handle)` once the record's batch has finished, delivered or not: on the
         producer's I/O thread as the answer is handled, or at once on this thread if it has
-        finished already (concurrent.futures.Future's rule; kafka-python's add_callback and
-        add_errback). One per batch times every record of it, as they finish together."""
+        finished already; an exception it raises is logged either way (concurrent.futures
+        .Future's rules; kafka-python's add_callback and add_errback). One per batch times
+        every record of it, as they finish together."""
         if not self[0].add_done_callback(functools.partial(fn, self)):
-            fn(self)
+            try:
+                fn(self)
+            except Exception:
+                log.exception("done callback raised")
 
     def __await__(self) -> Any:
         return self._wait().__await__()

@@ -105,7 +105,9 @@ def test_done_callbacks_run_on_the_producers_io_thread_with_the_offsets(
     answer is handled, on the producer's thread, not on the caller's."""
     caller = threading.get_ident()
     seen: list[tuple[int, int]] = []
-    with Producer(broker.bootstrap, linger_ms=50) as producer:
+    # A linger far longer than the test, so that every callback is added before its
+    # batch can be sent; flush then sends them.
+    with Producer(broker.bootstrap, linger_ms=60_000) as producer:
         handles = [producer.send("t", b"v%d" % i, partition=0) for i in range(20)]
         for handle in handles[::5]:
             handle.add_done_callback(
