@@ -131,7 +131,7 @@ def run(scale: float = 1.0) -> list[dict[str, Any]]:
     calls = max(1000, int(CODEC_CALLS_FULL * scale))
     values = [os.urandom(RECORD_BYTES) for _ in range(RECORDS_PER_BATCH)]
     rows_to_pack = [(0, None, v, None) for v in values]
-    batch_records = RecordColumns(values).encode()
+    batch_records = RecordColumns(list[bytes | None](values)).encode()
     payload = os.urandom(BATCH_BYTES)
     figures: dict[str, list[float]] = {
         name: [] for name in (LOOPBACK, WRITE_BUFFERED, FSYNC_EACH, FSYNC_WINDOW, PACK, CRC, COUNT)

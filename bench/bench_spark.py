@@ -214,7 +214,7 @@ def _stream_latency(
         while len(latencies) < total and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=100, max_records=10_000).values():
                 now = time.time_ns()
-                latencies += [(now - int(r.value)) / 1e6 for r in records]
+                latencies += [(now - int(r.value or 0)) / 1e6 for r in records]
         producer.join()
     finally:
         consumer.close()

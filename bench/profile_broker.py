@@ -104,7 +104,7 @@ def write_costs(n_batches: int) -> dict[str, float]:
         for size in (16_384, 16_500):
             batch = memoryview(os.urandom(size))[8:]
             for per_call in (1, 4, 16):
-                pieces = [b"\0" * 8, batch] * per_call
+                pieces: list[bytes | memoryview] = [b"\0" * 8, batch] * per_call
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
                 try:
                     started = time.perf_counter()
