@@ -261,10 +261,7 @@ class ProducerBatch:
                 except Exception:
                     log.exception("on_delivery callback raised")
         for done in done_callbacks or ():
-            try:
-                done()
-            except Exception:
-                log.exception("done callback raised")
+            _run_done_callback(done)
 
     def add_done_callback(self, callback: Callable[[], object]) -> bool:
         """Have `notify` call `callback`; False, keeping nothing, if the batch has finished
@@ -298,6 +295,13 @@ class ProducerBatch:
             await self._async_event.wait()
 
 
+def _run_done_callback(callback: Callable[[], object]) -> None:
+    try:
+        callback()
+    except Exception:
+        log.exception("done callback raised")
+
+
 class RecordHandle(tuple):  # a 3-tuple: the cheapest object CPython can allocate
     """The pending metadata of one `send()`: (batch, index, timestamp_ms), not a future
     per record.
@@ -327,11 +331,9 @@ class RecordHandle(tuple):  # a 3-tuple: the cheapest object CPython can allocat
         finished already; an exception it raises is logged either way (concurrent.futures
         .Future's rules; kafka-python's add_callback and add_errback). One per batch times
         every record of it, as they finish together."""
-        if not self[0].add_done_callback(functools.partial(fn, self)):
-            try:
-                fn(self)
-            except Exception:
-                log.exception("done callback raised")
+        done = functools.partial(fn, self)
+        if not self[0].add_done_callback(done):
+            _run_done_callback(done)
 
     def __await__(self) -> Any:
         return self._wait().__await__()
