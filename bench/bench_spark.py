@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
@@ -214,7 +215,7 @@ def _stream_latency(
         while len(latencies) < total and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=100, max_records=10_000).values():
                 now = time.time_ns()
-                latencies += [(now - int(r.value or 0)) / 1e6 for r in records]
+                latencies += [(now - int(cast(bytes, r.value))) / 1e6 for r in records]
         producer.join()
     finally:
         consumer.close()

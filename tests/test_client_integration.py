@@ -413,19 +413,19 @@ async def test_async_round_trip(broker: BrokerProcess) -> None:
 
 @pytest.mark.anyio
 async def test_async_done_callbacks_run_on_the_event_loop(broker: BrokerProcess) -> None:
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     async with AsyncProducer(broker.bootstrap) as producer:
         handle = await producer.send("t", b"v", partition=0)
         done = anyio.Event()
 
         def on_done(h: RecordHandle) -> None:
-            seen.append(h.get(0).offset)
+            seen.append((h.get(0).offset, threading.get_ident()))
             done.set()  # an anyio.Event: only legal on the event loop's thread
 
         handle.add_done_callback(on_done)
         with anyio.fail_after(10):
             await done.wait()
-    assert seen == [0]
+    assert seen == [(0, threading.get_ident())]  # this test runs on the event loop's thread
 
 
 @pytest.mark.anyio
