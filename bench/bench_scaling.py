@@ -43,8 +43,8 @@ from bench.bench_broker import (
     _rss_bytes,
 )
 from bench.stats import min_max, percentile, verdict
-from broker.log import _read_recovery_point, _scan_from
-from broker.segment import LOG_SUFFIX
+from broker.storage.log import _read_recovery_point, _scan_from
+from broker.storage.segment import LOG_SUFFIX
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
 from protocol.batch import build_batch_from_columns
@@ -322,7 +322,7 @@ def _fetch_works(bootstrap: str, topic: str, offset: int, deadline: float) -> No
 
 def recovery_scan_bytes(log_dir: Path) -> int:
     """Bytes of log that opening `log_dir` after a crash validates batch by batch: every
-    segment from the one holding the recovery point on (the rule of broker/log.py)."""
+    segment from the one holding the recovery point on (the rule of broker/storage/log.py)."""
     sizes = {int(p.name.removesuffix(LOG_SUFFIX)): p.stat().st_size for p in _segments(log_dir)}
     scan_from = _scan_from(sorted(sizes), _read_recovery_point(log_dir), clean_shutdown=False)
     return sum(size for base, size in sizes.items() if base >= scan_from)

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 from bench.bench_broker import _batch_template, _frames, _produce, produce_parallel
-from broker.log import LogConfig
 from broker.partition import Partition, ProducerLimits
+from broker.storage.log import LogConfig
 from harness.broker_process import BrokerProcess
 from protocol import messages as m
 from protocol.batch import validate, with_sequence
@@ -46,7 +46,7 @@ from protocol.framing import FrameDecoder, frame
 
 LOADS = ("acks1", "acks1-plain", "acks-all-4")
 SAMPLE_RATE_HZ = 1000
-READ_BYTES = 256 * 1024  # broker.server.RECEIVE_BYTES
+READ_BYTES = 256 * 1024  # broker.network.server.RECEIVE_BYTES
 
 
 def _partition(directory: Path) -> Partition:

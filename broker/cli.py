@@ -19,8 +19,8 @@ import anyio
 
 from broker import __version__, logs
 from broker import config as cfg
-from broker.data_dir import DataDirError
 from broker.producer_ids import ProducerIdStateError
+from broker.storage import DataDirError
 
 if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
     from exceptiongroup import BaseExceptionGroup  # installed with anyio there
@@ -97,7 +97,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    from broker.server import Broker
+    from broker.network import Broker
 
     broker = Broker(config, lambda: cfg.load(args.config, overrides))
     backend_options = {"use_uvloop": True} if config.backend == "asyncio" else {}

@@ -22,14 +22,13 @@ import anyio
 from broker import __version__ as BROKER_VERSION
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
-from broker.group_coordinator import GroupCoordinator
-from broker.log import CorruptBatchError, FileSpan, OffsetOutOfRange
+from broker.groups import GroupCoordinator, OffsetStore
 from broker.metrics import BrokerMetrics
-from broker.offset_store import OffsetStore
 from broker.partition import AppendResult, Partition
 from broker.producer_ids import ProducerIdManager
+from broker.storage import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.topics import TopicError, TopicRegistry
-from broker.txn_coordinator import TransactionCoordinator, now_ms
+from broker.transactions import TransactionCoordinator, now_ms
 from protocol import messages as m
 from protocol.batch import (
     CONTROL_FLAG,

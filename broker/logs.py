@@ -2,7 +2,7 @@
 
 Messages are written as `event=name key=value ...`; the JSON formatter parses
 those pairs into fields so both formats carry the same data. Every module of the
-project logs to ``minibroker.<module>`` (``minibroker.broker.server``,
+project logs to ``minibroker.<module>`` (``minibroker.broker.network.server``,
 ``minibroker.client.producer``), so the one handler and level `setup` puts on the
 ``minibroker`` logger cover them all.
 """

@@ -20,11 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.fileio import write_atomic
-from broker.log import LogConfig, PartitionLog, StorageError
 from broker.producer_state import PartitionProducerState, SnapshotError
-from broker.segment import TXN_INDEX_SUFFIX, file_name
-from broker.txn_index import AbortedIndex, AbortedTxn, TxnIndexError, decode_entries, encode_entries
+from broker.storage import (
+    TXN_INDEX_SUFFIX,
+    AbortedIndex,
+    AbortedTxn,
+    LogConfig,
+    PartitionLog,
+    StorageError,
+    TxnIndexError,
+    decode_entries,
+    encode_entries,
+    file_name,
+    write_atomic,
+)
 from protocol.batch import (
     CONTROL_ABORT,
     CONTROL_COMMIT,

@@ -3,7 +3,7 @@
 Ids are handed out from blocks whose upper bound is made durable before the
 first id of the block is used, so after any crash the next start resumes past
 every id ever issued: ids are never reused. Transactional ids and their epochs
-belong to the transaction coordinator (broker/txn_coordinator.py), which reads
+belong to the transaction coordinator (broker/transactions/coordinator.py), which reads
 the map older versions kept here once, through `legacy_transactional`.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import msgpack
 
-from broker.fileio import fsync_dir, seal, unseal, write_atomic
 from broker.producer_state import PRODUCER_EPOCH_MAX
+from broker.storage import fsync_dir, seal, unseal, write_atomic
 from protocol.errors import ErrorCode
 
 ID_BLOCK_SIZE = 1000

@@ -26,10 +26,16 @@ from typing import Any
 import msgpack
 
 from broker.config import PARTITIONS_MAX, TOPIC_SETTINGS, BrokerConfig, ConfigError, topic_overrides
-from broker.data_dir import DataDirError
-from broker.fileio import fsync_dir, seal, unseal, write_atomic
-from broker.log import LogConfig, StorageError
 from broker.partition import Partition, ProducerLimits
+from broker.storage import (
+    DataDirError,
+    LogConfig,
+    StorageError,
+    fsync_dir,
+    seal,
+    unseal,
+    write_atomic,
+)
 from protocol.errors import ErrorCode
 
 log = logging.getLogger(f"minibroker.{__name__}")

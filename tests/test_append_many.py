@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.log import LogConfig
 from broker.partition import AppendResult, Partition, ProducerLimits
+from broker.storage.log import LogConfig
 from protocol.batch import NO_PRODUCER_ID, build_batch, validate
 from protocol.errors import ErrorCode
 

@@ -1,4 +1,4 @@
-"""The asyncio backend's client connections (broker/asyncio_stream.py) over real loopback
+"""The asyncio backend's client connections (broker/network/asyncio_stream.py) over real loopback
 sockets, on uvloop (what `--backend asyncio` runs) and on the standard loop.
 
 What is tried: a peer that sends several writes before the broker reads, more than
@@ -16,8 +16,8 @@ import anyio
 import anyio.abc
 import pytest
 
-from broker import asyncio_stream
-from broker.asyncio_stream import ReadAheadStream
+from broker.network import asyncio_stream
+from broker.network.asyncio_stream import ReadAheadStream
 
 LIMIT = 64 * 1024
 

@@ -10,7 +10,7 @@ import zlib
 
 import msgpack
 
-from broker.fileio import unseal
+from broker.storage.fileio import unseal
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, fetched_values, frame_of_length, values_batch
 from protocol.batch import scan_batches, validate

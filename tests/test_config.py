@@ -149,7 +149,7 @@ def test_topic_overrides_take_dotted_or_our_names_and_the_same_bounds() -> None:
 def test_log_config_takes_its_defaults_and_bounds_from_the_table() -> None:
     from dataclasses import fields
 
-    from broker.log import LogConfig
+    from broker.storage.log import LogConfig
 
     defaults = LogConfig()
     for f in fields(LogConfig):

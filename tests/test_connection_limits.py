@@ -19,7 +19,7 @@ from typing import cast
 import anyio
 
 from broker.handlers import DurableReply
-from broker.server import AwaitingDurability, Connection, Reply, _send_now
+from broker.network.server import AwaitingDurability, Connection, Reply, _send_now
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode

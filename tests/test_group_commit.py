@@ -14,9 +14,9 @@ import pytest
 
 from broker import group_commit
 from broker.group_commit import GroupCommitter
-from broker.log import LogConfig
 from broker.metrics import BrokerMetrics
 from broker.partition import Partition, ProducerLimits
+from broker.storage.log import LogConfig
 from protocol.batch import build_batch_from_columns, read_header
 
 BACKENDS = ["trio", "asyncio"]

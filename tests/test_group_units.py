@@ -1,6 +1,6 @@
 """Unit tests of the consumer-group core, no broker: the assignor's balance and
-stickiness (broker/group_assignor.py) and the membership transitions, fencing codes,
-timeouts and the no-two-owners invariant (broker/group_state.py)."""
+stickiness (broker/groups/assignor.py) and the membership transitions, fencing codes,
+timeouts and the no-two-owners invariant (broker/groups/state.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from broker.config import BrokerConfig
-from broker.group_assignor import TopicPartition, assign
-from broker.group_coordinator import GroupCoordinator
-from broker.group_state import (
+from broker.groups.assignor import TopicPartition, assign
+from broker.groups.coordinator import GroupCoordinator
+from broker.groups.state import (
     EMPTY,
     RECONCILING,
     STABLE,
@@ -628,14 +628,14 @@ async def test_a_failing_expiry_is_logged_and_the_timer_goes_on(
         failed.set()
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("broker.group_coordinator.group_state.expire", broken)
+    monkeypatch.setattr("broker.groups.coordinator.group_state.expire", broken)
     async with anyio.create_task_group() as tg:
         tg.start_soon(groups.run)
         await groups.heartbeat(_join("a", ["t"]))
         with anyio.fail_after(10):
             await failed.wait()
         assert "event=group_expiry_failed group='a'" in caplog.text
-        monkeypatch.setattr("broker.group_coordinator.group_state.expire", real_expire)
+        monkeypatch.setattr("broker.groups.coordinator.group_state.expire", real_expire)
         await groups.heartbeat(_join("b", ["t"]))  # another group's timer still runs
         with anyio.fail_after(10):
             while groups.has_members("b"):

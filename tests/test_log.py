@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.log import CorruptBatchError, LogConfig, OffsetOutOfRange, PartitionLog, StorageError
-from broker.offset_index import OffsetIndex, SegmentIndex, TimeIndex
+from broker.storage.log import (
+    CorruptBatchError,
+    LogConfig,
+    OffsetOutOfRange,
+    PartitionLog,
+    StorageError,
+)
+from broker.storage.offset_index import OffsetIndex, SegmentIndex, TimeIndex
 from protocol.batch import BatchHeader, build_batch, iter_records, scan_batches, validate
 
 T0_MS = 1_700_000_000_000

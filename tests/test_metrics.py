@@ -1,4 +1,4 @@
-"""broker.metrics and broker.http_endpoints, in process (no broker needed)."""
+"""broker.metrics and broker.network.http_endpoints, in process (no broker needed)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.http_endpoints import MAX_REQUEST_BYTES, serve_http
 from broker.metrics import (
     CONTENT_TYPE,
     PRODUCER_EVENT_KINDS,
@@ -28,6 +27,7 @@ from broker.metrics import (
     PartitionStats,
     TxnStats,
 )
+from broker.network.http_endpoints import MAX_REQUEST_BYTES, serve_http
 
 GROUP_FAMILIES = (
     "minibroker_group_members",
@@ -521,7 +521,7 @@ async def test_http_endpoints(anyio_backend: str) -> None:
 
 @pytest.mark.anyio
 async def test_http_read_timeout(anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import broker.http_endpoints as http
+    import broker.network.http_endpoints as http
 
     monkeypatch.setattr(http, "READ_TIMEOUT_S", 0.3)
     async with anyio.create_task_group() as tg:

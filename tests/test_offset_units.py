@@ -1,7 +1,8 @@
 """The committed-offsets state without a broker: records, replay, markers, retention, the
-count held against max_committed_offsets (broker/offset_state.py), groups in a
-transaction's entry (broker/txn_state.py), the offsets log file (broker/offset_store.py
-on broker/record_log.py), and the store's sweep under a membership the test sets."""
+count held against max_committed_offsets (broker/groups/offset_state.py), groups in a
+transaction's entry (broker/transactions/state.py), the offsets log file
+(broker/groups/offset_store.py on broker/storage/record_log.py), and the store's sweep
+under a membership the test sets."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import anyio
 import pytest
 
 from broker.config import BrokerConfig
-from broker.offset_state import (
+from broker.groups.offset_state import (
     Committed,
     OffsetState,
     OffsetStateError,
@@ -25,8 +26,8 @@ from broker.offset_state import (
     markers_record,
     pending_record,
 )
-from broker.offset_store import NoMembers, OffsetLog, OffsetLogError, OffsetStore
-from broker.txn_state import (
+from broker.groups.offset_store import NoMembers, OffsetLog, OffsetLogError, OffsetStore
+from broker.transactions.state import (
     COMPLETE_COMMIT,
     EMPTY,
     ONGOING,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.log import LogConfig
 from broker.partition import Partition, ProducerLimits
+from broker.storage.log import LogConfig
 from protocol.batch import build_batch, validate
 from protocol.errors import ErrorCode
 

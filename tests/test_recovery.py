@@ -11,9 +11,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from broker.log import LogConfig, PartitionLog
-from broker.offset_index import SegmentIndex
-from broker.recovery import decode_recovery_point, encode_recovery_point, scan_segment
+from broker.storage.log import LogConfig, PartitionLog
+from broker.storage.offset_index import SegmentIndex
+from broker.storage.recovery import decode_recovery_point, encode_recovery_point, scan_segment
 from protocol.batch import BatchHeader, build_batch, scan_batches, validate
 
 T0_MS = 1_700_000_000_000

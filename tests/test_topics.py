@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from broker import fileio, segment
 from broker.config import BrokerConfig
+from broker.storage import fileio, segment
 from broker.topics import META_FILE, TopicError, TopicMetaError, TopicRegistry, decode_meta
 from harness.wire import fetched_values, values_batch
 from protocol.batch import validate

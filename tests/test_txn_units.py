@@ -1,7 +1,7 @@
 """Unit tests of the transaction layers that are pure or file-only: the state
-transitions (broker/txn_state.py), the aborted-transaction index
-(broker/txn_index.py), the producer state's open transactions and snapshot v2,
-and the transaction log's recovery rules (broker/txn_log.py)."""
+transitions (broker/transactions/state.py), the aborted-transaction index
+(broker/storage/txn_index.py), the producer state's open transactions and snapshot v2,
+and the transaction log's recovery rules (broker/transactions/log.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,16 @@ import anyio
 import pytest
 
 from broker.producer_state import PartitionProducerState, SnapshotError
-from broker.record_log import encode_record
-from broker.txn_index import AbortedIndex, AbortedTxn, TxnIndexError, decode_entries, encode_entries
-from broker.txn_log import TxnLog, TxnLogError
-from broker.txn_state import (
+from broker.storage.record_log import encode_record
+from broker.storage.txn_index import (
+    AbortedIndex,
+    AbortedTxn,
+    TxnIndexError,
+    decode_entries,
+    encode_entries,
+)
+from broker.transactions.log import TxnLog, TxnLogError
+from broker.transactions.state import (
     COMPLETE_ABORT,
     COMPLETE_COMMIT,
     EMPTY,

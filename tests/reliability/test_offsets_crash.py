@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from broker.crash_points import ENV
-from broker.record_log import scan_records
+from broker.storage.record_log import scan_records
 from harness.broker_process import BrokerProcess
 from harness.txn import Txn, committed_view
 from harness.wire import WireClient

@@ -2,9 +2,9 @@
 Produce admission, EndTxn, PrepareTxn, CommitTxns, timeouts and recovery
 (docs/protocol.md section 5, docs/transactions.md).
 
-The transitions themselves are pure (broker/txn_state.py); this module orders the
+The transitions themselves are pure (broker/transactions/state.py); this module orders the
 IO around them. Every change is written to the transaction log and fdatasynced
-(broker/txn_log.py) before it is installed in memory and answered. Ending a
+(broker/transactions/log.py) before it is installed in memory and answered. Ending a
 transaction is three steps, each durable before the next: the decision (the
 entry moves to the next epoch at once, fencing the old one), the COMMIT or ABORT
 marker on every partition of the transaction (and in the offsets log, one for
@@ -37,8 +37,8 @@ from broker.partition import Partition, StorageError
 from broker.producer_ids import ProducerIdManager
 from broker.producer_state import PRODUCER_EPOCH_MAX
 from broker.topics import TopicRegistry
-from broker.txn_log import TxnLog, TxnLogError
-from broker.txn_state import (
+from broker.transactions.log import TxnLog, TxnLogError
+from broker.transactions.state import (
     DECIDED,
     DEFAULT_TIMEOUT_MS,
     ENDED,
@@ -77,7 +77,7 @@ class CoordinatorError(ProtocolError):
 
 
 class GroupMarkers(Protocol):
-    """The committed-offsets store (broker/offset_store.py), as transactions end."""
+    """The committed-offsets store (broker/groups/offset_store.py), as transactions end."""
 
     def pending_owners(self) -> set[tuple[str, int]]:
         """(group_id, producer_id) of every pending transactional offset."""

@@ -14,8 +14,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 
-from broker.fileio import fsync_dir, write_atomic
-from broker.offset_index import (
+from broker.storage.fileio import fsync_dir, write_atomic
+from broker.storage.offset_index import (
     OFFSET_ENTRY_BYTES,
     TIME_ENTRY_BYTES,
     IndexCorruptError,
@@ -23,7 +23,7 @@ from broker.offset_index import (
     SegmentIndex,
     TimeIndex,
 )
-from broker.recovery import SegmentScan, scan_segment
+from broker.storage.recovery import SegmentScan, scan_segment
 from protocol.batch import (
     HEADER_BYTES,
     LENGTH_PREFIX_BYTES,

@@ -6,8 +6,8 @@ commit_ms)}; the pending transactional ones, {producer_id: {(topic, partition):
 (offset, metadata)}}, which a transaction's marker commits or drops; and
 `empty_since_ms`, when the group was first seen with no members (None while it
 has members). Every change is one record, a msgpack list whose first item names
-its kind; broker/offset_store.py appends them to `groups/offsets.wal`
-(broker/record_log.py frames them) and replaying the file in order rebuilds the
+its kind; broker/groups/offset_store.py appends them to `groups/offsets.wal`
+(broker/storage/record_log.py frames them) and replaying the file in order rebuilds the
 state:
 
 | kind      | fields after the kind                                              |

@@ -1,12 +1,12 @@
 """The transaction coordinator's durable log, `<data_dir>/transactions/txn.wal`.
 
-A record log (broker/record_log.py: CRC-framed records, group fsync, torn-tail
+A record log (broker/storage/record_log.py: CRC-framed records, group fsync, torn-tail
 recovery, compaction) whose every record is one change, appended and fdatasynced
 before the change is answered. Its msgpack body:
 
 | field    | what                                                            |
 |----------|-----------------------------------------------------------------|
-| entries  | whole `TxnEntry`s (broker/txn_state.py encodes them)            |
+| entries  | whole `TxnEntry`s (broker/transactions/state.py encodes them)            |
 | apps     | `AppVersion`s recorded by CommitTxns                            |
 | removed  | transactional ids forgotten (expired or evicted)                |
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.record_log import RecordLog, RecordLogError
+from broker.storage import RecordLog, RecordLogError
 
 DIRECTORY = "transactions"
 FILE = "txn.wal"

@@ -12,7 +12,7 @@ On disk the entries live beside the segment holding their marker, as Kafka's
 | size | field                                                       |
 |-----:|-------------------------------------------------------------|
 |    n | msgpack array of [last_offset, producer_id, first_offset]   |
-|    4 | crc32 (zlib) of the array bytes (broker/fileio.py `seal`)   |
+|    4 | crc32 (zlib) of the array bytes (broker/storage/fileio.py `seal`)   |
 
 A segment's file is written whole when the segment is rolled and on clean
 shutdown; what the active segment gained since its last write is rebuilt on
@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import msgpack
 
-from broker.fileio import seal, unseal
+from broker.storage.fileio import seal, unseal
 
 
 class TxnIndexError(ValueError):

@@ -36,12 +36,9 @@ from anyio.abc import ByteStream, SocketStream, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.stapled import MultiListener
 
-from broker import asyncio_stream
-from broker.asyncio_stream import ReadAheadStream
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
-from broker.data_dir import DataDir
 from broker.group_commit import GroupCommitter
-from broker.group_coordinator import GroupCoordinator, PartitionCounts
+from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
 from broker.handlers import (
     Answer,
     DurableReply,
@@ -51,14 +48,14 @@ from broker.handlers import (
     SplicedReply,
     now_ms,
 )
-from broker.http_endpoints import serve_http
 from broker.metrics import BrokerMetrics, PartitionStats
-from broker.offset_store import NoMembers, OffsetLog, OffsetStore
+from broker.network import asyncio_stream
+from broker.network.asyncio_stream import ReadAheadStream
+from broker.network.http_endpoints import serve_http
 from broker.producer_ids import ProducerIdManager
-from broker.segment import StorageError
+from broker.storage import DataDir, StorageError
 from broker.topics import TopicRegistry
-from broker.txn_coordinator import TransactionCoordinator
-from broker.txn_log import TxnLog
+from broker.transactions import TransactionCoordinator, TxnLog
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, frame
 from protocol.messages import (

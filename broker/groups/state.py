@@ -2,7 +2,7 @@
 KIP-848; docs/consumer-groups.md).
 
 A `Group` is a value: its epoch, its members and the target assignment computed
-by broker/group_assignor.py at that epoch. Every change of membership, of a
+by broker/groups/assignor.py at that epoch. Every change of membership, of a
 subscription or of a subscribed topic's partition count bumps the group epoch
 and recomputes the target at once.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from broker.group_assignor import TopicPartition, assign
+from broker.groups.assignor import TopicPartition, assign
 from protocol import messages as m
 from protocol.errors import ErrorCode
 

@@ -2,7 +2,7 @@
 session and rebalance timers, and the membership questions of the offsets store
 (docs/protocol.md section 6, docs/consumer-groups.md).
 
-The transitions are pure (broker/group_state.py); this module holds the groups,
+The transitions are pure (broker/groups/state.py); this module holds the groups,
 serialises the requests of one group with a lock, and expires members at the
 earliest deadline any group has (a timer woken early when a nearer deadline
 appears, never a polling loop).
@@ -25,10 +25,10 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from broker import group_state
 from broker.config import BrokerConfig
-from broker.group_assignor import TopicPartition
-from broker.group_state import EMPTY, NO_DEADLINE, Group, GroupSettings
+from broker.groups import state as group_state
+from broker.groups.assignor import TopicPartition
+from broker.groups.state import EMPTY, NO_DEADLINE, Group, GroupSettings
 from broker.metrics import GroupSnapshot, GroupStats
 from broker.topics import TopicRegistry
 from protocol import messages as m

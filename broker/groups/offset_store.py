@@ -2,9 +2,9 @@
 of transactions that hold offsets, retention, and `<data_dir>/groups/offsets.wal`
 (docs/protocol.md section 6, docs/consumer-groups.md "Committed offsets").
 
-The state and its records are pure (broker/offset_state.py); this module orders
+The state and its records are pure (broker/groups/offset_state.py); this module orders
 the IO around them. Every change that is answered is written to the log and
-fdatasynced (broker/record_log.py, shared rounds) before it is installed in memory
+fdatasynced (broker/storage/record_log.py, shared rounds) before it is installed in memory
 and answered. Changes of one group are serialised by a lock per group, from the
 write to the install, so memory always holds what replaying the file gives.
 
@@ -29,8 +29,7 @@ import anyio
 
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
-from broker.metrics import OffsetStats
-from broker.offset_state import (
+from broker.groups.offset_state import (
     Entry,
     OffsetState,
     OffsetStateError,
@@ -42,9 +41,10 @@ from broker.offset_state import (
     markers_record,
     pending_record,
 )
-from broker.record_log import RecordLog, RecordLogError
+from broker.metrics import OffsetStats
+from broker.storage import RecordLog, RecordLogError
 from broker.topics import TopicRegistry
-from broker.txn_coordinator import now_ms
+from broker.transactions import now_ms
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
 

@@ -15,8 +15,8 @@ import struct
 from contextlib import closing
 from dataclasses import dataclass
 
-from broker.fileio import seal, unseal
-from broker.offset_index import UINT32_MAX, SegmentIndex
+from broker.storage.fileio import seal, unseal
+from broker.storage.offset_index import UINT32_MAX, SegmentIndex
 from protocol.batch import scan_batches
 
 _OFFSET = struct.Struct(">q")

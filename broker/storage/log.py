@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from broker.config import SETTINGS, TOPIC_SETTINGS
-from broker.fileio import TMP_SUFFIX, write_atomic
-from broker.offset_index import UINT32_MAX
-from broker.recovery import RecoveryReport, decode_recovery_point, encode_recovery_point
-from broker.segment import (
+from broker.storage.fileio import TMP_SUFFIX, write_atomic
+from broker.storage.offset_index import UINT32_MAX
+from broker.storage.recovery import RecoveryReport, decode_recovery_point, encode_recovery_point
+from broker.storage.segment import (
     APPEND_BATCHES_MAX,
     INDEX_SUFFIXES,
     LOG_SUFFIX,

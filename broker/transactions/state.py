@@ -13,7 +13,7 @@ answer and the markers know whose transaction they end.
     EMPTY / COMPLETE_* --EndTxn--> COMPLETE_* (no marker; epoch bumped all the same)
 
 No IO, no clock: time comes in as `now_ms`, new ids as arguments. Entries and app
-versions encode to plain lists for broker/txn_log.py.
+versions encode to plain lists for broker/transactions/log.py.
 """
 
 from __future__ import annotations

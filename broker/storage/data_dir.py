@@ -12,7 +12,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from broker.fileio import fsync_dir, write_atomic
+from broker.storage.fileio import fsync_dir, write_atomic
 
 FORMAT_VERSION = 1
 LOCK_FILE = ".lock"

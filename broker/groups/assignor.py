@@ -10,7 +10,7 @@ Balanced and sticky, in the spirit of Kafka's uniform assignor (KIP-848):
   their previous owner is the least any balanced assignment needs.
 
 Deterministic: the same input always gives the same output, whatever the order
-of the mappings. The assignor knows nothing of reconciliation: broker/group_state.py
+of the mappings. The assignor knows nothing of reconciliation: broker/groups/state.py
 decides when a partition actually changes hands.
 """
 

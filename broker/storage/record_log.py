@@ -2,8 +2,8 @@
 
 The transaction coordinator's `transactions/txn.wal` and the committed offsets'
 `groups/offsets.wal` are both this file format; what a record's body means is
-the business of the module that owns the file (broker/txn_log.py,
-broker/offset_state.py). Layout of every record:
+the business of the module that owns the file (broker/transactions/log.py,
+broker/groups/offset_state.py). Layout of every record:
 
 | size | field                                 |
 |-----:|---------------------------------------|
@@ -33,8 +33,8 @@ from typing import Any
 import anyio
 import msgpack
 
-from broker.data_dir import DataDirError
-from broker.fileio import fsync_dir, write_atomic
+from broker.storage.data_dir import DataDirError
+from broker.storage.fileio import fsync_dir, write_atomic
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
