@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import graphlib
 import importlib
 import logging
 import pkgutil
@@ -81,3 +83,70 @@ def test_every_logger_is_in_the_minibroker_tree(package: str) -> None:
                 assert value.name == f"minibroker.{info.name}"
                 found += 1
     assert found or package == "protocol"
+
+
+# broker/'s domains: the sub-packages (storage, transactions, groups, network, ...).
+BROKER = ROOT / "broker"
+DOMAINS = sorted(p.name for p in BROKER.iterdir() if (p / "__init__.py").is_file())
+
+
+def _broker_imports() -> list[tuple[Path, str]]:
+    """(importing file, imported module) for every `broker.*` import in broker/, with
+    `from broker.d import m` read as broker.d.m when m is a module of domain d."""
+    found = []
+    for path in sorted(BROKER.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+                names += [
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if (BROKER.parent / node.module.replace(".", "/") / f"{a.name}.py").is_file()
+                ]
+            else:
+                continue
+            found += [(path, n) for n in names if n.startswith("broker.")]
+    return found
+
+
+def _unit(name: str) -> str:
+    """The room a broker module belongs to: its domain package, or itself at the top."""
+    parts = name.split(".")
+    return ".".join(parts[:2])
+
+
+def test_domains_are_entered_through_their_package() -> None:
+    """A domain's modules are its own business: the rest of the broker imports what the
+    domain's __init__ exports, so a change inside one domain stays in its folder."""
+    assert DOMAINS == ["groups", "network", "storage", "transactions"]
+    wrong = []
+    for path, name in _broker_imports():
+        parts = name.split(".")
+        own = path.relative_to(BROKER).parts[0]
+        if len(parts) > 2 and parts[1] in DOMAINS and parts[1] != own:
+            wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_domain_exports_are_defined(domain: str) -> None:
+    module = importlib.import_module(f"broker.{domain}")
+    assert module.__all__, f"broker.{domain} exports nothing"
+    assert all(hasattr(module, name) for name in module.__all__)
+
+
+def test_broker_rooms_import_each_other_without_a_circle() -> None:
+    """The domains and the top-level modules form layers: no import runs back up."""
+    graph: dict[str, set[str]] = {}
+    for path, name in _broker_imports():
+        rel = path.relative_to(BROKER)
+        importer = _unit("broker." + ".".join(rel.with_suffix("").parts))
+        imported = _unit(name)
+        graph.setdefault(importer, set())
+        if imported != importer:
+            graph[importer].add(imported)
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
+    assert order.index("broker.storage") < order.index("broker.partition")
+    assert order.index("broker.handlers") < order.index("broker.network")
