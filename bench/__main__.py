@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.stats import verdict
+from bench.stats import table, verdict
 from client.config import ProducerConfig
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
@@ -34,26 +34,6 @@ DOC_HEADER = (
     "the command that made its figures. Notes on the figures are in "
     "[benchmark-notes.md](benchmark-notes.md).\n"
 )
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    columns: list[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        cells = []
-        for c in columns:
-            v = row.get(c, "")
-            cells.append(
-                f"{v:,.1f}"
-                if isinstance(v, float)
-                else f"{v:,}"
-                if isinstance(v, int) and not isinstance(v, bool)
-                else str(v)
-            )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def _value(rows: list[dict[str, Any]], name: str, key: str = "value") -> float:

@@ -19,7 +19,6 @@ from typing import Any
 
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
-from tests.reliability.conftest import broker_pid, rss_kib
 
 PIPELINE = 500
 
@@ -45,7 +44,7 @@ def main() -> None:
         try:
             with WireClient(broker.bootstrap, timeout_s=120) as c:
                 assert c.create_topic("t", 6) == 0
-                before = rss_kib(broker_pid(broker))
+                before = broker.rss_kib()
                 joins = [
                     {
                         "group_id": f"group-{g:05d}",
@@ -78,7 +77,7 @@ def main() -> None:
                 assert all(r["error"] == 0 for r in answered), answered[:3]
                 listed = c.call("ListGroups")["groups"]
                 assert len(listed) == args.groups
-                after = rss_kib(broker_pid(broker))
+                after = broker.rss_kib()
         finally:
             broker.kill()
     members = args.groups * args.members

@@ -34,6 +34,7 @@ from typing import Any
 import msgpack
 
 from bench.bench_broker import BATCH_BYTES, RECORD_BYTES, WINDOW, fdatasync_ceiling_mb_s
+from bench.stats import table
 from protocol.batch import crc32
 from protocol.records import RecordColumns, count_records
 
@@ -179,7 +180,6 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> None:
-    from bench.__main__ import table
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1.0)

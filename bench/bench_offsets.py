@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_broker import _rss_bytes
+from bench.stats import table
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
 
@@ -104,7 +105,6 @@ def run() -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    from bench.__main__ import table
 
     print(table(run()))
 

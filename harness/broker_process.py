@@ -37,6 +37,16 @@ class BrokerProcess:
     log_lines: list[str] = field(default_factory=list)
 
     @property
+    def pid(self) -> int:
+        """The running broker's process id."""
+        assert self.proc is not None, "the broker was not started"
+        return self.proc.pid
+
+    def rss_kib(self) -> int:
+        """The broker's resident set in KiB (VmRSS, from /proc)."""
+        return rss_kib(self.pid)
+
+    @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
@@ -131,6 +141,14 @@ class BrokerProcess:
                 return False
             time.sleep(0.02)
         return True
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process in KiB, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def serve_once(data_dir: Path) -> subprocess.CompletedProcess[str]:

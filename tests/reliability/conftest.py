@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
 from protocol.batch import CRC_START, HEADER_BYTES, iter_records, read_header
 
@@ -96,19 +95,6 @@ def read_partition(
         out += got
         offset = got[-1][0] + 1
     raise AssertionError(f"{topic}-{partition}: not read to its end within {limit_s} s")
-
-
-def rss_kib(pid: int) -> int:
-    """VmRSS of a process in KiB, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
-
-
-def broker_pid(broker: BrokerProcess) -> int:
-    assert broker.proc is not None
-    return broker.proc.pid
 
 
 def config_file(tmp_path: Path, text: str) -> list[str]:

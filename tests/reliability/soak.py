@@ -28,7 +28,7 @@ from pathlib import Path
 
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
-from tests.reliability.conftest import read_partition, rss_kib
+from tests.reliability.conftest import read_partition
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "600"))
 RESTART_S = float(os.environ.get("SOAK_RESTART_SECONDS", "60"))
@@ -173,7 +173,7 @@ def main() -> int:
                     "t_s": round(time.monotonic() - started, 1),
                     "records_per_s": round(records / SAMPLE_S),
                     "p99_ms": round(p99 * 1000, 2),
-                    "rss_mib": round(rss_kib(broker.proc.pid) / 1024, 1),
+                    "rss_mib": round(broker.rss_kib() / 1024, 1),
                     "restarts": restarts,
                 }
             )

@@ -23,7 +23,7 @@ from pathlib import Path
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
 from protocol.framing import encode_frame
-from tests.reliability.conftest import broker_pid, config_file, read_partition, rss_kib, size
+from tests.reliability.conftest import config_file, read_partition, size
 
 HELD = 1_000
 # A normal client's slowest answer: a blocked broker never answers; a busy machine is slow.
@@ -107,7 +107,7 @@ def test_a_client_that_never_reads_is_held_back(tmp_path: Path, backend: str) ->
             assert c.create_topic("big", 1) == 0
             for _ in range(16):
                 assert c.produce("big", 0, values_batch([b"b" * 65_000]))["error"] == 0
-        before = rss_kib(broker_pid(broker))
+        before = broker.rss_kib()
         sock = socket.create_connection((broker.host, broker.port), timeout=0.5)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         fetch = encode_frame(
@@ -138,7 +138,7 @@ def test_a_client_that_never_reads_is_held_back(tmp_path: Path, backend: str) ->
             pass  # the broker stopped reading: back-pressure reached this client
         time.sleep(2)
         answered_on_a_new_connection(broker.bootstrap, ANSWER_S_MAX)
-        grown_mib = (rss_kib(broker_pid(broker)) - before) / 1024
+        grown_mib = (broker.rss_kib() - before) / 1024
         sock.close()
         print(f"never-reading client on {backend}: {sent} Fetches sent, RSS +{grown_mib:.1f} MiB")
         assert grown_mib < 96, f"{sent} unread 1 MiB answers grew the broker by {grown_mib:.0f} MiB"
@@ -178,7 +178,7 @@ def test_producer_id_churn_keeps_memory_bounded(tmp_path: Path, backend: str) ->
         with WireClient(broker.bootstrap) as c:
             assert c.create_topic("churn", 4) == 0
             c.init_producer()
-            before = rss_kib(broker_pid(broker))
+            before = broker.rss_kib()
             deadline = time.monotonic() + size(120, 900)
             done = 0
             while done < producers:
@@ -209,7 +209,7 @@ def test_producer_id_churn_keeps_memory_bounded(tmp_path: Path, backend: str) ->
                     r = c.recv()
                     assert r["topics"][0]["partitions"][0]["error"] == 0, r
                 done += n
-            after = rss_kib(broker_pid(broker))
+            after = broker.rss_kib()
             stored = sum(len(read_partition(c, "churn", p)) for p in range(4))
         assert stored == producers
         per_producer = (after - before) * 1024 / producers
