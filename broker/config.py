@@ -125,7 +125,7 @@ class BrokerConfig:
     """Every broker setting, declared once; SETTINGS, the CLI, topic overrides, LogConfig
     and docs/configuration.md all derive from these declarations."""
 
-    host: str = _setting("127.0.0.1", "Address the Kafka-protocol listener binds.")
+    host: str = _setting("127.0.0.1", "Address the listener (minibroker's protocol) binds.")
     port: int = _setting(
         9092, "Listener port; 0 picks a free one (logged at start).", min=0, max=65535
     )
