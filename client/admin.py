@@ -38,7 +38,14 @@ from client.errors import (
 )
 from client.group_membership import to_wire
 from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
-from client.types import CommitTxnsResult, OffsetAndMetadata, TopicPartition, TxnHandle
+from client.types import (
+    CommitTxnsResult,
+    OffsetAndMetadata,
+    PartitionDescription,
+    TopicDescription,
+    TopicPartition,
+    TxnHandle,
+)
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
 from protocol.messages import (
@@ -145,10 +152,10 @@ async def list_topics_async(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) 
 
 async def describe_topic_async(
     bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, name: str = ""
-) -> dict[str, Any]:
-    """{"topic", "partitions": [{"partition", "leader", "beginning_offset", "end_offset"}]}."""
+) -> TopicDescription:
+    """Each partition of `name` with its leader and its beginning and end offsets."""
 
-    async def work(conn: Connection) -> dict[str, Any]:
+    async def work(conn: Connection) -> TopicDescription:
         metadata = await _request(conn, metadata_request(name, allow_auto_create=False))
         count = partition_count(metadata, name)
         entry = metadata.topic(name)
@@ -163,18 +170,18 @@ async def describe_topic_async(
             )
             for tp, offset in offsets(await _request(conn, request)).items():
                 found[(tp.partition, timestamp)] = offset
-        return {
-            "topic": name,
-            "partitions": [
-                {
-                    "partition": p,
-                    "leader": leaders[p],
-                    "beginning_offset": found.get((p, TIMESTAMP_EARLIEST), -1),
-                    "end_offset": found.get((p, TIMESTAMP_LATEST), -1),
-                }
+        return TopicDescription(
+            name,
+            [
+                PartitionDescription(
+                    p,
+                    leaders[p],
+                    found.get((p, TIMESTAMP_EARLIEST), -1),
+                    found.get((p, TIMESTAMP_LATEST), -1),
+                )
                 for p in partitions
             ],
-        }
+        )
 
     return await _with_connection(bootstrap, work)
 
@@ -419,7 +426,7 @@ def list_topics(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) -> list[str]
 
 def describe_topic(
     bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, name: str = ""
-) -> dict[str, Any]:
+) -> TopicDescription:
     return _run(describe_topic_async, bootstrap, name)
 
 

@@ -233,12 +233,12 @@ def _topics_list(args: argparse.Namespace) -> int:
 
 def _topics_describe(args: argparse.Namespace) -> int:
     description = describe_topic(args.bootstrap_server, args.name)
-    partitions = description["partitions"]
+    partitions = description.partitions
     print(f"Topic: {args.name}\tPartitionCount: {len(partitions)}")
     for p in partitions:
         print(
-            f"\tPartition: {p['partition']}\tLeader: {p['leader']}\t"
-            f"BeginningOffset: {p['beginning_offset']}\tEndOffset: {p['end_offset']}"
+            f"\tPartition: {p.partition}\tLeader: {p.leader}\t"
+            f"BeginningOffset: {p.beginning_offset}\tEndOffset: {p.end_offset}"
         )
     return 0
 
@@ -426,8 +426,8 @@ def _groups_describe(args: argparse.Namespace) -> int:
     ends: dict[TopicPartition, int] = {}
     for topic in sorted({tp.topic for tp in partitions}):
         try:
-            for p in describe_topic(bootstrap, topic)["partitions"]:
-                ends[TopicPartition(topic, p["partition"])] = p["end_offset"]
+            for described in describe_topic(bootstrap, topic).partitions:
+                ends[TopicPartition(topic, described.partition)] = described.end_offset
         except MinibrokerError:
             pass  # a topic deleted since: no log-end offset, no lag
     state = "EMPTY" if description.error else description.state
@@ -478,23 +478,23 @@ def _groups_reset_offsets(args: argparse.Namespace) -> int:
             f"{description.state}): offsets can only be reset while it has none; stop its "
             "consumers first"
         )
-    partitions = describe_topic(bootstrap, args.topic)["partitions"]
-    chosen = set(args.partition or [p["partition"] for p in partitions])
-    unknown = chosen - {p["partition"] for p in partitions}
+    partitions = describe_topic(bootstrap, args.topic).partitions
+    chosen = set(args.partition or [p.partition for p in partitions])
+    unknown = chosen - {p.partition for p in partitions}
     if unknown:
         raise ValueError(f"topic {args.topic!r} has no partition {sorted(unknown)}")
     plan: dict[TopicPartition, int] = {}
     for p in partitions:
-        if p["partition"] not in chosen:
+        if p.partition not in chosen:
             continue
-        earliest, latest = p["beginning_offset"], p["end_offset"]
+        earliest, latest = p.beginning_offset, p.end_offset
         if args.to_earliest:
             offset = earliest
         elif args.to_latest:
             offset = latest
         else:
             offset = min(max(args.to_offset, earliest), latest)
-        plan[TopicPartition(args.topic, p["partition"])] = offset
+        plan[TopicPartition(args.topic, p.partition)] = offset
     if not args.dry_run:
         alter_group_offsets(bootstrap, group_id, plan)
     print("GROUP\tTOPIC\tPARTITION\tNEW-OFFSET")

@@ -82,6 +82,24 @@ class TxnHandle:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    """One partition of `admin.describe_topic`: its leader and its offsets' range."""
+
+    partition: int
+    leader: int
+    beginning_offset: int  # -1 when the broker did not answer for the partition
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """What `admin.describe_topic` returns (the shape of kafka-python's describe_topics)."""
+
+    topic: str
+    partitions: list[PartitionDescription]
+
+
 class CommitTxnsResult(NamedTuple):
     """The outcome of `admin.commit_transactions` / `abort_transactions`.
 

@@ -374,8 +374,9 @@ def test_admin_helpers(broker: BrokerProcess) -> None:
     create_topic(broker.bootstrap, "adm", partitions=3, exist_ok=True)
     assert "adm" in list_topics(broker.bootstrap)
     description = describe_topic(broker.bootstrap, "adm")
-    assert [p["partition"] for p in description["partitions"]] == [0, 1, 2]
-    assert all(p["end_offset"] == 0 for p in description["partitions"])
+    assert description.topic == "adm"
+    assert [p.partition for p in description.partitions] == [0, 1, 2]
+    assert all(p.end_offset == 0 for p in description.partitions)
 
 
 # --------------------------------------------------------------------------- async face
