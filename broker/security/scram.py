@@ -76,7 +76,7 @@ class ScramCredential:
     server_key: bytes = field(repr=False)
 
 
-CredentialLookup = Callable[[str, str], "ScramCredential | None"]
+CredentialLookup = Callable[[str, str], ScramCredential | None]
 """(user, mechanism) -> the stored credential, or None for a user the broker does not
 know. `authenticate_plain` calls it from its worker thread: a read of a dict of
 immutable credentials is safe there."""
