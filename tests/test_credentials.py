@@ -99,29 +99,47 @@ def test_iterations_must_be_4096_to_16384() -> None:
     assert stored is not None and stored.iterations == 16384
 
 
-def test_a_user_named_twice_is_duplicate_and_left_unchanged() -> None:
-    state = with_users("alice", "bob")
+def test_a_user_and_mechanism_named_twice_is_duplicate_and_left_unchanged() -> None:
+    state = with_users("alice", "bob", "erin")
     before = state.lookup("alice", SCRAM_SHA_256)
+    erin_before = state.lookup("erin", SCRAM_SHA_256)
     results = applied(
         state,
         deletions=[delete("alice"), delete("carol")],
         upsertions=[
-            upsert("alice", "new"),  # deleted and upserted
-            upsert("dave", mechanism=SCRAM_SHA_256),  # both mechanisms of one user
+            upsert("alice", "new"),  # deleted and upserted: the same user and mechanism
+            upsert("dave", mechanism=SCRAM_SHA_256),  # both mechanisms of one user: fine
             upsert("dave", mechanism=SCRAM_SHA_512),
             upsert("bob", "new-bob"),
+            upsert("erin", "new-erin", mechanism=SCRAM_SHA_256),
+            upsert("erin", "again", mechanism=SCRAM_SHA_256),
         ],
     )
-    assert list(results) == ["alice", "carol", "dave", "bob"]  # in the order first named
+    assert list(results) == ["alice", "carol", "dave", "bob", "erin"]  # in the order named
     assert errors(results) == {
         "alice": ErrorCode.DUPLICATE_RESOURCE,
         "carol": ErrorCode.RESOURCE_NOT_FOUND,
-        "dave": ErrorCode.DUPLICATE_RESOURCE,
+        "dave": 0,
         "bob": 0,
+        "erin": ErrorCode.DUPLICATE_RESOURCE,
     }
     assert state.lookup("alice", SCRAM_SHA_256) == before
-    assert "dave" not in state.users
+    assert state.lookup("erin", SCRAM_SHA_256) == erin_before
+    assert state.lookup("dave", SCRAM_SHA_256) is not None
+    assert state.lookup("dave", SCRAM_SHA_512) is not None
     assert state.lookup("bob", SCRAM_SHA_256) != with_users("bob").lookup("bob", SCRAM_SHA_256)
+
+
+def test_one_refused_alteration_leaves_the_users_others_undone() -> None:
+    state = with_users("alice")
+    before = state.lookup("alice", SCRAM_SHA_256)
+    results = applied(
+        state,
+        deletions=[delete("alice", SCRAM_SHA_512)],  # alice has no SHA-512 credential
+        upsertions=[upsert("alice", "new", mechanism=SCRAM_SHA_256)],
+    )
+    assert errors(results) == {"alice": ErrorCode.RESOURCE_NOT_FOUND}
+    assert state.lookup("alice", SCRAM_SHA_256) == before
 
 
 def test_deleting_what_does_not_exist_is_not_found() -> None:

@@ -200,43 +200,65 @@ def alter(
 ) -> tuple[list[m.AlterUserScramCredentialsResult], list[Any] | None]:
     """Judge one AlterUserScramCredentials: a result per user named, in the order first
     named, and the record that makes the accepted changes (None when there are none).
-    Each user stands alone; a user named twice is DUPLICATE_RESOURCE and left as it is.
+
+    Each user stands alone and is all or nothing: one refused alteration leaves every
+    alteration of that user undone. A user and mechanism named twice (two upsertions,
+    or an upsertion and a deletion) is DUPLICATE_RESOURCE for the user, as in Kafka;
+    both mechanisms of one user in one request are fine (kafka-configs sends them so).
     The record carries StoredKey and ServerKey, never the salted password."""
-    named = Counter([d.user for d in deletions] + [u.user for u in upsertions])
-    results: dict[str, m.AlterUserScramCredentialsResult] = {}
+    per_user: dict[str, list[m.ScramCredentialDeletion | m.ScramCredentialUpsertion]] = {}
+    alterations_named: list[m.ScramCredentialDeletion | m.ScramCredentialUpsertion] = [
+        *deletions,
+        *upsertions,
+    ]
+    for alteration in alterations_named:
+        per_user.setdefault(alteration.user, []).append(alteration)
+    results: list[m.AlterUserScramCredentialsResult] = []
     deleted: list[tuple[str, str]] = []
     upserted: list[tuple[str, str, ScramCredential]] = []
     users = len(state.users)
-    for d in deletions:
-        if named[d.user] > 1:
+    for user, alterations in per_user.items():
+        pairs = Counter(a.mechanism for a in alterations)
+        if any(count > 1 for count in pairs.values()):
+            twice = "a user's credential for one mechanism may be altered once per request"
+            results.append(_result(user, ErrorCode.DUPLICATE_RESOURCE, twice))
             continue
-        refusal = _judge_deletion(state, d)
-        if refusal is None:
-            deleted.append((d.user, d.mechanism))
-        results[d.user] = refusal or m.AlterUserScramCredentialsResult(d.user)
-    for u in upsertions:
-        if named[u.user] > 1:
-            continue
-        refusal = _judge_upsertion(u)
-        new_user = u.user not in state.users
+        refusal = next(
+            filter(
+                None,
+                (
+                    _judge_deletion(state, a)
+                    if isinstance(a, m.ScramCredentialDeletion)
+                    else _judge_upsertion(a)
+                    for a in alterations
+                ),
+            ),
+            None,
+        )
+        adds = [a for a in alterations if isinstance(a, m.ScramCredentialUpsertion)]
+        new_user = bool(adds) and user not in state.users
         if refusal is None and new_user and users >= USERS_MAX:
             refusal = _result(
-                u.user, ErrorCode.POLICY_VIOLATION, f"the broker holds {USERS_MAX} users"
+                user, ErrorCode.POLICY_VIOLATION, f"the broker holds {USERS_MAX} users"
             )
-        if refusal is None:
-            users += new_user
-            credential = credential_from_salted_password(
-                u.mechanism, u.salt, u.salted_password, u.iterations
+        if refusal is not None:
+            results.append(refusal)
+            continue
+        users += new_user
+        deleted += [(a.user, a.mechanism) for a in alterations if a not in adds]
+        upserted += [
+            (
+                u.user,
+                u.mechanism,
+                credential_from_salted_password(
+                    u.mechanism, u.salt, u.salted_password, u.iterations
+                ),
             )
-            upserted.append((u.user, u.mechanism, credential))
-        results[u.user] = refusal or m.AlterUserScramCredentialsResult(u.user)
-    twice = "a user may be altered once per request"
-    ordered = [
-        results[user] if user in results else _result(user, ErrorCode.DUPLICATE_RESOURCE, twice)
-        for user in named
-    ]
+            for u in adds
+        ]
+        results.append(m.AlterUserScramCredentialsResult(user))
     record = alter_record(upserted, deleted) if upserted or deleted else None
-    return ordered, record
+    return results, record
 
 
 # --------------------------------------------------------------- DescribeUserScramCredentials
