@@ -1,4 +1,4 @@
-"""Typed requests and responses of wire contract version 1 (docs/protocol.md sections 4-6).
+"""Typed requests and responses of wire contract version 1 (docs/protocol.md sections 4-7).
 
 Each message is declared once, below, as a `msgspec.Struct`: its fields, types,
 defaults and bounds. Encoding, decoding and validation all derive from these
@@ -23,6 +23,11 @@ and the client share a single codec and never touch raw maps.
 | ListOffsets    | isolation_level, topics [{topic,          | topics [{topic, partitions    |
 |                | partitions [{partition, timestamp}]}]     | [{partition, error, offset,   |
 |                |                                           | timestamp}]}]                 |
+| DeleteTopics   | topics [str]                              | topics [{name, error, msg}]   |
+| DescribeConfigs | resources [{type, name}]                 | results [{type, name, error,  |
+|                |                                           | configs [{name, value, ...}]}] |
+| IncrementalAlterConfigs | resources [{type, name, ops      | results [{type, name, error,  |
+|                | [{name, op, value}]}], validate_only      | message}]                     |
 | EndTxn         | transactional_id, producer_id,            | producer_id, producer_epoch   |
 |                | producer_epoch, committed                 | (the next transaction's)      |
 | PrepareTxn     | transactional_id, producer_id,            | -                             |
@@ -49,6 +54,18 @@ and the client share a single codec and never touch raw maps.
 |                |                                           | members}]                     |
 | DescribeGroups | group_ids                                 | groups [{group_id, error,     |
 |                |                                           | state, group_epoch, members}] |
+| SaslAuthenticate | mechanism, auth_bytes                   | error_message, auth_bytes,    |
+|                |                                           | session_lifetime_ms           |
+| DescribeUserScramCredentials | users (nil: all)            | results [{user, error,        |
+|                |                                           | credentials [{mechanism,      |
+|                |                                           | iterations}]}]                |
+| AlterUserScramCredentials | deletions [{user, mechanism}], | results [{user, error,        |
+|                | upsertions [{user, mechanism, iterations, | message}]                     |
+|                | salt, salted_password}]                   |                               |
+| CreateAcls     | creations [binding]                       | results [{error, message}]    |
+| DescribeAcls   | filter                                    | bindings [binding]            |
+| DeleteAcls     | filters [filter]                          | results [{error, deleted      |
+|                |                                           | [binding]}]                   |
 
 The classes below are the whole truth; this table is their summary.
 Every request also carries `api` (the struct's tag), `v` and `cid`, and may carry
@@ -63,6 +80,7 @@ their defaults, so a client survives a newer broker adding fields.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, TypeVar, Union
 
 import msgpack
@@ -378,6 +396,124 @@ class ListOffsetsRequest(Request, tag="ListOffsets"):
 
     def entry_count(self) -> int:
         return len(self.topics) + sum(len(t.partitions) for t in self.topics)
+
+
+# --------------------------------------------------------------------------- topic administration
+
+CONFIG_RESOURCE_TYPES = ("topic", "broker")
+"""What DescribeConfigs describes; a broker's name is its Metadata id as a string."""
+ConfigResourceType = Annotated[
+    str, msgspec.Meta(pattern="^(" + "|".join(CONFIG_RESOURCE_TYPES) + ")$")
+]
+AlterableResourceType = Annotated[str, msgspec.Meta(pattern="^topic$")]
+ConfigSource = Annotated[str, msgspec.Meta(pattern="^(default|broker|topic)$")]
+ConfigOp = Annotated[str, msgspec.Meta(pattern="^(set|delete)$")]
+# Setting names are the broker's own (docs/configuration.md): short; bounded like ids.
+ConfigName = Annotated[str, msgspec.Meta(max_length=IDENTIFIER_CHARS_MAX)]
+
+
+class DeleteTopicResult(msgspec.Struct):
+    name: str
+    error: int = ErrorCode.NONE
+    message: str | None = None
+
+
+class DeleteTopicsResponse(Response):
+    topics: list[DeleteTopicResult] = []
+
+
+class DeleteTopicsRequest(Request, tag="DeleteTopics"):
+    """Delete topics, each whole or not at all; not while an open transaction holds data."""
+
+    response = DeleteTopicsResponse
+    topics: list[str]
+
+    def __post_init__(self) -> None:
+        _unique(self.topics, "topic")
+
+    def entry_count(self) -> int:
+        return len(self.topics)
+
+
+class ConfigResource(msgspec.Struct):
+    type: ConfigResourceType
+    name: str
+
+
+class ConfigEntry(msgspec.Struct):
+    name: str
+    value: str | None = None
+    source: ConfigSource = "default"
+    read_only: bool = False
+    sensitive: bool = False
+
+
+class DescribeConfigsResult(msgspec.Struct):
+    type: str
+    name: str
+    error: int = ErrorCode.NONE
+    configs: list[ConfigEntry] = []
+
+
+class DescribeConfigsResponse(Response):
+    results: list[DescribeConfigsResult] = []
+
+
+class DescribeConfigsRequest(Request, tag="DescribeConfigs"):
+    """The settings of topics and of the broker; sensitive values are answered nil."""
+
+    response = DescribeConfigsResponse
+    resources: list[ConfigResource]
+
+    def __post_init__(self) -> None:
+        _unique_resources(self.resources)
+
+    def entry_count(self) -> int:
+        return len(self.resources)
+
+
+class AlterConfigOp(msgspec.Struct):
+    name: ConfigName
+    op: ConfigOp
+    value: str | None = None
+
+
+class AlterableConfigResource(msgspec.Struct):
+    type: AlterableResourceType
+    name: str
+    ops: list[AlterConfigOp]
+
+    def __post_init__(self) -> None:
+        _unique([o.name for o in self.ops], "config", self.name)
+
+
+def _unique_resources(resources: Sequence[ConfigResource | AlterableConfigResource]) -> None:
+    _unique([(r.type, r.name) for r in resources], "resource")
+
+
+class AlterConfigsResult(msgspec.Struct):
+    type: str
+    name: str
+    error: int = ErrorCode.NONE
+    message: str | None = None
+
+
+class IncrementalAlterConfigsResponse(Response):
+    results: list[AlterConfigsResult] = []
+
+
+class IncrementalAlterConfigsRequest(Request, tag="IncrementalAlterConfigs"):
+    """Set or delete topic settings, durably, each resource all or nothing."""
+
+    response = IncrementalAlterConfigsResponse
+    resources: list[AlterableConfigResource]
+    validate_only: bool = False
+
+    def __post_init__(self) -> None:
+        _unique_resources(self.resources)
+
+    def entry_count(self) -> int:
+        return len(self.resources) + sum(len(r.ops) for r in self.resources)
 
 
 # --------------------------------------------------------------------------- transactions
@@ -723,6 +859,179 @@ class DescribeGroupsRequest(Request, tag="DescribeGroups"):
         return len(self.group_ids)
 
 
+# --------------------------------------------------------------------------- security
+
+# A user is named in principals, logs and the credential store: bounded like an id. Empty
+# is left to the handler, which answers it per user as Kafka does.
+UserName = Annotated[str, msgspec.Meta(max_length=IDENTIFIER_CHARS_MAX)]
+# ACL fields are checked per entry by the handler (an invalid binding is 42 for that
+# entry alone); the decoder only bounds them, far above any valid value, so that a
+# hostile request cannot make the broker hold a megabyte of name. A principal is
+# "User:" and a user name.
+AclWord = Annotated[str, msgspec.Meta(max_length=64)]
+AclName = Annotated[str, msgspec.Meta(max_length=IDENTIFIER_CHARS_MAX)]
+AclPrincipal = Annotated[str, msgspec.Meta(max_length=len("User:") + IDENTIFIER_CHARS_MAX)]
+
+
+def _repr_hiding(struct: msgspec.Struct, secret: str) -> str:
+    """The struct's repr with the `secret` field's value left out, so that no log line,
+    traceback or debugger shows a password or what stands in for one."""
+    fields = ", ".join(
+        f"{name}=<hidden>" if name == secret else f"{name}={getattr(struct, name)!r}"
+        for name in struct.__struct_fields__
+    )
+    return f"{type(struct).__name__}({fields})"
+
+
+class SaslAuthenticateResponse(Response):
+    error_message: str | None = None
+    auth_bytes: bytes = b""
+    session_lifetime_ms: int = 0
+
+
+class SaslAuthenticateRequest(Request, tag="SaslAuthenticate"):
+    """One round of SASL: PLAIN in one, SCRAM-SHA-256/512 in two consecutive requests.
+
+    Neither field is bounded here: an unknown mechanism is answered 33 and a malformed
+    message 58 (section 7), not 42; the SASL code bounds what it parses."""
+
+    response = SaslAuthenticateResponse
+    mechanism: str
+    auth_bytes: bytes
+
+    def __repr__(self) -> str:
+        return _repr_hiding(self, "auth_bytes")  # PLAIN carries the password
+
+
+class ScramCredentialInfo(msgspec.Struct):
+    mechanism: str
+    iterations: int
+
+
+class DescribeUserScramCredentialsResult(msgspec.Struct):
+    user: str
+    error: int = ErrorCode.NONE
+    credentials: list[ScramCredentialInfo] = []
+
+
+class DescribeUserScramCredentialsResponse(Response):
+    results: list[DescribeUserScramCredentialsResult] = []
+
+
+class DescribeUserScramCredentialsRequest(Request, tag="DescribeUserScramCredentials"):
+    """Each user's SCRAM mechanisms and iterations (nil: every user), never a key."""
+
+    response = DescribeUserScramCredentialsResponse
+    users: list[UserName] | None = None
+
+    def entry_count(self) -> int:
+        return len(self.users or ())
+
+
+class ScramCredentialDeletion(msgspec.Struct):
+    user: UserName
+    mechanism: str  # an unknown one is answered per user (33), as Kafka does
+
+
+class ScramCredentialUpsertion(msgspec.Struct):
+    """KIP-554: the client sends Hi(password, salt, iterations), never the password."""
+
+    user: UserName
+    mechanism: str
+    iterations: int
+    salt: bytes
+    salted_password: bytes
+
+    def __repr__(self) -> str:
+        return _repr_hiding(self, "salted_password")  # enough to authenticate as the user
+
+
+class AlterUserScramCredentialsResult(msgspec.Struct):
+    user: str
+    error: int = ErrorCode.NONE
+    message: str | None = None
+
+
+class AlterUserScramCredentialsResponse(Response):
+    results: list[AlterUserScramCredentialsResult] = []
+
+
+class AlterUserScramCredentialsRequest(Request, tag="AlterUserScramCredentials"):
+    """Delete and upsert SCRAM credentials; each user's result stands alone."""
+
+    response = AlterUserScramCredentialsResponse
+    deletions: list[ScramCredentialDeletion]
+    upsertions: list[ScramCredentialUpsertion]
+
+    def entry_count(self) -> int:
+        return len(self.deletions) + len(self.upsertions)
+
+
+class AclBinding(msgspec.Struct):
+    resource_type: AclWord
+    resource_name: AclName
+    pattern_type: AclWord
+    principal: AclPrincipal
+    host: AclName
+    operation: AclWord
+    permission: AclWord
+
+
+class AclBindingFilter(msgspec.Struct):
+    """A binding whose nil fields match anything; pattern_type may also be "any" or "match"."""
+
+    resource_type: AclWord | None
+    resource_name: AclName | None
+    pattern_type: AclWord | None
+    principal: AclPrincipal | None
+    host: AclName | None
+    operation: AclWord | None
+    permission: AclWord | None
+
+
+class AclCreationResult(msgspec.Struct):
+    error: int = ErrorCode.NONE
+    message: str | None = None
+
+
+class CreateAclsResponse(Response):
+    results: list[AclCreationResult] = []
+
+
+class CreateAclsRequest(Request, tag="CreateAcls"):
+    response = CreateAclsResponse
+    creations: list[AclBinding]
+
+    def entry_count(self) -> int:
+        return len(self.creations)
+
+
+class DescribeAclsResponse(Response):
+    bindings: list[AclBinding] = []
+
+
+class DescribeAclsRequest(Request, tag="DescribeAcls"):
+    response = DescribeAclsResponse
+    filter: AclBindingFilter
+
+
+class AclDeletionResult(msgspec.Struct):
+    error: int = ErrorCode.NONE
+    deleted: list[AclBinding] = []
+
+
+class DeleteAclsResponse(Response):
+    results: list[AclDeletionResult] = []
+
+
+class DeleteAclsRequest(Request, tag="DeleteAcls"):
+    response = DeleteAclsResponse
+    filters: list[AclBindingFilter]
+
+    def entry_count(self) -> int:
+        return len(self.filters)
+
+
 # --------------------------------------------------------------------------- the codec
 
 REQUEST_CLASSES: tuple[type[Request], ...] = (
@@ -733,6 +1042,9 @@ REQUEST_CLASSES: tuple[type[Request], ...] = (
     ProduceRequest,
     FetchRequest,
     ListOffsetsRequest,
+    DeleteTopicsRequest,
+    DescribeConfigsRequest,
+    IncrementalAlterConfigsRequest,
     EndTxnRequest,
     PrepareTxnRequest,
     CommitTxnsRequest,
@@ -744,6 +1056,12 @@ REQUEST_CLASSES: tuple[type[Request], ...] = (
     TxnOffsetCommitRequest,
     ListGroupsRequest,
     DescribeGroupsRequest,
+    SaslAuthenticateRequest,
+    DescribeUserScramCredentialsRequest,
+    AlterUserScramCredentialsRequest,
+    CreateAclsRequest,
+    DescribeAclsRequest,
+    DeleteAclsRequest,
 )
 REQUEST_TYPES: dict[str, type[Request]] = {
     str(cls.__struct_config__.tag): cls for cls in REQUEST_CLASSES

@@ -59,6 +59,7 @@ from broker.transactions import TransactionCoordinator, TxnLog
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, frame
 from protocol.messages import (
+    REQUEST_TYPES,
     ProduceRequest,
     Request,
     RequestRefused,
@@ -599,10 +600,13 @@ class Broker:
         except FrameError as exc:
             return CloseConnection(str(exc))
         except RequestRefused as exc:
-            self.metrics.observe_request(exc.api, exc.code, time.perf_counter() - started)
-            return frame(encode_response(error_response(exc.code, exc.message), exc.cid))
+            code, message = exc.code, exc.message
+            if self._unserved(exc.api):
+                code, message = ErrorCode.UNSUPPORTED_VERSION, f"{exc.api} is not served yet"
+            self.metrics.observe_request(exc.api, code, time.perf_counter() - started)
+            return frame(encode_response(error_response(code, message), exc.cid))
         limit = self.config.max_entries_per_request
-        if request.entry_count() > limit:
+        if request.entry_count() > limit and not self._unserved(request.api):
             code = ErrorCode.INVALID_REQUEST
             self.metrics.observe_request(request.api, code, time.perf_counter() - started)
             message = (
@@ -610,6 +614,11 @@ class Broker:
             )
             return frame(encode_response(error_response(code, message), request.cid))
         return request
+
+    def _unserved(self, api: str) -> bool:
+        """An api declared in protocol/messages.py that this broker does not answer yet:
+        refused as an unknown api is, whatever its fields (docs/protocol.md section 10)."""
+        return api in REQUEST_TYPES and self.handlers is not None and api not in self.handlers.apis
 
     def _run_from(
         self,
