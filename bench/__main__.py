@@ -114,6 +114,20 @@ def codec_targets(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def acl_targets(rows: list[dict[str, Any]]) -> list[str]:
+    # No target of its own: a decision must cost the same however many ACLs there are,
+    # which the ratio to an empty index and the scan beside it show.
+    decisions = [r for r in rows if str(r["benchmark"]).startswith("acl authorize,")]
+    full = [float(r["ns_10k_acls"]) for r in decisions]
+    ratios = [float(r["ratio"]) for r in decisions]
+    scans = [float(r["scan_10k_acls_ns"]) / 1000 for r in decisions]
+    return [
+        f"- with 10,000 ACLs a decision costs {min(full):,.0f}-{max(full):,.0f} ns (medians of "
+        f"{len(decisions)} cases), {min(ratios)}-{max(ratios)}x an empty index's; a scan of the "
+        f"10,000 bindings would cost {min(scans):,.0f}-{max(scans):,.0f} µs.",
+    ]
+
+
 def metrics_targets(rows: list[dict[str, Any]]) -> list[str]:
     # No target of its own: the broker suite's "metrics off" rows judge the cost end
     # to end; this suite says where it goes.
@@ -308,6 +322,7 @@ REGISTRY: dict[str, Suite] = {
     "broker": _sized("broker", "broker-batches", 6000),
     "codec": _sized("codec", "codec-number", 100_000),
     "metrics": _sized("metrics", "metrics-number", 200_000),
+    "acl": _sized("acl", "acl-number", 200_000),
     "client": _sized("client", "client-records", 1_000_000),
     "txn": _sized("txn", "txn-records", 20_000),
     "spark": _sized("spark", "spark-rows", 5_000_000),

@@ -1,11 +1,27 @@
-"""Security: who a connection is (SASL) and the credentials that say so.
+"""Security: who a connection is, and what it may do (docs/protocol.md section 7).
 
-`scram` runs SCRAM-SHA-256/512 and PLAIN exchanges (pure, on `scramp`),
-`credentials` holds the SCRAM credentials and the records that change them
-(pure), and `credential_store` their durable log, `security/credentials.wal`.
-Other domains import from here, not from the modules.
+Authentication: `scram` runs SCRAM-SHA-256/512 and PLAIN exchanges (pure, on
+`scramp`), `credentials` holds the SCRAM credentials and the records that change
+them (pure), and `credential_store` their durable log, `security/credentials.wal`.
+Authorization: `acl` holds the ACL bindings, their validation, filters and the
+`Authorizer` that decides requests with them (pure); `acl_store` keeps the
+bindings durably in `security/acls.wal`. Other domains import from here, not
+from the modules.
 """
 
+from broker.security.acl import (
+    AclBinding,
+    AclFilter,
+    Authorizer,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    canonical_host,
+    validate,
+    validate_filter,
+)
+from broker.security.acl_store import AclLog, AclLogError, AclStore, CreateResult, DeleteResult
 from broker.security.credential_store import BOOTSTRAP_ENV, CredentialLog, CredentialStore
 from broker.security.credentials import BootstrapError
 from broker.security.scram import (
@@ -23,11 +39,26 @@ __all__ = [
     "FAILURE_MESSAGE",
     "PLAIN",
     "SCRAM_MECHANISMS",
+    "AclBinding",
+    "AclFilter",
+    "AclLog",
+    "AclLogError",
+    "AclStore",
     "AuthenticationFailed",
+    "Authorizer",
     "BootstrapError",
+    "CreateResult",
     "CredentialLog",
     "CredentialStore",
+    "DeleteResult",
+    "Operation",
+    "PatternType",
+    "Permission",
+    "ResourceType",
     "ScramCredential",
     "ScramExchange",
     "authenticate_plain",
+    "canonical_host",
+    "validate",
+    "validate_filter",
 ]
