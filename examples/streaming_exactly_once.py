@@ -12,7 +12,8 @@ then in another:
     .venv/bin/python examples/streaming_exactly_once.py --events 50000 --per-batch 2000
 
 Each run uses fresh topics and a fresh checkpoint directory (printed), so it can be
-repeated; `--checkpoint DIR` keeps the checkpoint where you want it.
+repeated; the checkpoint is a temporary directory removed at the end, unless
+`--checkpoint DIR` keeps it where you want it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--events", type=int, default=10_000, help="events written to A")
     parser.add_argument("--per-batch", type=int, default=1_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--checkpoint", help="the query's checkpoint (default: a temp dir)")
+    parser.add_argument(
+        "--checkpoint", help="the query's checkpoint, kept (default: a temp dir, removed)"
+    )
     return parser.parse_args()
 
 
@@ -96,8 +99,15 @@ def main() -> int:
     args = parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     run = uuid.uuid4().hex[:8]
+    if args.checkpoint is not None:
+        return run_pipeline(args, run)
+    with tempfile.TemporaryDirectory(prefix=f"minibroker-{run}-") as checkpoint:
+        args.checkpoint = checkpoint
+        return run_pipeline(args, run)
+
+
+def run_pipeline(args: argparse.Namespace, run: str) -> int:
     a, b = f"events-{run}", f"events-upper-{run}"
-    args.checkpoint = args.checkpoint or tempfile.mkdtemp(prefix=f"minibroker-{run}-")
     print(f"topics {a} -> {b}, checkpoint {args.checkpoint}")
     for topic in (a, b):
         create_topic(args.bootstrap, topic, partitions=args.partitions)
