@@ -10,6 +10,9 @@
 - A member that lost its partitions cannot commit for them, in or out of a
   transaction; one the broker forgot (a restart) is refused, learns it, rejoins
   and resumes from the committed offset.
+- Static membership: a consumer started with a running one's `group_instance_id`
+  takes its partitions at once and the old one can no longer commit; one that
+  closes keeps its partitions for the session timeout.
 - The consume-transform-produce loop of examples/exactly_once_loop.py, SIGKILLed
   at seeded random points 20 times and restarted: the output topic, read
   committed, holds each input record's transform exactly once.
@@ -39,6 +42,7 @@ from client import (
     CommitFailedError,
     Consumer,
     ConsumerRebalanceListener,
+    FencedInstanceIdError,
     NonEmptyGroupError,
     Producer,
     TopicPartition,
@@ -85,9 +89,12 @@ def broker(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
 
 
 def wait_for(
-    condition: Callable[[], bool], what: str, step: Callable[[], object] = lambda: None
+    condition: Callable[[], bool],
+    what: str,
+    step: Callable[[], object] = lambda: None,
+    limit_s: float = LIMIT_S,
 ) -> None:
-    deadline = time.monotonic() + LIMIT_S
+    deadline = time.monotonic() + limit_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         step()
@@ -414,6 +421,70 @@ def test_a_member_the_broker_forgot_cannot_commit_and_rejoins_from_the_committed
             wait_for(lambda: len(got) == 5, "the uncommitted records again", take)
         assert calls == ["assigned", "lost", "assigned"]
         assert [r.offset for r in got] == [5, 6, 7, 8, 9]
+    finally:
+        proc.kill()
+
+
+# --------------------------------------------------------------------------- static membership
+
+
+def test_a_second_consumer_with_the_instance_id_takes_over_and_fences_the_first(
+    tmp_path: Path, backend: str
+) -> None:
+    # A 30 s session: whatever moves within a few seconds did not wait for it.
+    proc = group_broker(tmp_path, backend, session_ms=30_000)
+    limit_s = 10.0
+    try:
+        bootstrap = proc.bootstrap
+        create_topic(bootstrap, "in", 2)
+        produce(bootstrap, "in", {0: ["a", "b"], 1: ["c"]})
+        both = {TopicPartition("in", 0), TopicPartition("in", 1)}
+        config = {
+            "group_id": "g",
+            "group_instance_id": "worker-1",
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            **FAST,
+        }
+        first = Consumer("in", bootstrap_servers=bootstrap, **config)
+        wait_for(lambda: first.assignment() == both, "the first's assignment", first.poll)
+        zombie = first.group_metadata()
+        # The first is still running (a long pause, say) when its replacement starts.
+        with Consumer("in", bootstrap_servers=bootstrap, **config) as second:
+            wait_for(lambda: second.assignment() == both, "a takeover", second.poll, limit_s)
+            with pytest.raises(FencedInstanceIdError):
+                first.commit({TopicPartition("in", 0): 1})
+            with pytest.raises(FencedInstanceIdError):
+                first.poll(timeout_ms=0)  # fatal: it never rejoins to fence the second
+            with Producer(bootstrap, transactional_id="zombie-txn") as producer:
+                producer.init_transactions()
+                producer.begin_transaction()
+                with pytest.raises(TxnOffsetCommitFailedError) as info:
+                    producer.send_offsets_to_transaction({TopicPartition("in", 0): 2}, zombie)
+                assert info.value.code == 82  # FENCED_INSTANCE_ID
+                producer.abort_transaction()
+            first.close()  # no leave: the second keeps the partitions
+            second.commit({TopicPartition("in", 0): 2})
+            (group,) = describe_groups(bootstrap, ["g"])
+            ((member_id, instance_id),) = [(m.member_id, m.instance_id) for m in group.members]
+            assert (member_id, instance_id) == (second.group_metadata().member_id, "worker-1")
+        # It closed: it keeps its partitions for the session, as a member at epoch -2 ...
+        (group,) = describe_groups(bootstrap, ["g"])
+        assert [(m.instance_id, m.member_epoch) for m in group.members] == [("worker-1", -2)]
+        with pytest.raises(NonEmptyGroupError):
+            alter_group_offsets(bootstrap, "g", {TopicPartition("in", 0): 0})
+        # ... so a restart within it gets them back at once, from the committed offsets.
+        with Consumer("in", bootstrap_servers=bootstrap, **config) as third:
+            got: list[str] = []
+            wait_for(
+                lambda: len(got) == 1,
+                "the restart's records",
+                lambda: got.extend(
+                    r.value.decode() for rs in third.poll(timeout_ms=50).values() for r in rs
+                ),
+                limit_s,
+            )
+            assert third.assignment() == both and got == ["c"]  # in-0 resumes at 2
     finally:
         proc.kill()
 
