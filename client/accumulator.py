@@ -1231,7 +1231,8 @@ class RecordAccumulator:
 
         Fencing is fatal. Any other refusal leaves the transaction abortable, its queued
         batches failed: TxnOffsetCommitFailedError when the group refused the consumer's
-        member (fenced, stale or unknown), as Kafka's CommitFailedException there."""
+        member (fenced, stale or unknown, or its instance id taken over), as Kafka's
+        CommitFailedException there (and its abortable FencedInstanceIdException)."""
         with self.lock:
             if error == ErrorCode.NONE:
                 return None, []
@@ -1240,11 +1241,8 @@ class RecordAccumulator:
                 return exc, []
             done: list[ProducerBatch] = []
             if self.txn_state in _ONGOING:
-                kind = (
-                    TxnOffsetCommitFailedError
-                    if error in MEMBER_ERRORS
-                    else TransactionAbortableError
-                )
+                refused_member = error in MEMBER_ERRORS or error == ErrorCode.FENCED_INSTANCE_ID
+                kind = TxnOffsetCommitFailedError if refused_member else TransactionAbortableError
                 self._make_abortable(exc, done, kind)
             return self._txn_error or exc, done
 

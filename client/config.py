@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from protocol.compression import Compression
+from protocol.messages import IDENTIFIER_CHARS_MAX
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_PORT = 9092
@@ -154,6 +155,10 @@ class ConsumerConfig:
     bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
     client_id: str = "minibroker-python"
     group_id: str | None = None
+    # Static membership (KIP-345): a consumer restarted with the same id takes its
+    # predecessor's partitions at once, and one that closes keeps them for the broker's
+    # session timeout. One id per running consumer; a second one with it fences the first.
+    group_instance_id: str | None = None
     enable_auto_commit: bool = True
     auto_commit_interval_ms: int = 5_000
     # The longest the application may go between polls before the member leaves the group
@@ -183,6 +188,14 @@ class ConsumerConfig:
         self.servers = parse_bootstrap(self.bootstrap_servers)
         if self.group_id is not None and not self.group_id:
             raise ValueError("group_id must be a non-empty string (or None for no group)")
+        if self.group_instance_id is not None:
+            if self.group_id is None:
+                raise ValueError("group_instance_id needs a group_id")
+            if not 0 < len(self.group_instance_id) <= IDENTIFIER_CHARS_MAX:
+                raise ValueError(
+                    f"group_instance_id must be 1 to {IDENTIFIER_CHARS_MAX} characters "
+                    "(or None for a dynamic member)"
+                )
         if self.rebalance_timeout_ms is None:
             self.rebalance_timeout_ms = self.max_poll_interval_ms
         if self.auto_offset_reset not in ("earliest", "latest", "none"):

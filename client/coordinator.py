@@ -95,6 +95,7 @@ class ConsumerCoordinator:
             max_poll_interval_ms=config.max_poll_interval_ms,
             retry_backoff_ms=config.retry_backoff_ms,
             retry_backoff_max_ms=config.retry_backoff_max_ms,
+            instance_id=config.group_instance_id,
         )
         self._connector = connector
         self._control = control
@@ -226,16 +227,20 @@ class ConsumerCoordinator:
                 code = next(iter(failed.values()))
                 newer_epoch = code == ErrorCode.STALE_MEMBER_EPOCH and m.member_epoch != epoch
                 if not (code in RETRIABLE or newer_epoch) or monotonic_ms() >= deadline:
-                    if as_member and code in MEMBER_ERRORS:
-                        # The member learns what became of it from its next heartbeat.
-                        m.heartbeat_soon(monotonic_ms())
-                        self.wake()
                     where = ", ".join(f"{tp.topic}-{tp.partition}" for tp in sorted(failed))
-                    raise error_for(
+                    error = error_for(
                         code,
                         f"commit to group {self.group_id!r} ({where})",
                         response.message,
                     )
+                    if as_member and code == ErrorCode.FENCED_INSTANCE_ID:
+                        m.fail(error)  # another consumer has this one's instance id: for good
+                        self._on_change()
+                    elif as_member and code in MEMBER_ERRORS:
+                        # The member learns what became of it from its next heartbeat.
+                        m.heartbeat_soon(monotonic_ms())
+                        self.wake()
+                    raise error
                 attempts += 1
                 if not newer_epoch:
                     await anyio.sleep(self._backoff_s(attempts))

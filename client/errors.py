@@ -113,8 +113,16 @@ class UnknownMemberIdError(CommitFailedError):
 
 
 class TxnOffsetCommitFailedError(CommitFailedError, TransactionAbortableError):
-    """send_offsets_to_transaction() was refused because the consumer's member was fenced:
-    the transaction can only be aborted (it is both a CommitFailedError and abortable)."""
+    """send_offsets_to_transaction() was refused because the consumer's member was fenced
+    (its epoch, or FENCED_INSTANCE_ID: another consumer took its group_instance_id): the
+    transaction can only be aborted (it is both a CommitFailedError and abortable)."""
+
+
+class FencedInstanceIdError(MinibrokerError):
+    """FENCED_INSTANCE_ID(82): another consumer joined with this one's `group_instance_id`
+    and took its partitions (static membership). Fatal for this consumer, as in Kafka:
+    raised by the commit that learnt it and by every later poll; rejoining would only
+    fence the newer consumer in turn."""
 
 
 class UnstableOffsetCommitError(MinibrokerError):
@@ -177,6 +185,7 @@ _GROUP_ERRORS: dict[int, type[MinibrokerError]] = {
     **MEMBER_ERRORS,
     ErrorCode.UNSTABLE_OFFSET_COMMIT: UnstableOffsetCommitError,
     ErrorCode.GROUP_MAX_SIZE_REACHED: GroupMaxSizeReachedError,
+    ErrorCode.FENCED_INSTANCE_ID: FencedInstanceIdError,
     ErrorCode.NON_EMPTY_GROUP: NonEmptyGroupError,
 }
 

@@ -19,6 +19,13 @@ revocation or an assignment was handled. FENCED_MEMBER_EPOCH and UNKNOWN_MEMBER_
 lose every owned partition and rejoin with epoch 0. A member the application has
 not polled for `max_poll_interval_ms` leaves (epoch -1) and its partitions are lost,
 as in Kafka's consumer; the next poll rejoins.
+
+Static membership (`instance_id`, the consumer's `group_instance_id`): every
+heartbeat carries it, so a restarted consumer with the same id takes its
+predecessor's partitions at once; leaving (on close or a poll timeout) is epoch
+-2, which keeps the partitions for the broker's session timeout. FENCED_INSTANCE_ID
+(another consumer joined with the same id) is fatal, as in Kafka: rejoining would
+fence that consumer in turn.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from protocol.errors import RETRIABLE, ErrorCode
 from protocol.messages import (
     MEMBER_EPOCH_JOIN,
     MEMBER_EPOCH_LEAVE,
+    MEMBER_EPOCH_LEAVE_STATIC,
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
     GroupTopicPartitions,
@@ -90,8 +98,10 @@ class GroupMembership:
         max_poll_interval_ms: int,
         retry_backoff_ms: float,
         retry_backoff_max_ms: float,
+        instance_id: str | None = None,
     ) -> None:
         self.group_id = group_id
+        self.instance_id = instance_id
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.max_poll_interval_ms = max_poll_interval_ms
         self.retry_backoff_ms = retry_backoff_ms
@@ -132,12 +142,12 @@ class GroupMembership:
         self.last_poll_ms = now_ms
 
     def leave(self) -> ConsumerGroupHeartbeatRequest | None:
-        """Stop being a member: the heartbeat to send (best effort) with epoch -1, or None
-        when the broker never named this member. Owned partitions should have been revoked
-        first (`revoked`); whatever is left is forgotten."""
+        """Stop being a member: the heartbeat to send (best effort) with epoch -1 (-2 for a
+        static member), or None when the broker never named this member. Owned partitions
+        should have been revoked first (`revoked`); whatever is left is forgotten."""
         request = None
         if self.member_id and self.state in (MemberState.JOINING, MemberState.STABLE):
-            request = self._request(MEMBER_EPOCH_LEAVE, None, None)
+            request = self._request(self._leave_epoch, None, None)
         self._forget()
         self.subscription = ()
         self.state = MemberState.UNSUBSCRIBED
@@ -166,6 +176,14 @@ class GroupMembership:
         """Something else (a refused commit) says the membership may have changed: ask now."""
         self._heartbeat_now(now_ms)
 
+    def fail(self, error: MinibrokerError) -> None:
+        """The group refused this consumer for good outside a heartbeat (a commit answered
+        FENCED_INSTANCE_ID): no more heartbeats."""
+        self.state = MemberState.FATAL
+        self.fatal_error = error
+        self._in_flight = None
+        self._next_heartbeat_ms = math.inf
+
     def lost_handled(self, now_ms: float) -> None:
         """on_partitions_lost ran (from the application's poll): rejoin with epoch 0."""
         self.owned = _NONE
@@ -184,8 +202,9 @@ class GroupMembership:
             self.state is MemberState.STABLE
             and now_ms - self.last_poll_ms > self.max_poll_interval_ms
         ):
-            # Kafka's consumer leaves rather than hold partitions an app stopped consuming.
-            leave = self._request(MEMBER_EPOCH_LEAVE, None, None)
+            # Kafka's consumer leaves rather than hold partitions an app stopped consuming
+            # (a static one for the session timeout, with epoch -2).
+            leave = self._request(self._leave_epoch, None, None)
             self._fence()
             return leave, math.inf
         if now_ms < self._next_heartbeat_ms:
@@ -258,7 +277,12 @@ class GroupMembership:
             rebalance_timeout_ms=self.rebalance_timeout_ms,
             subscribed_topics=None if subscription is None else list(subscription),
             owned=None if owned is None else to_wire(owned),
+            instance_id=self.instance_id,
         )
+
+    @property
+    def _leave_epoch(self) -> int:
+        return MEMBER_EPOCH_LEAVE if self.instance_id is None else MEMBER_EPOCH_LEAVE_STATIC
 
     def _heartbeat_now(self, now_ms: float) -> None:
         if self.state in (MemberState.JOINING, MemberState.STABLE):
@@ -293,6 +317,9 @@ class GroupMembership:
 
 
 def _explain(error: int, message: str | None) -> str | None:
+    prefix = message + "; " if message else ""
     if error == ErrorCode.UNSUPPORTED_VERSION:
-        return (message + "; " if message else "") + "the broker does not serve consumer groups"
+        return prefix + "the broker does not serve consumer groups"
+    if error == ErrorCode.FENCED_INSTANCE_ID:
+        return prefix + "another consumer joined with this one's group_instance_id"
     return message

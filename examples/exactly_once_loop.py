@@ -18,6 +18,16 @@ under read_committed holds each record of A transformed exactly once. A
 transaction that fails (this member lost its partitions meanwhile, or the
 producer timed out) is aborted and its batch read again from where it began.
 
+The consumer is a static member (`group_instance_id`, by default the
+transactional id): the restarted copy joins with the dead one's instance id and
+takes its partitions over at once, where a dynamic member would wait for the
+broker's session timeout (`group_session_timeout_ms`, 45 s by default) to remove
+the dead one first. Should the old copy still run (a pause, not a crash), the
+broker fences it: its producer by the new `init_transactions()`, its consumer
+with FencedInstanceIdError, so it can no longer commit. A copy that stops on
+its own (`--idle-exit-ms`) leaves keeping its partitions for the session
+timeout, so a restart within it moves nothing.
+
 Run several copies with the same --group and distinct --transactional-id to
 share A's partitions among them.
 """
@@ -44,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", required=True, help="topic B, written transactionally")
     parser.add_argument("--group", required=True, help="the consumer group id")
     parser.add_argument("--transactional-id", help="default: <group>-<input>; one per running copy")
+    parser.add_argument(
+        "--instance-id", help="the consumer's group_instance_id; default: the transactional id"
+    )
     parser.add_argument("--batch", type=int, default=100, help="records per transaction, at most")
     parser.add_argument(
         "--idle-exit-ms",
@@ -66,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             args.input,
             bootstrap_servers=args.bootstrap,
             group_id=args.group,
+            group_instance_id=args.instance_id or transactional_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",

@@ -41,7 +41,7 @@ and the client share a single codec and never touch raw maps.
 |                |                                           | txn_app_version, committed_ms}] |
 | ConsumerGroupHeartbeat | group_id, member_id, member_epoch, | member_id, member_epoch,     |
 |                | rebalance_timeout_ms, subscribed_topics,  | heartbeat_interval_ms,        |
-|                | owned [{topic, partitions}]               | assignment [{topic, partitions}] |
+|                | owned [{topic, partitions}], instance_id  | assignment [{topic, partitions}] |
 | OffsetCommit   | group_id, member_id, member_epoch,        | topics [{topic, partitions    |
 |                | topics [{topic, partitions [{partition,   | [{partition, error}]}]        |
 |                | offset, metadata}]}]                      |                               |
@@ -663,8 +663,12 @@ GROUP_STATES = ("EMPTY", "ASSIGNING", "RECONCILING", "STABLE", "DEAD")
 GroupId = Annotated[str, msgspec.Meta(min_length=1, max_length=IDENTIFIER_CHARS_MAX)]
 MemberId = Annotated[str, msgspec.Meta(max_length=IDENTIFIER_CHARS_MAX)]
 OffsetMetadata = Annotated[str, msgspec.Meta(max_length=4096)]
+InstanceId = Annotated[str, msgspec.Meta(min_length=1, max_length=IDENTIFIER_CHARS_MAX)]
 MEMBER_EPOCH_JOIN = 0
 MEMBER_EPOCH_LEAVE = -1
+MEMBER_EPOCH_LEAVE_STATIC = -2
+"""A static member leaves but keeps its partitions for the session timeout, so that its
+restart within it moves nothing (KIP-345, KIP-848)."""
 MEMBER_EPOCH_NONE = -1
 """A commit with member_id "" and this epoch comes from outside the group (manual assignment)."""
 NO_OFFSET = -1
@@ -686,8 +690,9 @@ class ConsumerGroupHeartbeatResponse(Response):
 
 
 class ConsumerGroupHeartbeatRequest(Request, tag="ConsumerGroupHeartbeat"):
-    """Join (member_id "", epoch 0), stay (current epoch) or leave (epoch -1); nil lists
-    are unchanged since the previous heartbeat."""
+    """Join (member_id "", epoch 0), stay (current epoch) or leave (epoch -1; a static
+    member -2 to keep its partitions); nil lists are unchanged since the previous
+    heartbeat. A static member sends its `instance_id` with every heartbeat."""
 
     response = ConsumerGroupHeartbeatResponse
     group_id: GroupId
@@ -696,6 +701,7 @@ class ConsumerGroupHeartbeatRequest(Request, tag="ConsumerGroupHeartbeat"):
     rebalance_timeout_ms: Annotated[int, msgspec.Meta(ge=0)]
     subscribed_topics: list[str] | None = None
     owned: list[GroupTopicPartitions] | None = None
+    instance_id: InstanceId | None = None
 
     def __post_init__(self) -> None:
         if self.subscribed_topics is not None:
@@ -834,6 +840,7 @@ class GroupMemberDescription(msgspec.Struct):
     client_id: str = ""
     subscribed_topics: list[str] = []
     assignment: list[GroupTopicPartitions] = []
+    instance_id: str | None = None
 
 
 class GroupDescription(msgspec.Struct):

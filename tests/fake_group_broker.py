@@ -201,9 +201,11 @@ class FakeGroupBroker:
             return ConsumerGroupHeartbeatResponse(error=E.UNKNOWN_MEMBER_ID)
         else:
             member = self.members[r.member_id]
-            if r.member_epoch == -1:
+            if r.member_epoch in (-1, -2):  # -2: a static member's leave, same here
                 del self.members[r.member_id]
-                return ConsumerGroupHeartbeatResponse(member_id=r.member_id, member_epoch=-1)
+                return ConsumerGroupHeartbeatResponse(
+                    member_id=r.member_id, member_epoch=r.member_epoch
+                )
             if r.member_epoch != member.epoch:
                 return ConsumerGroupHeartbeatResponse(error=E.FENCED_MEMBER_EPOCH)
         if r.subscribed_topics is not None:

@@ -24,6 +24,7 @@ from client import (
     Consumer,
     ConsumerGroupMetadata,
     ConsumerRebalanceListener,
+    FencedInstanceIdError,
     IllegalStateError,
     MinibrokerError,
     NoOffsetForPartitionError,
@@ -359,6 +360,50 @@ async def test_unsubscribe_revokes_then_leaves() -> None:
     assert [m for m, _ in calls.calls] == ["assigned", "revoked"]
 
 
+async def test_a_static_consumer_names_its_instance_and_leaves_keeping_its_partitions() -> None:
+    fake = FakeGroupBroker({"t": 1})
+    async with running(fake) as bootstrap:
+        config = {**FAST, "group_id": "g", "group_instance_id": "i-1"}
+        async with AsyncConsumer("t", bootstrap_servers=bootstrap, **config) as c:
+            with anyio.fail_after(10):
+                while not c.assignment():
+                    await c.getmany(timeout_ms=20)
+    beats = fake.requests("ConsumerGroupHeartbeat")
+    assert len(beats) >= 2 and {r.instance_id for r in beats} == {"i-1"}
+    assert (beats[-1].member_id, beats[-1].member_epoch) == ("m1", -2)
+
+
+@pytest.mark.parametrize("learnt_by", ["OffsetCommit", "ConsumerGroupHeartbeat"])
+async def test_fenced_instance_id_is_fatal_for_the_consumer(learnt_by: str) -> None:
+    fake = FakeGroupBroker({"t": 1})
+    fake.append("t", 0, [b"a", b"b"])
+    async with running(fake) as bootstrap:
+        config = {
+            **FAST,
+            "group_id": "g",
+            "group_instance_id": "i-1",
+            "enable_auto_commit": False,
+        }
+        async with AsyncConsumer("t", bootstrap_servers=bootstrap, **config) as c:
+            with anyio.fail_after(10):
+                while not c.assignment():
+                    await c.getmany(timeout_ms=20)
+            # Another consumer joined with "i-1": the broker fences this one.
+            fake.errors[learnt_by] = [E.FENCED_INSTANCE_ID]
+            if learnt_by == "OffsetCommit":
+                with pytest.raises(FencedInstanceIdError):
+                    await c.commit({TopicPartition("t", 0): 1})
+            with anyio.fail_after(10), pytest.raises(FencedInstanceIdError):
+                while True:
+                    await c.getmany(timeout_ms=20)
+            with pytest.raises(FencedInstanceIdError):  # every later poll, too
+                await c.getmany(timeout_ms=0)
+        assert fake.offsets == {}
+    # No rejoin (it would fence the other consumer in turn), and no leave on close.
+    assert all(r.member_epoch >= 0 for r in fake.requests("ConsumerGroupHeartbeat"))
+    assert fake.joins == 1
+
+
 async def test_group_calls_need_a_group_id_and_broker_side_settings_are_refused() -> None:
     c = AsyncConsumer(bootstrap_servers="127.0.0.1:1")
     with pytest.raises(IllegalStateError, match="group_id"):
@@ -367,6 +412,11 @@ async def test_group_calls_need_a_group_id_and_broker_side_settings_are_refused(
         AsyncConsumer(group_id="g", session_timeout_ms=10_000)
     with pytest.raises(ValueError, match="not both"):
         AsyncConsumer("t", TopicPartition("t", 0), group_id="g")
+    with pytest.raises(ValueError, match="group_instance_id needs a group_id"):
+        AsyncConsumer(group_instance_id="i-1")
+    for bad in ("", "x" * 256):
+        with pytest.raises(ValueError, match="1 to 255 characters"):
+            AsyncConsumer(group_id="g", group_instance_id=bad)
 
 
 # --------------------------------------------------------------------------- the sync face

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from client.errors import MinibrokerError
+from client.errors import FencedInstanceIdError, MinibrokerError
 from client.group_membership import Changes, GroupMembership, MemberState, to_wire
 from client.types import TopicPartition
 from protocol.errors import ErrorCode
@@ -27,7 +27,7 @@ U0 = TopicPartition("u", 0)
 INTERVAL = 3_000
 
 
-def make(**overrides: float) -> GroupMembership:
+def make(instance_id: str | None = None, **overrides: float) -> GroupMembership:
     settings: dict[str, float] = {
         "rebalance_timeout_ms": 60_000,
         "max_poll_interval_ms": 60_000,
@@ -35,7 +35,7 @@ def make(**overrides: float) -> GroupMembership:
         "retry_backoff_max_ms": 1_000,
     }
     settings.update(overrides)
-    return GroupMembership("g", **settings)  # type: ignore[arg-type]
+    return GroupMembership("g", instance_id=instance_id, **settings)  # type: ignore[arg-type]
 
 
 def answer(
@@ -61,9 +61,11 @@ def send(m: GroupMembership, now: float) -> ConsumerGroupHeartbeatRequest:
     return request
 
 
-def joined(assignment: list[TopicPartition], now: float = 0) -> GroupMembership:
+def joined(
+    assignment: list[TopicPartition], now: float = 0, instance_id: str | None = None
+) -> GroupMembership:
     """A member that joined at `now`, got `assignment` and took it."""
-    m = make()
+    m = make(instance_id)
     m.subscribe(["t"], now)
     send(m, now)
     changes = m.on_heartbeat(answer(1, assignment), now)
@@ -82,6 +84,7 @@ def test_join_names_no_member_and_sends_every_field() -> None:
     assert request.subscribed_topics == ["t", "u"]
     assert request.owned == []  # sent, though empty: the first heartbeat carries everything
     assert request.rebalance_timeout_ms == 60_000
+    assert request.instance_id is None  # a dynamic member, as before static membership
     assert m.poll(10) == (None, math.inf)  # one heartbeat in flight at a time
 
 
@@ -309,3 +312,61 @@ def test_heartbeat_soon_asks_at_once_and_never_later_than_planned() -> None:
     assert m.poll(10) == (None, INTERVAL)
     m.heartbeat_soon(10)  # a commit was refused: what became of this member?
     assert send(m, 10).member_epoch == 1
+
+
+# ------------------------------------------------------------------ static membership
+
+
+def test_a_static_member_names_its_instance_in_every_heartbeat_and_leaves_with_minus_two() -> None:
+    m = make("i-1")
+    m.subscribe(["t"], 0)
+    requests = [send(m, 0)]
+    changes = m.on_heartbeat(answer(1, [T0]), 0)
+    m.assigned(changes.assign, 0)
+    requests.append(send(m, 0))
+    m.on_heartbeat(answer(1), 0)
+    requests.append(send(m, INTERVAL))
+    m.on_heartbeat(answer(1), INTERVAL)
+    m.revoked(frozenset({T0}), INTERVAL)
+    leave = m.leave()
+    assert leave is not None
+    assert [r.instance_id for r in [*requests, leave]] == ["i-1"] * 4
+    assert (leave.member_id, leave.member_epoch) == ("m1", -2)  # keeps its partitions
+
+
+def test_a_static_member_not_polled_leaves_with_minus_two() -> None:
+    m = make("i-1", max_poll_interval_ms=10_000)
+    m.subscribe(["t"], 0)
+    send(m, 0)
+    m.on_heartbeat(answer(1, [T0]), 0)
+    m.assigned(frozenset({T0}), 0)
+    send(m, 0)
+    m.on_heartbeat(answer(1), 0)
+    leave, _ = m.poll(10_001)
+    assert leave is not None and (leave.member_epoch, leave.instance_id) == (-2, "i-1")
+    assert m.pending() == Changes(lost=frozenset({T0}))
+    m.lost_handled(20_000)
+    rejoin = send(m, 20_000)  # takes its partitions back at once, if within the session
+    assert (rejoin.member_id, rejoin.member_epoch, rejoin.instance_id) == ("", 0, "i-1")
+
+
+def test_fenced_instance_id_is_fatal_and_never_rejoins() -> None:
+    m = joined([T0], instance_id="i-1")
+    send(m, INTERVAL)
+    changes = m.on_heartbeat(answer(error=E.FENCED_INSTANCE_ID, member_id=""), INTERVAL)
+    assert isinstance(changes.fatal, FencedInstanceIdError)
+    assert changes.fatal.code == E.FENCED_INSTANCE_ID
+    assert "group_instance_id" in str(changes.fatal)
+    assert m.state is MemberState.FATAL and m.fatal_error is changes.fatal
+    assert m.poll(10**9) == (None, math.inf)  # a rejoin would fence the newer consumer
+    assert m.leave() is None
+
+
+def test_a_commit_that_learnt_of_the_fence_stops_the_heartbeats() -> None:
+    m = joined([T0], instance_id="i-1")
+    send(m, INTERVAL)  # in flight when the commit's answer comes
+    error = FencedInstanceIdError("commit: FENCED_INSTANCE_ID", E.FENCED_INSTANCE_ID)
+    m.fail(error)
+    assert (m.state, m.fatal_error) == (MemberState.FATAL, error)
+    assert not m.on_heartbeat(answer(1), INTERVAL + 1)  # the heartbeat's answer is ignored
+    assert m.poll(10**9) == (None, math.inf)

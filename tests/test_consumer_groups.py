@@ -10,9 +10,14 @@
 - A member that lost its partitions cannot commit for them, in or out of a
   transaction; one the broker forgot (a restart) is refused, learns it, rejoins
   and resumes from the committed offset.
+- Static membership: a consumer started with a running one's `group_instance_id`
+  takes its partitions at once and the old one can no longer commit; one that
+  closes keeps its partitions for the session timeout.
 - The consume-transform-produce loop of examples/exactly_once_loop.py, SIGKILLed
   at seeded random points 20 times and restarted: the output topic, read
-  committed, holds each input record's transform exactly once.
+  committed, holds each input record's transform exactly once. Killed and
+  restarted under the default 45 s session timeout, it commits again in well
+  under it (static membership), still exactly once.
 - `minibroker groups list | describe | reset-offsets`.
 """
 
@@ -21,9 +26,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import queue
 import random
 import select
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -39,6 +46,7 @@ from client import (
     CommitFailedError,
     Consumer,
     ConsumerRebalanceListener,
+    FencedInstanceIdError,
     NonEmptyGroupError,
     Producer,
     TopicPartition,
@@ -85,9 +93,12 @@ def broker(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
 
 
 def wait_for(
-    condition: Callable[[], bool], what: str, step: Callable[[], object] = lambda: None
+    condition: Callable[[], bool],
+    what: str,
+    step: Callable[[], object] = lambda: None,
+    limit_s: float = LIMIT_S,
 ) -> None:
-    deadline = time.monotonic() + LIMIT_S
+    deadline = time.monotonic() + limit_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         step()
@@ -418,6 +429,184 @@ def test_a_member_the_broker_forgot_cannot_commit_and_rejoins_from_the_committed
         proc.kill()
 
 
+# --------------------------------------------------------------------------- static membership
+
+
+def test_a_second_consumer_with_the_instance_id_takes_over_and_fences_the_first(
+    tmp_path: Path, backend: str
+) -> None:
+    # A 30 s session: whatever moves within a few seconds did not wait for it.
+    proc = group_broker(tmp_path, backend, session_ms=30_000)
+    limit_s = 10.0
+    try:
+        bootstrap = proc.bootstrap
+        create_topic(bootstrap, "in", 2)
+        produce(bootstrap, "in", {0: ["a", "b"], 1: ["c"]})
+        both = {TopicPartition("in", 0), TopicPartition("in", 1)}
+        config = {
+            "group_id": "g",
+            "group_instance_id": "worker-1",
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            **FAST,
+        }
+        first = Consumer("in", bootstrap_servers=bootstrap, **config)
+        wait_for(lambda: first.assignment() == both, "the first's assignment", first.poll)
+        zombie = first.group_metadata()
+        # The first is still running (a long pause, say) when its replacement starts.
+        with Consumer("in", bootstrap_servers=bootstrap, **config) as second:
+            wait_for(lambda: second.assignment() == both, "a takeover", second.poll, limit_s)
+            with pytest.raises(FencedInstanceIdError):
+                first.commit({TopicPartition("in", 0): 1})
+            with pytest.raises(FencedInstanceIdError):
+                first.poll(timeout_ms=0)  # fatal: it never rejoins to fence the second
+            with Producer(bootstrap, transactional_id="zombie-txn") as producer:
+                producer.init_transactions()
+                producer.begin_transaction()
+                with pytest.raises(TxnOffsetCommitFailedError) as info:
+                    producer.send_offsets_to_transaction({TopicPartition("in", 0): 2}, zombie)
+                assert info.value.code == 82  # FENCED_INSTANCE_ID
+                producer.abort_transaction()
+            first.close()  # no leave: the second keeps the partitions
+            second.commit({TopicPartition("in", 0): 2})
+            (group,) = describe_groups(bootstrap, ["g"])
+            ((member_id, instance_id),) = [(m.member_id, m.instance_id) for m in group.members]
+            assert (member_id, instance_id) == (second.group_metadata().member_id, "worker-1")
+        # It closed: it keeps its partitions for the session, as a member at epoch -2 ...
+        (group,) = describe_groups(bootstrap, ["g"])
+        assert [(m.instance_id, m.member_epoch) for m in group.members] == [("worker-1", -2)]
+        with pytest.raises(NonEmptyGroupError):
+            alter_group_offsets(bootstrap, "g", {TopicPartition("in", 0): 0})
+        # ... so a restart within it gets them back at once, from the committed offsets.
+        with Consumer("in", bootstrap_servers=bootstrap, **config) as third:
+            got: list[str] = []
+            wait_for(
+                lambda: len(got) == 1,
+                "the restart's records",
+                lambda: got.extend(
+                    r.value.decode() for rs in third.poll(timeout_ms=50).values() for r in rs
+                ),
+                limit_s,
+            )
+            assert third.assignment() == both and got == ["c"]  # in-0 resumes at 2
+    finally:
+        proc.kill()
+
+
+class Lines:
+    """A process's stdout lines, each with the time it was read, by a thread (so a
+    pipe never fills and no line waits in a buffer)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self._lines: queue.Queue[tuple[float, str] | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._lines.put((time.monotonic(), line))
+        self._lines.put(None)
+
+    def wait_for(self, prefix: str, timeout_s: float) -> float | None:
+        """When the next line starting with `prefix` was read; None at the end or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while (left_s := deadline - time.monotonic()) > 0:
+            try:
+                item = self._lines.get(timeout=left_s)
+            except queue.Empty:
+                return None
+            if item is None:
+                return None
+            if item[1].startswith(prefix):
+                return item[0]
+        return None
+
+
+def test_a_restarted_exactly_once_loop_takes_its_partitions_over_at_once(
+    tmp_path: Path, backend: str
+) -> None:
+    """examples/exactly_once_loop.py SIGKILLed after its first commit and restarted, five
+    times, under the broker's default session (45 s) and heartbeat (5 s): each restart
+    commits within a tenth of the session timeout of its start (a dynamic member would
+    wait for the dead one's session to run out), the group never holds the dead copy
+    beside the new one, and the output is still exactly once. The measured times are
+    printed (pytest -s)."""
+    session_ms = 45_000
+    proc = group_broker(tmp_path, backend, session_ms=session_ms, heartbeat_ms=5_000)
+    try:
+        bootstrap = proc.bootstrap
+        create_topic(bootstrap, "a", 3)
+        create_topic(bootstrap, "b", 3)
+        inputs: list[str] = []
+        command = [
+            sys.executable,
+            str(ROOT / "examples" / "exactly_once_loop.py"),
+            *("--bootstrap", bootstrap, "--input", "a", "--output", "b", "--group", "upper"),
+            *("--batch", "20"),
+        ]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        limit_s = session_ms / 1000 / 10
+        takeovers: list[float] = []  # from a restarted copy's "started" to its first commit
+        outages: list[float] = []  # from the kill to that commit
+        killed_at: float | None = None
+        for run in range(6):
+            # Fresh input every run, so a restarted copy always has something to commit.
+            values = {p: [f"r{run}-{p}-{i}" for i in range(300)] for p in range(3)}
+            produce(bootstrap, "a", values)
+            inputs += [v for vs in values.values() for v in vs]
+            loop = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+            try:
+                lines = Lines(loop)
+                started = lines.wait_for("started", LIMIT_S)
+                assert started is not None, f"run {run}: the loop did not start"
+                committed = lines.wait_for("committed", LIMIT_S if killed_at is None else limit_s)
+                assert committed is not None, (
+                    f"run {run}: no commit within {limit_s} s of the start: the dead copy's "
+                    f"partitions were not taken over (session timeout {session_ms} ms)"
+                )
+                if killed_at is not None:
+                    takeovers.append(committed - started)
+                    outages.append(committed - killed_at)
+                (group,) = describe_groups(bootstrap, ["upper"])
+                assert [m.instance_id for m in group.members] == ["upper-a"], group
+            finally:
+                loop.send_signal(signal.SIGKILL)
+                loop.wait(10)
+            killed_at = time.monotonic()
+        final = subprocess.run(
+            [*command, "--idle-exit-ms", "3000"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert final.returncode == 0, final.stderr
+        with Consumer(
+            "b",
+            bootstrap_servers=bootstrap,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            consumer_timeout_ms=5_000,
+        ) as reader:
+            output = Counter(r.value.decode() for r in reader)
+        expected = Counter(v.upper() for v in inputs)
+        missing, doubled = sorted(expected - output), sorted(output - expected)
+        assert output == expected, f"missing {missing[:5]}, doubled {doubled[:5]}"
+        print(
+            f"\n[{backend}] restart to first commit, ms: started->commit "
+            f"{_spread(takeovers)}; kill->commit {_spread(outages)} "
+            f"(session timeout {session_ms} ms)"
+        )
+    finally:
+        proc.kill()
+
+
+def _spread(seconds: list[float]) -> str:
+    ms = sorted(round(s * 1000) for s in seconds)
+    return f"median {statistics.median(ms):.0f} (min {ms[0]}, max {ms[-1]}; {ms})"
+
+
 # --------------------------------------------------------------------------- exactly once
 
 
@@ -459,8 +648,9 @@ def test_exactly_once_loop_killed_twenty_times(tmp_path: Path, backend: str) -> 
                 # Half the kills come after a first commit, so they land in full flow
                 # however slow the machine is.
                 committed_runs += _wait_for_line(loop.stdout, "committed", 60)
-            # From joining the group (the dead predecessor's session must time out first)
-            # through fetching committed offsets to many transactions in full flow.
+            # From joining the group (taking the dead predecessor's place: static
+            # membership) through fetching committed offsets to many transactions in
+            # full flow.
             time.sleep(rng.uniform(0, 1.2))
             loop.send_signal(signal.SIGKILL)
             loop.wait(10)

@@ -1,11 +1,12 @@
 """Unit tests of the consumer-group core, no broker: the assignor's balance and
 stickiness (broker/groups/assignor.py) and the membership transitions, fencing codes,
-timeouts and the no-two-owners invariant (broker/groups/state.py)."""
+timeouts, static membership and the no-two-owners invariant (broker/groups/state.py)."""
 
 from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from broker.groups.state import (
     GroupSettings,
     Heartbeat,
     check_invariants,
+    commit_error,
     expire,
     heartbeat,
 )
@@ -188,6 +190,7 @@ def _request(
     subscribed: list[str] | None = None,
     owned: frozenset[TopicPartition] | set[TopicPartition] | None = None,
     rebalance_timeout_ms: int = 30_000,
+    instance_id: str | None = None,
 ) -> m.ConsumerGroupHeartbeatRequest:
     return m.ConsumerGroupHeartbeatRequest(
         group_id="g",
@@ -196,6 +199,7 @@ def _request(
         rebalance_timeout_ms=rebalance_timeout_ms,
         subscribed_topics=subscribed,
         owned=None if owned is None else _owned(owned),
+        instance_id=instance_id,
     )
 
 
@@ -224,8 +228,8 @@ class Harness:
         check_invariants(self.group)
         return result
 
-    def join(self, topics: list[str] | None = None) -> Heartbeat:
-        result = self.beat(_request("", 0, subscribed=topics or ["t"]))
+    def join(self, topics: list[str] | None = None, instance_id: str | None = None) -> Heartbeat:
+        result = self.beat(_request("", 0, subscribed=topics or ["t"], instance_id=instance_id))
         assert result.error == ErrorCode.NONE, result
         return result
 
@@ -426,6 +430,196 @@ def test_a_member_keeping_revoked_partitions_past_its_rebalance_timeout_is_remov
     assert expire(h.group, 4_000, SETTINGS).removed == {a.member_id: "rebalance_timeout"}
 
 
+# ------------------------------------------------------------------ static membership
+
+
+def _static_and_dynamic() -> tuple[Harness, Heartbeat, Heartbeat]:
+    """A static member "a" (instance "i-a") holding 0-2 and a dynamic one holding 3-5."""
+    h = Harness()
+    a = h.join(instance_id="i-a")
+    b = h.join()
+    h.beat(_request(a.member_id, 1, owned=_tps(0, 1, 2), instance_id="i-a"))
+    assert h.beat(_request(b.member_id, 2, owned=set())).assignment == _tps(3, 4, 5)
+    h.beat(_request(b.member_id, 2, owned=_tps(3, 4, 5)))
+    h.beat(_request(a.member_id, 2, owned=_tps(0, 1, 2), instance_id="i-a"))
+    assert h.group.state == STABLE and h.group.group_epoch == 2
+    return h, a, b
+
+
+def test_a_restarted_static_member_takes_its_partitions_at_once_and_fences_the_old_one() -> None:
+    h, a, b = _static_and_dynamic()
+    before = h.group.members[b.member_id]
+    # The process of "a" died; its restart joins with the same instance id, owning nothing.
+    a2 = h.beat(_request("", 0, subscribed=["t"], owned=set(), instance_id="i-a"))
+    assert a2.error == ErrorCode.NONE and a2.replaced == a.member_id
+    assert a2.member_id not in (a.member_id, b.member_id)
+    assert (a2.member_epoch, a2.assignment) == (2, _tps(0, 1, 2))  # no session timeout waited
+    assert h.group.group_epoch == 2 and h.group.state == STABLE  # the others notice nothing
+    assert set(h.group.members) == {a2.member_id, b.member_id}
+    assert h.group.members[b.member_id] == before
+    assert h.group.members[a2.member_id].instance_id == "i-a"
+    # The old member, should it still run, is fenced on its next heartbeat and commit.
+    for instance in ("i-a", None):
+        old = h.beat(_request(a.member_id, 2, instance_id=instance))
+        assert old.error == ErrorCode.FENCED_INSTANCE_ID and a2.member_id in (old.message or "")
+    assert commit_error(h.group, a.member_id, 2) == ErrorCode.FENCED_INSTANCE_ID
+    assert commit_error(h.group, a2.member_id, 2) == ErrorCode.NONE
+    assert h.beat(_request(a2.member_id, 2, instance_id="i-a")).error == ErrorCode.NONE
+
+
+def test_a_replacement_does_not_inherit_what_its_predecessor_was_giving_up() -> None:
+    h = Harness()
+    a = h.join(instance_id="i-a")
+    b = h.join()
+    told = h.beat(_request(a.member_id, 1, owned=a.assignment, instance_id="i-a"))
+    assert told.assignment == _tps(0, 1, 2)  # 3-5 are being given up, still a's
+    assert h.beat(_request(b.member_id, 2)).assignment is None
+    a2 = h.beat(_request("", 0, subscribed=["t"], owned=set(), instance_id="i-a"))
+    assert a2.assignment == _tps(0, 1, 2) and a2.member_epoch == 2
+    assert h.group.members[a2.member_id].pending_revocation == frozenset()
+    assert h.beat(_request(b.member_id, 2)).assignment == _tps(3, 4, 5)
+
+
+def test_a_replacement_with_another_subscription_reassigns() -> None:
+    h, _, _ = _static_and_dynamic()
+    a2 = h.beat(_request("", 0, subscribed=["t", "u"], owned=set(), instance_id="i-a"))
+    assert a2.error == ErrorCode.NONE and h.group.group_epoch == 3
+    assert h.group.members[a2.member_id].subscribed_topics == {"t", "u"}
+
+
+def test_a_static_member_leaving_with_minus_two_keeps_its_partitions_for_the_session() -> None:
+    h, a, b = _static_and_dynamic()
+    h.now_ms += 1_000
+    left = h.beat(_request(a.member_id, m.MEMBER_EPOCH_LEAVE_STATIC, instance_id="i-a"))
+    assert (left.error, left.member_epoch) == (ErrorCode.NONE, m.MEMBER_EPOCH_LEAVE_STATIC)
+    assert h.group.group_epoch == 2 and h.group.state == STABLE  # nothing moves
+    departed = h.group.members[a.member_id]
+    assert departed.assigned == _tps(0, 1, 2) and departed.departed
+    assert h.beat(_request(b.member_id, 2)).assignment is None
+    # It left: its heartbeats and commits are refused until a rejoin.
+    for epoch in (2, m.MEMBER_EPOCH_LEAVE_STATIC):
+        assert h.beat(_request(a.member_id, epoch)).error == ErrorCode.FENCED_MEMBER_EPOCH
+    for epoch in (2, m.MEMBER_EPOCH_LEAVE_STATIC, -1):
+        assert commit_error(h.group, a.member_id, epoch) == ErrorCode.FENCED_MEMBER_EPOCH
+    assert commit_error(h.group, "", -1) == ErrorCode.UNKNOWN_MEMBER_ID  # the group has members
+    # Its session runs from the leave.
+    deadline = departed.deadline_ms(SETTINGS.session_timeout_ms)
+    assert deadline == h.now_ms + SETTINGS.session_timeout_ms
+    # A restart within it takes the same partitions, and moves nothing else.
+    h.now_ms += 5_000
+    a2 = h.beat(_request("", 0, subscribed=["t"], owned=set(), instance_id="i-a"))
+    assert (a2.replaced, a2.assignment, a2.member_epoch) == (a.member_id, _tps(0, 1, 2), 2)
+    assert h.group.group_epoch == 2 and not h.group.members[a2.member_id].departed
+
+
+def test_a_departed_static_member_expires_with_its_session_and_its_partitions_move() -> None:
+    h, a, b = _static_and_dynamic()
+    h.now_ms += 1_000
+    h.beat(_request(a.member_id, m.MEMBER_EPOCH_LEAVE_STATIC, instance_id="i-a"))
+    deadline = h.now_ms + SETTINGS.session_timeout_ms
+    h.now_ms = deadline - 1
+    h.beat(_request(b.member_id, 2))
+    assert not expire(h.group, h.now_ms, SETTINGS).removed
+    gone = expire(h.group, deadline, SETTINGS)
+    assert gone.removed == {a.member_id: "session_timeout"}
+    h.group = gone.group
+    assert h.beat(_request(b.member_id, 2)).assignment == _tps(*range(6))
+    # The instance id is free: a later join with it is a new member, replacing no one.
+    a2 = h.join(instance_id="i-a")
+    assert a2.replaced is None and a2.assignment == frozenset()
+
+
+def test_a_departed_member_gives_a_newcomer_what_leaves_its_target_at_once() -> None:
+    h = Harness()
+    a = h.join(instance_id="i-a")
+    h.beat(_request(a.member_id, 1, owned=a.assignment, instance_id="i-a"))
+    h.beat(_request(a.member_id, m.MEMBER_EPOCH_LEAVE_STATIC, instance_id="i-a"))
+    # It revoked everything before leaving, so no revocation of it is waited for.
+    b = h.join()
+    assert b.assignment == _tps(3, 4, 5)
+    assert h.group.members[a.member_id].assigned == _tps(0, 1, 2)
+    assert h.group.target[a.member_id] == _tps(0, 1, 2)
+
+
+def test_a_dynamic_member_leaving_with_minus_two_just_leaves() -> None:
+    h = Harness()
+    a = h.join()
+    b = h.join()
+    left = h.beat(_request(a.member_id, m.MEMBER_EPOCH_LEAVE_STATIC))
+    assert left.error == ErrorCode.NONE and set(h.group.members) == {b.member_id}
+    assert h.group.group_epoch == 3
+
+
+def test_a_static_member_that_times_out_frees_its_instance_id() -> None:
+    h = Harness()
+    a = h.join(instance_id="i-a")
+    gone = expire(h.group, a.deadline_ms, SETTINGS)
+    assert gone.removed == {a.member_id: "session_timeout"} and not gone.group.members
+    h.group = gone.group
+    # Unknown, and no one holds its instance id: rejoin, as a dynamic member would.
+    late = h.beat(_request(a.member_id, 1, instance_id="i-a"))
+    assert late.error == ErrorCode.UNKNOWN_MEMBER_ID
+    again = h.join(instance_id="i-a")
+    assert again.replaced is None and again.assignment == _tps(*range(6))
+    # Now it is held: the old id is told it was fenced, not to rejoin (which would fence
+    # the new member in turn).
+    assert h.beat(_request(a.member_id, 1, instance_id="i-a")).error == (
+        ErrorCode.FENCED_INSTANCE_ID
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "code"),
+    [
+        ("another instance", ErrorCode.INVALID_REQUEST),
+        ("a dynamic member naming one", ErrorCode.INVALID_REQUEST),
+        ("a known id joining with another instance", ErrorCode.INVALID_REQUEST),
+        ("without its instance id", ErrorCode.NONE),
+        ("unknown id, instance held", ErrorCode.FENCED_INSTANCE_ID),
+        ("unknown id, instance free", ErrorCode.UNKNOWN_MEMBER_ID),
+    ],
+)
+def test_static_membership_codes(case: str, code: ErrorCode) -> None:
+    h, a, b = _static_and_dynamic()
+    request = {
+        "another instance": _request(a.member_id, 2, instance_id="i-b"),
+        "a dynamic member naming one": _request(b.member_id, 2, instance_id="i-b"),
+        "a known id joining with another instance": _request(
+            a.member_id, 0, subscribed=["t"], instance_id="i-b"
+        ),
+        "without its instance id": _request(a.member_id, 2),
+        "unknown id, instance held": _request("nobody", 2, instance_id="i-a"),
+        "unknown id, instance free": _request("nobody", 2, instance_id="i-z"),
+    }[case]
+    before = h.group
+    result = h.beat(request)
+    assert result.error == code and (result.message or not code)
+    if code:
+        assert h.group is before
+
+
+def test_a_full_group_takes_a_replacement() -> None:
+    small = GroupSettings(10_000, max_size=1, max_rebalance_timeout_ms=60_000)
+    join = _request("", 0, subscribed=["t"], instance_id="i")
+    first = heartbeat(Group("g"), join, None, {"t": 2}, 0, small, "one")
+    second = heartbeat(first.group, join, None, {"t": 2}, 5, small, "two")
+    assert (second.error, second.replaced, second.assignment) == (0, "one", _tps(0, 1))
+    other = _request("", 0, subscribed=["t"], instance_id="j")
+    full = heartbeat(second.group, other, None, {"t": 2}, 5, small, "three")
+    assert full.error == ErrorCode.GROUP_MAX_SIZE_REACHED
+
+
+def test_commit_error_answers_as_kafka_validates_an_offset_commit() -> None:
+    h, _, b = _static_and_dynamic()
+    assert commit_error(None, "", -1) == ErrorCode.NONE  # no members: from outside
+    assert commit_error(None, "x", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert commit_error(h.group, b.member_id, 2) == ErrorCode.NONE
+    assert commit_error(h.group, b.member_id, 3) == ErrorCode.FENCED_MEMBER_EPOCH
+    assert commit_error(h.group, b.member_id, 1) == ErrorCode.STALE_MEMBER_EPOCH
+    assert commit_error(h.group, "", -1) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert commit_error(h.group, "nobody", 2) == ErrorCode.UNKNOWN_MEMBER_ID
+
+
 # ------------------------------------------------------------------ the random walk
 
 
@@ -441,10 +635,11 @@ class Client:
     reported: frozenset[TopicPartition] | None = None
     lost_answer: bool = False
     last_beat_ms: int = 0
+    instance_id: str | None = None
 
     def request(self, rng: random.Random) -> m.ConsumerGroupHeartbeatRequest:
         if not self.member_id:
-            return _request("", 0, subscribed=self.topics)
+            return _request("", 0, subscribed=self.topics, instance_id=self.instance_id)
         owned = frozenset(self.owned)
         full = self.lost_answer
         send_owned = full or owned != self.reported or rng.random() < 0.3
@@ -453,6 +648,7 @@ class Client:
             self.epoch,
             subscribed=self.topics if full or rng.random() < 0.1 else None,
             owned=owned if send_owned else None,
+            instance_id=self.instance_id,
         )
 
     def answered(self, result: Heartbeat, request: m.ConsumerGroupHeartbeatRequest) -> None:
@@ -470,13 +666,19 @@ class Client:
 
 
 def test_a_random_walk_never_gives_a_partition_two_owners() -> None:
-    """1,000 seeded steps of joins, heartbeats, slow revocations, lost answers,
-    subscription changes, new partitions, leaves and kills; after each, the broker's
-    invariant holds and no two live members consume the same partition."""
+    """1,000 seeded steps of joins (dynamic and static), heartbeats, slow revocations,
+    lost answers, subscription changes, new partitions, leaves (-1, and -2 for static
+    members), kills, and restarts of static members, whose predecessor is killed or
+    left running; after each, the broker's invariant holds, no two live members consume
+    the same partition, and every heartbeat of a replaced predecessor is refused."""
     rng = random.Random(848)
     counts = {"a": 6, "b": 3}
     group = Group("g")
     clients: list[Client] = []
+    zombies: list[Client] = []  # replaced, still running: the one exception to one owner
+    departed: list[Client] = []  # static members that left with -2
+    instances = (f"i{n}" for n in itertools.count())
+    seen: Counter[str] = Counter()  # what happened, so the walk is known to cover it
     now = 0
     ids = itertools.count()
     settings = GroupSettings(10_000, max_size=12, max_rebalance_timeout_ms=60_000)
@@ -487,23 +689,36 @@ def test_a_random_walk_never_gives_a_partition_two_owners() -> None:
         result = heartbeat(group, request, None, counts, now, settings, f"m{next(ids)}")
         group = result.group
         client.last_beat_ms = now
+        assert result.error != ErrorCode.FENCED_INSTANCE_ID, "a live member was fenced"
+        seen["replaced"] += result.replaced is not None
         if lossy and not result.error and rng.random() < 0.05:
             client.lost_answer = True  # the answer never arrives
             return
         client.answered(result, request)
 
+    def leave(client: Client) -> None:
+        nonlocal group
+        if client.member_id:
+            epoch = m.MEMBER_EPOCH_LEAVE if client.instance_id is None else -2
+            request = _request(client.member_id, epoch, instance_id=client.instance_id)
+            group = heartbeat(group, request, None, counts, now, settings, "x").group
+            if client.instance_id is not None:
+                departed.append(client)
+                seen["departed"] += 1
+
+    def restart(instance_id: str | None, topics: list[str]) -> None:
+        clients.append(Client(topics=topics, instance_id=instance_id))
+        beat(clients[-1])
+
     for _ in range(1_000):
         now += rng.randint(0, 300)
         roll = rng.random()
+        static = [c for c in clients if c.instance_id is not None]
         if roll < 0.08 and len(clients) < 10:
-            clients.append(Client(topics=rng.choice([["a"], ["a", "b"], ["b", "c"]])))
-            beat(clients[-1])
+            topics = rng.choice([["a"], ["a", "b"], ["b", "c"]])
+            restart(next(instances) if rng.random() < 0.5 else None, topics)
         elif roll < 0.12 and clients:
-            leaving = clients.pop(rng.randrange(len(clients)))
-            if leaving.member_id:
-                group = heartbeat(
-                    group, _request(leaving.member_id, -1), None, counts, now, settings, "x"
-                ).group
+            leave(clients.pop(rng.randrange(len(clients))))
         elif roll < 0.15 and clients:
             clients.pop(rng.randrange(len(clients)))  # killed: it just stops
         elif roll < 0.17 and clients:
@@ -513,12 +728,35 @@ def test_a_random_walk_never_gives_a_partition_two_owners() -> None:
             counts[grow] = counts.get(grow, 0) + rng.randint(1, 2)
         elif roll < 0.20:
             now += settings.session_timeout_ms  # long enough for the killed to expire
+        elif roll < 0.23 and static:
+            old = static[rng.randrange(len(static))]
+            clients.remove(old)
+            if rng.random() < 0.5:
+                zombies.append(old)  # paused, not dead: it will heartbeat again
+            restart(old.instance_id, old.topics)
+        elif roll < 0.25 and departed:
+            old = departed.pop(rng.randrange(len(departed)))
+            if not any(c.instance_id == old.instance_id for c in clients):
+                restart(old.instance_id, old.topics)
         elif clients:
             client = rng.choice(clients)
             if client.revoking and rng.random() < 0.7:
                 client.owned -= client.revoking  # done with its revocation callbacks
                 client.revoking = set()
             beat(client)
+        for zombie in list(zombies):
+            if zombie.member_id and rng.random() < 0.3:
+                holders = {mb.instance_id for mb in group.members.values()}
+                request = zombie.request(rng)
+                result = heartbeat(group, request, None, counts, now, settings, "z")
+                # Fenced for good while its instance id is held; else merely unknown.
+                fenced = zombie.instance_id in holders
+                assert result.error == (
+                    ErrorCode.FENCED_INSTANCE_ID if fenced else ErrorCode.UNKNOWN_MEMBER_ID
+                ), result
+                assert result.group is group
+                seen[ErrorCode.name_of(result.error)] += 1
+                zombies.remove(zombie)
         for client in clients:  # live members keep their sessions
             if client.member_id and now - client.last_beat_ms > settings.session_timeout_ms // 2:
                 beat(client)
@@ -529,6 +767,7 @@ def test_a_random_walk_never_gives_a_partition_two_owners() -> None:
             assert not x.owned & y.owned, (x, y)
         for c in members:
             assert c.owned <= group.members[c.member_id].assigned, c
+    assert min(seen[k] for k in ("replaced", "departed", "FENCED_INSTANCE_ID")) > 0, seen
 
     # Once the killed members expire, well-behaved members converge on a balanced target.
     now += settings.session_timeout_ms
@@ -641,3 +880,35 @@ async def test_a_failing_expiry_is_logged_and_the_timer_goes_on(
             while groups.has_members("b"):
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_describe_shows_instance_ids_and_a_replacement_is_logged(
+    anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", "minibroker")
+    groups = GroupCoordinator(BrokerConfig(), {"t": 2})
+    static = _join("g", ["t"])
+    static.instance_id = "i-1"
+    first = await groups.heartbeat(static)
+    await groups.heartbeat(_join("g", ["t"]))
+    (group,) = groups.describe_groups(m.DescribeGroupsRequest(group_ids=["g"])).groups
+    assert sorted((mb.member_id == first.member_id, mb.instance_id) for mb in group.members) == [
+        (False, None),
+        (True, "i-1"),
+    ]
+    second = await groups.heartbeat(static)
+    # Its predecessor's share (it was giving the other partition up) comes at once.
+    assert second.assignment is not None and len(second.assignment[0].partitions) == 1
+    assert groups.check_member("g", first.member_id, first.member_epoch) == (
+        ErrorCode.FENCED_INSTANCE_ID
+    )
+    assert (
+        f"event=group_member_fenced group='g' member={first.member_id} instance='i-1' "
+        f"replaced_by={second.member_id}"
+    ) in caplog.text
+    leave = _request(second.member_id, m.MEMBER_EPOCH_LEAVE_STATIC, instance_id="i-1")
+    assert (await groups.heartbeat(leave)).member_epoch == m.MEMBER_EPOCH_LEAVE_STATIC
+    assert f"event=group_member_departed group='g' member={second.member_id}" in caplog.text
+    (group,) = groups.describe_groups(m.DescribeGroupsRequest(group_ids=["g"])).groups
+    assert {mb.instance_id: mb.member_epoch for mb in group.members}["i-1"] == -2

@@ -1,6 +1,6 @@
 """Consumer-group membership against the real broker process, over the raw wire
 (docs/protocol.md section 6): joins, reconciliation, leaves, expiry, fencing,
-ListGroups, DescribeGroups and the caps, on both backends.
+static membership, ListGroups, DescribeGroups and the caps, on both backends.
 
 Members here are plain heartbeat loops that consume exactly what they were last
 told; after every single heartbeat the test checks that no partition is owned by
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from harness.broker_process import BrokerProcess
+from harness.txn import Txn
 from harness.wire import WireClient
 from protocol.errors import ErrorCode
 from tests.reliability.conftest import config_file
@@ -44,10 +45,17 @@ def broker(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
 class Member:
     """One consumer: its id and epoch, and the partitions of `t` it consumes."""
 
-    def __init__(self, c: WireClient, group: str = "g", client_id: str = "test") -> None:
+    def __init__(
+        self,
+        c: WireClient,
+        group: str = "g",
+        client_id: str = "test",
+        instance_id: str | None = None,
+    ) -> None:
         self.c = c
         self.group = group
         self.client_id = client_id
+        self.instance_id = instance_id
         self.member_id = ""
         self.epoch = 0
         self.owned: set[int] = set()
@@ -66,6 +74,7 @@ class Member:
             "subscribed_topics": ["t"] if self.epoch == 0 else None,
             "owned": [{"topic": "t", "partitions": sorted(self.owned)}],
             "client_id": self.client_id,
+            **({} if self.instance_id is None else {"instance_id": self.instance_id}),
             **fields,
         }
         r = self.c.call("ConsumerGroupHeartbeat", **request)
@@ -233,8 +242,110 @@ def test_fencing_codes(broker: BrokerProcess) -> None:
         assert code(member_id="", member_epoch=0) == ErrorCode.INVALID_REQUEST  # no topics
         assert code(rebalance_timeout_ms=1_800_001) == ErrorCode.INVALID_REQUEST
         assert code(rebalance_timeout_ms=-1) == ErrorCode.INVALID_REQUEST
+        assert code(instance_id="") == ErrorCode.INVALID_REQUEST
+        assert code(instance_id="x" * 256) == ErrorCode.INVALID_REQUEST
+        assert code(instance_id="i-1") == ErrorCode.INVALID_REQUEST  # a joined as dynamic
+        assert code(member_id="nobody", instance_id="i-1") == ErrorCode.UNKNOWN_MEMBER_ID
         assert code() == ErrorCode.NONE
         assert describe(c, "g")[0]["members"][0]["member_epoch"] == 1
+
+
+def commit(c: WireClient, member: Member, **txn: Any) -> dict[str, Any]:
+    """An OffsetCommit (or, given a producer's fields, a TxnOffsetCommit) of partition 0 as
+    `member` at its epoch."""
+    return c.call(
+        "TxnOffsetCommit" if txn else "OffsetCommit",
+        group_id=member.group,
+        member_id=member.member_id,
+        member_epoch=member.epoch,
+        topics=[{"topic": "t", "partitions": [{"partition": 0, "offset": 1}]}],
+        **txn,
+    )
+
+
+def test_a_restarted_static_member_takes_over_at_once_and_the_old_one_is_fenced(
+    broker: BrokerProcess,
+) -> None:
+    with WireClient(broker.bootstrap) as c:
+        assert c.create_topic("t", 4) == 0
+        a, b = Member(c, instance_id="i-a").join(), Member(c).join()
+        converge(c, [a, b])
+        (g,) = describe(c, "g")
+        assert {mb["member_id"]: mb["instance_id"] for mb in g["members"]} == {
+            a.member_id: "i-a",
+            b.member_id: None,
+        }
+        # "a" restarts (its process is paused, not even dead): the new one owns nothing and
+        # is given a's partitions in its join's answer, and b notices nothing.
+        a2 = Member(c, instance_id="i-a").join()
+        assert a2.member_id != a.member_id and a2.told == a.owned
+        assert describe(c, "g")[0]["group_epoch"] == g["group_epoch"]
+        assert held(c) == {a2.member_id: a.owned, b.member_id: b.owned}
+        assert b.beat()["assignment"] is None
+        assert broker.log_shows(
+            f"event=group_member_fenced group='g' member={a.member_id} instance='i-a' "
+            f"replaced_by={a2.member_id}"
+        )
+        # The old member may have read on meanwhile; it can commit nothing more.
+        fenced = a.beat()
+        assert fenced["error"] == ErrorCode.FENCED_INSTANCE_ID and a2.member_id in fenced["message"]
+        refused = commit(c, a)
+        assert refused["error"] == ErrorCode.FENCED_INSTANCE_ID
+        assert refused["topics"][0]["partitions"][0]["error"] == ErrorCode.FENCED_INSTANCE_ID
+        txn = Txn(c, "old-a")
+        in_txn = commit(
+            c, a, transactional_id=txn.id, producer_id=txn.pid, producer_epoch=txn.epoch
+        )
+        assert in_txn["error"] == ErrorCode.FENCED_INSTANCE_ID
+        assert commit(c, a2)["error"] == 0
+        assert (
+            c.call("OffsetFetch", group_id="g", topics=None)["topics"][0]["partitions"][0]["offset"]
+            == 1
+        )
+
+
+def test_a_static_member_that_leaves_keeps_its_partitions_until_its_session_ends(
+    tmp_path: Path, backend: str
+) -> None:
+    proc = start(
+        tmp_path,
+        backend,
+        "group_session_timeout_ms = 3000\ngroup_heartbeat_interval_ms = 100\n",
+    )
+    try:
+        with WireClient(proc.bootstrap) as c:
+            assert c.create_topic("t", 4) == 0
+            a, b = Member(c, instance_id="i-a").join(), Member(c).join()
+            converge(c, [a, b])
+            kept = set(a.owned)
+            left = a.beat(member_epoch=-2)  # a clean close: it revoked everything first
+            assert (left["error"], left["member_epoch"]) == (0, -2)
+            assert proc.log_shows(f"event=group_member_departed group='g' member={a.member_id}")
+            (g,) = describe(c, "g")
+            by_id = {mb["member_id"]: mb for mb in g["members"]}
+            assert by_id[a.member_id]["member_epoch"] == -2 and g["state"] == "STABLE"
+            assert held(c)[a.member_id] == kept
+            assert commit(c, a)["error"] == ErrorCode.FENCED_MEMBER_EPOCH  # it left
+            # A restart within the session moves nothing: the same partitions, at once.
+            assert b.beat()["assignment"] is None
+            a2 = Member(c, instance_id="i-a").join()
+            assert a2.told == kept and describe(c, "g")[0]["group_epoch"] == g["group_epoch"]
+            # It leaves again and does not come back: its partitions go to b once its
+            # session runs out, not before.
+            left_at = time.monotonic()
+            assert a2.beat(member_epoch=-2)["error"] == 0
+            while len(b.told) < 4:
+                assert time.monotonic() - left_at < DEADLINE_S, held(c)
+                assert b.beat()["error"] == 0
+                assert_one_owner(c, [b])
+                time.sleep(0.1)
+            assert time.monotonic() - left_at >= 2.9  # the session timeout, 3 s
+            assert proc.log_shows(
+                f"event=group_member_expired group='g' member={a2.member_id} reason=session_timeout"
+            )
+            assert set(held(c)) == {b.member_id}
+    finally:
+        proc.kill()
 
 
 def test_membership_is_forgotten_by_a_restart_and_members_rejoin(tmp_path: Path) -> None:

@@ -230,6 +230,16 @@ def test_decode_request_answers_what_protocol_md_says() -> None:
                 }
             ],
         },
+        "empty instance id": {
+            "api": "ConsumerGroupHeartbeat",
+            "v": 1,
+            "cid": 1,
+            "group_id": "g",
+            "member_id": "",
+            "member_epoch": 0,
+            "rebalance_timeout_ms": 1,
+            "instance_id": "",
+        },
         "fetch topic twice": {
             "api": "Fetch",
             "v": 1,
@@ -293,6 +303,7 @@ REQUESTS = [
         rebalance_timeout_ms=60_000,
         subscribed_topics=["a", "b"],
         owned=[m.GroupTopicPartitions("a", [0, 2])],
+        instance_id="worker-1",
     ),
     m.OffsetCommitRequest(
         group_id="g",
@@ -473,6 +484,26 @@ def test_responses_decode_leniently() -> None:
     assert (refused.error, refused.message, refused.topics) == (42, "bad", [])
     with pytest.raises(FrameError):
         m.decode_response(_body({"cid": "x"}), m.FetchResponse)
+
+
+def test_instance_id_is_optional_both_ways() -> None:
+    """An older client's heartbeat (no instance_id) is a dynamic member's; an older
+    broker's DescribeGroups (no instance_id) describes dynamic members."""
+    heartbeat = {
+        "api": "ConsumerGroupHeartbeat",
+        "v": 1,
+        "cid": 1,
+        "group_id": "g",
+        "member_id": "",
+        "member_epoch": 0,
+        "rebalance_timeout_ms": 1,
+    }
+    decoded = m.decode_request(_body(heartbeat))
+    assert isinstance(decoded, m.ConsumerGroupHeartbeatRequest) and decoded.instance_id is None
+    member = {"member_id": "x", "member_epoch": 1}
+    body = _body({"cid": 2, "error": 0, "groups": [{"group_id": "g", "members": [member]}]})
+    described = m.decode_response(body, m.DescribeGroupsResponse)
+    assert described.groups[0].members[0].instance_id is None
 
 
 @pytest.mark.parametrize("lengths", [[0], [10], [300], [70_000], [5, 300, 70_000]])

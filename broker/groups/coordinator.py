@@ -7,11 +7,12 @@ serialises the requests of one group with a lock, and expires members at the
 earliest deadline any group has (a timer woken early when a nearer deadline
 appears, never a polling loop).
 
-Membership is soft state: nothing of it is written to disk. After a restart
-every group is empty, every member's heartbeat answers UNKNOWN_MEMBER_ID and the
-member rejoins. A group whose last member goes is dropped (a later join starts it
-again at epoch 1; member ids are random, so no old id is ever valid in it); the
-offsets store sees that at its next retention sweep (`has_members`).
+Membership is soft state: nothing of it is written to disk, static members'
+instance ids included. After a restart every group is empty, every member's
+heartbeat answers UNKNOWN_MEMBER_ID and the member rejoins. A group whose last
+member goes is dropped (a later join starts it again at epoch 1; member ids are
+random, so no old id is ever valid in it); the offsets store sees that at its
+next retention sweep (`has_members`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,21 @@ class GroupCoordinator:
             if result.error:
                 return m.ConsumerGroupHeartbeatResponse(error=result.error, message=result.message)
             _log_changes(group, result.group)
+            if result.replaced is not None:
+                log.info(
+                    "event=group_member_fenced group=%r member=%s instance=%r replaced_by=%s",
+                    req.group_id,
+                    result.replaced,
+                    req.instance_id,
+                    result.member_id,
+                )
+            elif (departed := result.group.members.get(result.member_id)) and departed.departed:
+                log.info(
+                    "event=group_member_departed group=%r member=%s partitions=%d",
+                    req.group_id,
+                    result.member_id,
+                    len(departed.assigned),
+                )
             self._install(result.group, result.deadline_ms)
             return m.ConsumerGroupHeartbeatResponse(
                 member_id=result.member_id,
@@ -161,23 +177,8 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ for the offsets store
 
     def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
-        """May this member commit offsets for the group (Kafka's validateOffsetCommit)?
-
-        A negative epoch commits from outside the group: allowed while it has no
-        members. Otherwise the member must be known (else UNKNOWN_MEMBER_ID) and name
-        its current epoch: a newer one is FENCED_MEMBER_EPOCH, an older one
-        STALE_MEMBER_EPOCH."""
-        group = self.groups.get(group_id)
-        if group is None and member_epoch < 0:
-            return ErrorCode.NONE
-        member = None if group is None else group.members.get(member_id)
-        if member is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if member_epoch > member.member_epoch:
-            return ErrorCode.FENCED_MEMBER_EPOCH
-        if member_epoch < member.member_epoch:
-            return ErrorCode.STALE_MEMBER_EPOCH
-        return ErrorCode.NONE
+        """May this member commit offsets for the group? `state.commit_error` answers."""
+        return group_state.commit_error(self.groups.get(group_id), member_id, member_epoch)
 
     def has_members(self, group_id: str) -> bool:
         return group_id in self.groups
@@ -289,6 +290,7 @@ def _described(group: Group) -> m.GroupDescription:
                 member.client_id,
                 sorted(member.subscribed_topics),
                 _by_topic(member.assigned),
+                member.instance_id,
             )
             for _, member in sorted(group.members.items())
         ],

@@ -75,7 +75,7 @@ class MemberCheck(Protocol):
 
     def check_member(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
         """NONE when the member may commit for the group at this epoch, else why not
-        (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH)."""
+        (UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH)."""
         ...
 
     def has_members(self, group_id: str) -> bool: ...

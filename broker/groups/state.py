@@ -18,6 +18,14 @@ A member with partitions to give up (`assigned` minus its target) is told its
 new assignment without them and keeps its epoch until it has let go; then it
 moves to the group's epoch. `check_invariants` runs after every transition.
 
+Static membership (KIP-345): a member that joins with an `instance_id` another
+member holds takes that member's place at once, with its partitions and target,
+and the old member id is fenced (FENCED_INSTANCE_ID). The broker's `assigned`
+stays single-owned; the one exception to the rule is outside it, in the world:
+the replaced process, if it still runs, may go on reading until its next
+heartbeat or commit is refused. A static member that leaves with epoch -2 stays
+in the group, holding its partitions, until its session runs out.
+
 No IO, no clock, no randomness: time comes in as `now_ms`, a new member's id as
 an argument. Each transition returns the group's next deadline (a session or a
 revocation running out), for the coordinator's timer.
@@ -64,6 +72,15 @@ class Member:
     revocation_deadline_ms: int = NO_DEADLINE
     last_sent: frozenset[TopicPartition] | None = None
     """The assignment last answered to it (None: must be sent with the next answer)."""
+    instance_id: str | None = None
+    """Its static membership's id; None for a dynamic member."""
+    replaced: str | None = None
+    """The member id it took the place of (same instance_id), fenced since."""
+
+    @property
+    def departed(self) -> bool:
+        """A static member that left with epoch -2: it holds its partitions, runs nothing."""
+        return self.member_epoch == m.MEMBER_EPOCH_LEAVE_STATIC
 
     def deadline_ms(self, session_timeout_ms: int) -> int:
         """When it is removed unless it heartbeats (or lets go of its revoked partitions)."""
@@ -85,13 +102,13 @@ class Group:
     @property
     def state(self) -> str:
         """EMPTY, RECONCILING (a member is behind the group epoch or does not hold
-        exactly its target yet) or STABLE."""
+        exactly its target yet; a departed static member has no epoch to catch up)
+        or STABLE."""
         if not self.members:
             return EMPTY
         for member_id, member in self.members.items():
-            if member.member_epoch != self.group_epoch or member.assigned != self.target.get(
-                member_id, NOTHING
-            ):
+            behind = member.member_epoch != self.group_epoch and not member.departed
+            if behind or member.assigned != self.target.get(member_id, NOTHING):
                 return RECONCILING
         return STABLE
 
@@ -114,6 +131,8 @@ class Heartbeat:
     member_id: str = ""
     member_epoch: int = -1
     assignment: frozenset[TopicPartition] | None = None
+    replaced: str | None = None
+    """The member this join took the place of (static membership), now fenced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +154,8 @@ def heartbeat(
     new_member_id: str,
 ) -> Heartbeat:
     """One ConsumerGroupHeartbeat: join (member_id "", epoch 0; or a known id with
-    epoch 0, a fresh join of that id), leave (epoch -1) or stay.
+    epoch 0, a fresh join of that id), leave (epoch -1, or -2 for a static member
+    keeping its partitions) or stay.
 
     `client_id` is the request envelope's (None keeps the member's); `partition_counts`
     holds at least the topics anyone in the group subscribes to, as they are now;
@@ -152,23 +172,49 @@ def heartbeat(
             f"rebalance_timeout_ms={timeout} is above "
             f"group_max_rebalance_timeout_ms={settings.max_rebalance_timeout_ms}",
         )
-    member_id, epoch = request.member_id, request.member_epoch
+    member_id, epoch, instance_id = request.member_id, request.member_epoch, request.instance_id
     known = group.members.get(member_id)
     if known is None and (member_id or epoch != m.MEMBER_EPOCH_JOIN):
+        successor = _successor(group, member_id, instance_id)
+        if successor is not None:
+            return refused(ErrorCode.FENCED_INSTANCE_ID, _fenced_message(member_id, successor))
         return refused(
             ErrorCode.UNKNOWN_MEMBER_ID,
             f"member {member_id!r} is not in group {group.group_id!r}: join with "
             'member_id "" and member_epoch 0',
         )
-    if epoch == m.MEMBER_EPOCH_LEAVE:
+    if known is not None and instance_id not in (None, known.instance_id):
+        return refused(
+            ErrorCode.INVALID_REQUEST,
+            f"member {member_id!r} joined with instance_id {known.instance_id!r}, not "
+            f'{instance_id!r}: an instance id is bound at a join with member_id ""',
+        )
+    static_leave = epoch == m.MEMBER_EPOCH_LEAVE_STATIC
+    if known is not None and (
+        epoch == m.MEMBER_EPOCH_LEAVE or (static_leave and known.instance_id is None)
+    ):
+        # A dynamic member leaving with -2 leaves as with -1, as in Kafka.
         members = dict(group.members)
         del members[member_id]
         left = _reassigned(group, members, partition_counts)
-        return _answer(left, session, member_id=member_id, member_epoch=m.MEMBER_EPOCH_LEAVE)
+        return _answer(left, session, member_id=member_id, member_epoch=epoch)
+    if known is not None and known.departed and epoch != m.MEMBER_EPOCH_JOIN:
+        return refused(
+            ErrorCode.FENCED_MEMBER_EPOCH,
+            f"member {member_id!r} left the group with member_epoch -2: rejoin with member_epoch 0",
+        )
+    if static_leave:
+        assert known is not None
+        return _depart(group, known, now_ms, session)
     owned = None if request.owned is None else _flatten(request.owned)
     if epoch == m.MEMBER_EPOCH_JOIN:
         if request.subscribed_topics is None:
             return refused(ErrorCode.INVALID_REQUEST, "a join must name its subscribed_topics")
+        holder = None if known is not None or instance_id is None else _holder(group, instance_id)
+        if holder is not None:
+            return _replace(
+                group, holder, request, client_id, partition_counts, now_ms, session, new_member_id
+            )
         others = len(group.members) - (known is not None)
         if others >= settings.max_size:
             return refused(
@@ -185,6 +231,7 @@ def heartbeat(
             subscribed_topics=frozenset(request.subscribed_topics),
             rebalance_timeout_ms=timeout,
             last_heartbeat_ms=now_ms,
+            instance_id=instance_id if known is None else known.instance_id,
         )
         # A known id rejoining is a new member: what the old one held is released.
         group = _reassigned(group, {**group.members, member_id: joined}, partition_counts)
@@ -221,6 +268,28 @@ def heartbeat(
     return _reconciled(group, member_id, owned, now_ms, session, resend=resend)
 
 
+def commit_error(group: Group | None, member_id: str, member_epoch: int) -> ErrorCode:
+    """May this member commit offsets for the group (Kafka's validateOffsetCommit)?
+
+    A negative epoch commits from outside the group: allowed while it has no
+    members. Otherwise the member must be known (else UNKNOWN_MEMBER_ID, or
+    FENCED_INSTANCE_ID when a static member took its place) and name its current
+    epoch: a newer one is FENCED_MEMBER_EPOCH, an older one STALE_MEMBER_EPOCH. A
+    static member that left (epoch -2) commits nothing: FENCED_MEMBER_EPOCH."""
+    if group is None:
+        return ErrorCode.NONE if member_epoch < 0 else ErrorCode.UNKNOWN_MEMBER_ID
+    member = group.members.get(member_id)
+    if member is None:
+        if _successor(group, member_id, None) is not None:
+            return ErrorCode.FENCED_INSTANCE_ID
+        return ErrorCode.UNKNOWN_MEMBER_ID
+    if member.departed or member_epoch > member.member_epoch:
+        return ErrorCode.FENCED_MEMBER_EPOCH
+    if member_epoch < member.member_epoch:
+        return ErrorCode.STALE_MEMBER_EPOCH
+    return ErrorCode.NONE
+
+
 def expire(group: Group, now_ms: int, settings: GroupSettings) -> Expiry:
     """Remove the members whose session ran out or that kept revoked partitions past
     their rebalance_timeout_ms; their partitions are free at once."""
@@ -250,6 +319,8 @@ def check_invariants(group: Group) -> None:
         held |= member.assigned
         total += len(member.assigned)
     assert len(held) == total, f"a partition of {group.group_id!r} has two owners"
+    instances = [mb.instance_id for mb in group.members.values() if mb.instance_id is not None]
+    assert len(instances) == len(set(instances)), f"an instance id of {group.group_id!r} repeats"
     assert set(group.target) == set(group.members), group
     targets = [tp for tps in group.target.values() for tp in tps]
     assert len(targets) == len(set(targets)), f"the target of {group.group_id!r} repeats"
@@ -259,7 +330,8 @@ def _reassigned(
     group: Group, members: dict[str, Member], partition_counts: Mapping[str, int]
 ) -> Group:
     """The group with `members`, at the next epoch, its target recomputed from the
-    previous one."""
+    previous one. A departed static member runs nothing, so what leaves its target
+    leaves its partitions at once: no revocation of it is waited for."""
     counts = _counts_of(members, partition_counts)
     epoch = group.group_epoch + 1
     target = assign(
@@ -268,7 +340,10 @@ def _reassigned(
     return replace(
         group,
         group_epoch=epoch,
-        members=members,
+        members={
+            i: replace(mb, assigned=mb.assigned & target[i]) if mb.departed else mb
+            for i, mb in members.items()
+        },
         target=target,
         partition_counts=counts,
     )
@@ -279,6 +354,96 @@ def _counts_of(
 ) -> dict[str, int]:
     topics = set().union(*(member.subscribed_topics for member in members.values()))
     return {t: partition_counts[t] for t in sorted(topics) if t in partition_counts}
+
+
+def _holder(group: Group, instance_id: str) -> Member | None:
+    return next((mb for mb in group.members.values() if mb.instance_id == instance_id), None)
+
+
+def _successor(group: Group, member_id: str, instance_id: str | None) -> Member | None:
+    """The static member that took the place of unknown `member_id`: the one that replaced
+    it, or the holder of the instance id its request names."""
+    successor = None
+    if member_id:
+        successor = next((mb for mb in group.members.values() if mb.replaced == member_id), None)
+    if successor is None and instance_id is not None:
+        successor = _holder(group, instance_id)
+    return successor
+
+
+def _fenced_message(member_id: str, successor: Member) -> str:
+    return (
+        f"member {member_id!r} was replaced by member {successor.member_id!r}, which joined "
+        f"with the same instance_id {successor.instance_id!r}"
+    )
+
+
+def _replace(
+    group: Group,
+    holder: Member,
+    request: m.ConsumerGroupHeartbeatRequest,
+    client_id: str | None,
+    partition_counts: Mapping[str, int],
+    now_ms: int,
+    session_timeout_ms: int,
+    new_member_id: str,
+) -> Heartbeat:
+    """A join with the instance id `holder` holds (KIP-345): the new member takes its
+    place, its target and the partitions it holds, at once; `holder` is fenced.
+
+    What `holder` was giving up is released rather than inherited: the new process
+    never owned it. The group epoch moves only if the subscription or a partition
+    count changed, so the other members notice nothing."""
+    assert request.subscribed_topics is not None
+    target = group.target[holder.member_id]
+    successor = replace(
+        holder,
+        member_id=new_member_id,
+        client_id=client_id or "",
+        subscribed_topics=frozenset(request.subscribed_topics),
+        rebalance_timeout_ms=request.rebalance_timeout_ms,
+        last_heartbeat_ms=now_ms,
+        assigned=holder.assigned & target,
+        pending_revocation=NOTHING,
+        revocation_deadline_ms=NO_DEADLINE,
+        last_sent=None,
+        replaced=holder.member_id,
+    )
+    members = {i: mb for i, mb in group.members.items() if i != holder.member_id}
+    members[new_member_id] = successor
+    targets = {i: tps for i, tps in group.target.items() if i != holder.member_id}
+    targets[new_member_id] = target
+    group = replace(group, members=members, target=targets)
+    changed = successor.subscribed_topics != holder.subscribed_topics
+    if changed or _counts_of(members, partition_counts) != group.partition_counts:
+        group = _reassigned(group, members, partition_counts)
+    owned = None if request.owned is None else _flatten(request.owned)
+    joined = _reconciled(group, new_member_id, owned, now_ms, session_timeout_ms, resend=True)
+    return replace(joined, replaced=holder.member_id)
+
+
+def _depart(group: Group, member: Member, now_ms: int, session_timeout_ms: int) -> Heartbeat:
+    """A static member leaves with epoch -2: it keeps its target and the partitions it
+    holds for the session timeout, counted from now; what it was giving up is free
+    (it revoked everything before leaving), as in Kafka."""
+    target = group.target[member.member_id]
+    departed = replace(
+        member,
+        member_epoch=m.MEMBER_EPOCH_LEAVE_STATIC,
+        previous_epoch=m.MEMBER_EPOCH_LEAVE_STATIC,
+        last_heartbeat_ms=now_ms,
+        assigned=member.assigned & target,
+        pending_revocation=NOTHING,
+        revocation_deadline_ms=NO_DEADLINE,
+        last_sent=None,
+    )
+    group = replace(group, members={**group.members, member.member_id: departed})
+    return _answer(
+        group,
+        session_timeout_ms,
+        member_id=member.member_id,
+        member_epoch=m.MEMBER_EPOCH_LEAVE_STATIC,
+    )
 
 
 def _reconciled(
