@@ -25,6 +25,7 @@ from client.errors import (
     IllegalStateError,
     MinibrokerError,
     MinibrokerTimeoutError,
+    NoBrokersAvailable,
     NonEmptyGroupError,
     NoOffsetForPartitionError,
     ProducerFencedError,
@@ -33,6 +34,7 @@ from client.errors import (
     TransactionAbortedError,
     TxnOffsetCommitFailedError,
     UnknownMemberIdError,
+    UnknownPartitionError,
     UnstableOffsetCommitError,
 )
 from client.producer import AsyncProducer, Producer
@@ -65,6 +67,7 @@ __all__ = [
     "IllegalStateError",
     "MinibrokerError",
     "MinibrokerTimeoutError",
+    "NoBrokersAvailable",
     "NoOffsetForPartitionError",
     "NonEmptyGroupError",
     "OffsetAndMetadata",
@@ -78,5 +81,6 @@ __all__ = [
     "TxnHandle",
     "TxnOffsetCommitFailedError",
     "UnknownMemberIdError",
+    "UnknownPartitionError",
     "UnstableOffsetCommitError",
 ]
