@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import progress
 from bench.stats import table, verdict
 from client.config import ProducerConfig
 
@@ -375,8 +376,10 @@ def main() -> None:
         for m in re.finditer(r"<!-- suite:(\w+) -->.*?<!-- /suite:\1 -->", old, re.S)
     }
     limits: list[dict[str, Any]] = []
-    for name in sorted(suites, key=SUITES.index):
+    ordered = sorted(suites, key=SUITES.index)
+    for index, name in enumerate(ordered, 1):
         suite = REGISTRY[name]
+        progress.suite(name, index, len(ordered))
         # What the step before left dirty (a fresh clone's install, the last suite's
         # data) is written back about 30 s later, on whatever runs then: in a fresh
         # clone's first run that was the broker suite's trio rows, at twice their cost.

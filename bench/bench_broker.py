@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench import progress
 from bench.stats import min_max
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
@@ -282,7 +283,7 @@ def fetch_zero_copy(tmp_path: Path, n_batches: int) -> list[dict[str, Any]]:
         _pipeline(broker.bootstrap, frames)
     finally:
         broker.kill()
-    for round_ in range(ROUNDS):
+    for round_ in progress.rounds(ROUNDS, "fetch, sendfile and read"):
         for zero_copy in (True, False) if round_ % 2 == 0 else (False, True):
             extra = [] if zero_copy else ["--config", str(conf)]
             broker = BrokerProcess(data, backend="trio", extra_args=extra).start()
@@ -395,7 +396,7 @@ def durable_rows(tmp_path: Path, n_batches: int, producers: int = 4) -> list[dic
         broker = BrokerProcess(tmp_path / f"data-durable-{backend}", backend=backend).start()
         figures: dict[str, list[tuple[float, ...]]] = {"-1": [], "1": [], "ceiling": []}
         try:
-            for _ in range(ROUNDS):
+            for _ in progress.rounds(ROUNDS, f"4 producer processes, {backend}"):
                 figures["ceiling"].append(
                     (fdatasync_ceiling_mb_s(tmp_path, producers * per_producer, WINDOW),)
                 )
@@ -462,7 +463,9 @@ def cost_rows(
                 for metrics in (True, False)
             }
             try:
-                for round_ in range(block, min(block + COST_BLOCK_ROUNDS, rounds)):
+                for round_ in progress.rounds(
+                    rounds, f"costs, {backend}", block, min(block + COST_BLOCK_ROUNDS, rounds)
+                ):
                     cpu: dict[tuple[bool, bool], float] = {}
                     for i in range(len(cases)):
                         metrics, idempotent = cases[(round_ + i) % len(cases)]
@@ -511,10 +514,12 @@ def run(n_batches: int = 6000) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         tmp_path = Path(tmp)
         ceiling_each = statistics.median(
-            fdatasync_ceiling_mb_s(tmp_path, n_batches // 4, 1) for _ in range(ROUNDS)
+            fdatasync_ceiling_mb_s(tmp_path, n_batches // 4, 1)
+            for _ in progress.rounds(ROUNDS, "fdatasync ceiling, one per write")
         )
         ceiling_group = statistics.median(
-            fdatasync_ceiling_mb_s(tmp_path, n_batches, WINDOW) for _ in range(ROUNDS)
+            fdatasync_ceiling_mb_s(tmp_path, n_batches, WINDOW)
+            for _ in progress.rounds(ROUNDS, f"fdatasync ceiling, one per {WINDOW} writes")
         )
         rows.append(
             {
@@ -549,14 +554,14 @@ def run(n_batches: int = 6000) -> list[dict[str, Any]]:
             }
             figures[(True, -1, True)] = []
             try:
-                for round_ in range(ROUNDS):
+                for round_ in progress.rounds(ROUNDS, f"produce, {backend}"):
                     for metrics, acks, idem in cases if round_ % 2 == 0 else cases[::-1]:
                         figures[(metrics, acks, idem)].append(
                             _produce(
                                 brokers[metrics], acks=acks, idempotent=idem, n_batches=n_batches
                             )
                         )
-                for _ in range(ROUNDS):
+                for _ in progress.rounds(ROUNDS, f"produce acks=-1, {backend}"):
                     figures[(True, -1, True)].append(
                         _produce(brokers[True], acks=-1, idempotent=True, n_batches=n_batches)
                     )

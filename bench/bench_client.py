@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import progress
 from bench.bench_broker import WINDOW, fdatasync_ceiling_mb_s
 from bench.bench_broker import _cpu_s as cpu_s_schedstat
 from client import Consumer, Producer, TopicPartition
@@ -273,7 +274,7 @@ def durable_rows(
     figures: dict[tuple[str, Path, int], list[tuple[float, ...]]] = {case: [] for case in cases}
     ceilings: dict[int, list[float]] = {WINDOW: [], in_flight: []}
     try:
-        for round_ in range(rounds):
+        for round_ in progress.rounds(rounds, "durable producer processes"):
             for group, measured in ceilings.items():
                 measured.append(fdatasync_ceiling_mb_s(tmp_path, n_batches, group))
             for backend, tree, size in cases if round_ % 2 == 0 else cases[::-1]:

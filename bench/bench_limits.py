@@ -33,6 +33,7 @@ from typing import Any
 
 import msgpack
 
+from bench import progress
 from bench.bench_broker import BATCH_BYTES, RECORD_BYTES, WINDOW, fdatasync_ceiling_mb_s
 from bench.stats import table
 from protocol.batch import crc32
@@ -140,7 +141,7 @@ def run(scale: float = 1.0) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         directory = Path(tmp)
         # One run of every limit per round, so drift on the machine hits them alike.
-        for _ in range(RUNS):
+        for _ in progress.rounds(RUNS, "limits"):
             figures[LOOPBACK].append(loopback_mb_s(pump_bytes))
             figures[WRITE_BUFFERED].append(fdatasync_ceiling_mb_s(directory, chunks, 0))
             figures[FSYNC_EACH].append(fdatasync_ceiling_mb_s(directory, chunks // 8, 1))

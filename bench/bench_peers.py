@@ -48,6 +48,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bench import progress
 from bench.bench_client import PRODUCER_CONFIG, _cpu_seconds
 from bench.peers_servers import NatsServer, RedisServer, find_binary
 from bench.stats import min_max, percentile
@@ -558,7 +559,7 @@ def _produce_rounds(
     cpu: dict[str, list[tuple[float, float]]] = {c.label: [] for c in cases}
     for durability in CLASS_ORDER:  # one class at a time: fsync cost lands on its own class
         group = [c for c in cases if c.durability.startswith(durability) and c.produce]
-        for r in range(runs):
+        for r in progress.rounds(runs, f"produce, {durability}"):
             for case in _abba(group, r):
                 stream = case.name(f"tput-{len(case.streams)}")
                 assert case.produce is not None
@@ -690,7 +691,7 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
     readable = [c for c in consumers if not c.skipped and c.streams]
     target = min([records, *(c.streams[0][1] for c in readable)])
     read_rates: dict[str, list[float]] = {c.label: [] for c in consumers}
-    for r in range(runs):
+    for r in progress.rounds(runs, "consume"):
         for case in _abba(readable, r):
             assert case.consume is not None
             got = _measure(case, "consume", partial(case.consume, case.streams[0][0], target))
@@ -716,7 +717,7 @@ def _measure_all(cases: list[Case], scale: float, runs: int) -> list[dict[str, A
     duration_s = max(0.5, 3.0 * scale)
     lat_cases = [by_label[label] for label in LATENCY_CASES if label in by_label]
     results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
-    for r in range(runs):
+    for r in progress.rounds(runs, "latency"):
         for load in LOADS_PCT:
             for case in _abba(lat_cases, r):
                 base = rates[case.rate_of or case.label]

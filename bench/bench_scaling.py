@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import progress
 from bench.bench_broker import (
     BATCH_BYTES,
     WINDOW,
@@ -199,7 +200,7 @@ def partition_rows(tmp: Path, batches: int, rounds: int) -> list[dict[str, Any]]
     try:
         for n in PARTITION_STEPS:
             rss_empty[n] = _empty_rss_with_topic(brokers[f"p{n}"], n)
-        for round_ in range(rounds):
+        for round_ in progress.rounds(rounds, "partitions"):
             for n in _rotated(list(PARTITION_STEPS), round_):
                 figures[n].append(
                     produce_spread(
@@ -234,7 +235,7 @@ def producer_rows(tmp: Path, batches: int, rounds: int) -> list[dict[str, Any]]:
     try:
         for p in PRODUCER_STEPS:
             rss_empty[p] = _empty_rss_with_topic(brokers[f"w{p}"], PRODUCER_CURVE_PARTITIONS)
-        for round_ in range(rounds):
+        for round_ in progress.rounds(rounds, "producers"):
             for p, acks in _rotated(cases, round_):
                 figures[p, acks].append(
                     produce_spread(
@@ -425,7 +426,7 @@ def log_rows(tmp: Path, scale: float, fetches: int, rounds: int) -> list[dict[st
             sync_log(log_dir)
             per_round = [
                 fetch_latencies(broker, topic, first_segment, head_offset, fetches)
-                for _ in range(rounds)
+                for _ in progress.rounds(rounds, f"fetch, log {gib:g} GiB")
             ]
             for end, k in (("head", 0), ("tail (page cache dropped)", 1)):
                 p50 = [percentile(r[k], 0.5) * 1e3 for r in per_round]
@@ -448,7 +449,7 @@ def log_rows(tmp: Path, scale: float, fetches: int, rounds: int) -> list[dict[st
             for how, kill, cold in RESTARTS:
                 times = [
                     restart_times(broker, topic, log_dir, last_offset, kill=kill, cold=cold)
-                    for _ in range(rounds)
+                    for _ in progress.rounds(rounds, f"restart ({how}), log {gib:g} GiB")
                 ]
                 listen = [t[1] for t in times]
                 rows.append(

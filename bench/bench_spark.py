@@ -32,6 +32,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from bench import progress
+
 ROOT = Path(__file__).resolve().parents[1]
 VALUE_BYTES = 100
 PARTITIONS = 2
@@ -247,7 +249,10 @@ def run(rows: int = 5_000_000, stream_rate: int = 2_000, stream_s: float = 30.0)
             try:
                 _measure(spark, broker.bootstrap, "warm-up", min(rows, 200_000))
                 results = _medians(
-                    [_measure(spark, broker.bootstrap, f"bench{r}", rows) for r in range(ROUNDS)]
+                    [
+                        _measure(spark, broker.bootstrap, f"bench{r}", rows)
+                        for r in progress.rounds(ROUNDS, "write")
+                    ]
                 )
                 stream = _stream_latency(
                     spark, broker.bootstrap, Path(tmp) / "checkpoint", stream_rate, stream_s

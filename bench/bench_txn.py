@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import progress
 from bench.bench_broker import _rss_bytes
 from client import Producer
 from client.admin import create_topic
@@ -65,7 +66,7 @@ def throughput(bootstrap: str, records: int) -> list[dict[str, Any]]:
     cases: list[int | None] = [None, *TXN_SIZES]
     figures: dict[int | None, list[float]] = {c: [] for c in cases}
     latencies: list[float] = []
-    for round_ in range(ROUNDS):
+    for round_ in progress.rounds(ROUNDS, "transactions"):
         for case in cases if round_ % 2 == 0 else cases[::-1]:
             timed = latencies if case == 1_000 else []
             figures[case].append(_send(bootstrap, records, case, timed))

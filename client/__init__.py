@@ -26,6 +26,7 @@ from client.errors import (
     IllegalStateError,
     MinibrokerError,
     MinibrokerTimeoutError,
+    NoBrokersAvailable,
     NonEmptyGroupError,
     NoOffsetForPartitionError,
     ProducerFencedError,
@@ -34,6 +35,7 @@ from client.errors import (
     TransactionAbortedError,
     TxnOffsetCommitFailedError,
     UnknownMemberIdError,
+    UnknownPartitionError,
     UnstableOffsetCommitError,
 )
 from client.producer import AsyncProducer, Producer
@@ -67,6 +69,7 @@ __all__ = [
     "IllegalStateError",
     "MinibrokerError",
     "MinibrokerTimeoutError",
+    "NoBrokersAvailable",
     "NoOffsetForPartitionError",
     "NonEmptyGroupError",
     "OffsetAndMetadata",
@@ -80,5 +83,6 @@ __all__ = [
     "TxnHandle",
     "TxnOffsetCommitFailedError",
     "UnknownMemberIdError",
+    "UnknownPartitionError",
     "UnstableOffsetCommitError",
 ]

@@ -838,8 +838,9 @@ class RecordAccumulator:
                     self._finish(batch, None, -1, done)
             return done
 
-    def expire(self, now_ms: float) -> list[ProducerBatch]:
-        """Fail queued batches older than delivery_timeout_ms (creation to now)."""
+    def expire(self, now_ms: float, cause: BaseException | None = None) -> list[ProducerBatch]:
+        """Fail queued batches older than delivery_timeout_ms (creation to now); `cause`,
+        why they could not be sent (the connection's error), is named and chained."""
         with self.lock:
             done: list[ProducerBatch] = []
             limit = now_ms - self.delivery_timeout_ms
@@ -853,7 +854,9 @@ class RecordAccumulator:
                         f"{batch.record_count} record(s) for {batch.topic}-{batch.partition} "
                         f"not acknowledged within delivery_timeout_ms={self.delivery_timeout_ms}"
                         f" after {batch.attempts} attempt(s)"
+                        + ("" if cause is None else f"; {cause}")
                     )
+                    error.__cause__ = cause
                     self._fail(batch, error, done)
             return done
 

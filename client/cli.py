@@ -13,7 +13,9 @@
     minibroker groups reset-offsets GROUP --topic T --to-earliest | --to-latest | --to-offset N
 
 `register(subparsers)` adds them to the parser `minibroker_cli` builds; each subcommand sets
-`func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092).
+`func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092). Errors
+and the SDK's warnings are `minibroker: ...` lines on stderr; long commands show their
+progress (client/progress.py), and Ctrl-C prints what was done and exits 130.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,15 +46,18 @@ from client.admin import (
 )
 from client.config import DEFAULT_BOOTSTRAP
 from client.consumer import Consumer
-from client.errors import MinibrokerError, NonEmptyGroupError
+from client.errors import MinibrokerError, NonEmptyGroupError, UnknownPartitionError
 from client.producer import Producer
+from client.progress import Progress
 from client.types import ConsumerRecord, TopicPartition
 from protocol.errors import ErrorCode
 from protocol.messages import TXN_STATES, GroupDescription, GroupMemberDescription
 
-# Exit codes: 1 for an error reported by the broker or the client, 2 for bad usage.
+# Exit codes: 1 for an error reported by the broker or the client, 2 for bad usage, and
+# the shell's for SIGINT (128 + 2) after Ctrl-C.
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -101,6 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["read_uncommitted", "read_committed"],
         default="read_committed",
     )
+    perf.add_reporting_interval(consume)
 
     txn = subparsers.add_parser("txn", help="list and abort transactions, show txn apps")
     txn_verbs = txn.add_subparsers(dest="txn_command", required=True, metavar="ACTION")
@@ -182,16 +190,22 @@ def _command(
 
 
 def _reporting(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn client errors into one line on stderr and an exit code, not a traceback."""
+    """Turn client errors into one line on stderr and an exit code, not a traceback, and
+    show the SDK's warnings (a topic it created, an offset it reset) the same way."""
 
     def run(args: argparse.Namespace) -> int:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("minibroker: %(message)s"))
+        logging.getLogger("minibroker.client").addHandler(handler)
         try:
             return func(args)
         except (MinibrokerError, ValueError, OSError) as exc:
             print(f"minibroker: {exc}", file=sys.stderr)
             return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_ERROR
         except KeyboardInterrupt:
-            return 130
+            print("minibroker: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
 
     return run
 
@@ -296,27 +310,62 @@ def _inputs(
 
 
 def _consume(args: argparse.Namespace) -> int:
-    timeout = float("inf") if args.timeout_ms is None else args.timeout_ms
+    """Print records until --count, --timeout-ms idle, or Ctrl-C; then a summary on stderr.
+
+    When the records go to a file or a pipe, progress goes to stderr: a live line on a
+    terminal, else a plain line every --reporting-interval ms. An --offset outside a
+    partition's log is reset by auto_offset_reset (latest, or earliest with
+    --from-beginning), which the consumer's warning says."""
+    idle_limit_s = float("inf") if args.timeout_ms is None else args.timeout_ms / 1000
     reset = "earliest" if args.from_beginning else "latest"
     out = sys.stdout
+    interrupted = False
     with Consumer(
         bootstrap_servers=args.bootstrap_server,
         auto_offset_reset=reset,
-        consumer_timeout_ms=timeout,
         isolation_level=args.isolation_level,
     ) as consumer:
-        partitions = args.partition or sorted(consumer.partitions_for_topic(args.topic))
-        tps = [TopicPartition(args.topic, p) for p in partitions]
+        available = consumer.partitions_for_topic(args.topic)
+        for partition in args.partition or ():
+            if partition not in available:
+                raise UnknownPartitionError(args.topic, partition, len(available))
+        tps = [TopicPartition(args.topic, p) for p in args.partition or sorted(available)]
         consumer.assign(tps)
         if args.offset is not None:
             for tp in tps:
                 consumer.seek(tp, args.offset)
-        for count, record in enumerate(consumer, 1):
-            out.write(_format(record, args.format))
-            if args.count is not None and count >= args.count:
-                break
-        out.flush()
-    return 0
+        # Records on the screen are progress enough; in a file or a pipe they are not.
+        progress = Progress(
+            sys.stderr,
+            f"consumed from {args.topic}",
+            interval_ms=args.reporting_interval,
+            live=not out.isatty(),
+            plain=not out.isatty(),
+            delay_s=1.0,
+        )
+        count = nbytes = 0
+        idle_since = time.monotonic()
+        try:
+            while args.count is None or count < args.count:
+                wait_s = min(idle_limit_s - (time.monotonic() - idle_since), 1.0)
+                if wait_s <= 0:
+                    break
+                room = 10_000 if args.count is None else min(args.count - count, 10_000)
+                polled = consumer.poll(timeout_ms=wait_s * 1000, max_records=room)
+                if polled:
+                    idle_since = time.monotonic()
+                for records in polled.values():
+                    for record in records:
+                        out.write(_format(record, args.format))
+                        nbytes += len(record.value or b"")
+                    count += len(records)
+                progress.show(count, nbytes)
+            out.flush()
+        except KeyboardInterrupt:
+            interrupted = True
+        progress.close()
+    print(f"{'interrupted: ' if interrupted else ''}{progress.summary()}", file=sys.stderr)
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def _format(record: ConsumerRecord, fmt: str) -> str:

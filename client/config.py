@@ -80,6 +80,9 @@ class ProducerConfig:
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
     max_block_ms: int = 60_000
+    # Let the broker create a topic that does not exist (if its auto_create_topics allows),
+    # as Kafka's producers do; a creation is logged as a warning either way.
+    allow_auto_create_topics: bool = True
     max_request_size: int = 1024 * 1024
     partitioner: str | PartitionerFn = "murmur2"
     transactional_id: str | None = None
@@ -182,6 +185,11 @@ class ConsumerConfig:
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
     check_crcs: bool = True
+    # Whether the topics this consumer looks up itself (named without a group_id, or given to
+    # partitions_for_topic) are created when missing. Off, as in librdkafka's consumer
+    # (Kafka's Java consumer has it on): reading a mistyped topic must not create it. A
+    # group's subscribed topics are resolved by the broker, which never creates them.
+    allow_auto_create_topics: bool = False
     servers: list[tuple[str, int]] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -21,7 +22,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from client.errors import ConnectionLostError, MinibrokerError, MinibrokerTimeoutError
+from client.errors import (
+    ConnectionLostError,
+    MinibrokerError,
+    MinibrokerTimeoutError,
+    NoBrokersAvailable,
+)
 from protocol.errors import ErrorCode
 from protocol.framing import LENGTH, FrameDecoder, FrameError
 from protocol.messages import (
@@ -229,13 +235,16 @@ async def open_connection(
 ) -> Connection:
     """Connect, start the reader in `task_group`, and check the broker speaks our APIs."""
     address = f"{host}:{port}"
+    connect_s = min(timeout_s, CONNECT_TIMEOUT_S)
     try:
-        with anyio.fail_after(min(timeout_s, CONNECT_TIMEOUT_S)):
+        with anyio.fail_after(connect_s):
             stream = await anyio.connect_tcp(host, port)
     except TimeoutError as exc:
-        raise MinibrokerTimeoutError(f"connect to {address} timed out") from exc
+        raise MinibrokerTimeoutError(
+            f"cannot connect to {address} (no answer within {connect_s:g} s)"
+        ) from exc
     except OSError as exc:
-        raise ConnectionLostError(f"cannot connect to {address}: {exc}") from exc
+        raise ConnectionLostError(f"cannot connect to {address} ({_reason(exc)})") from exc
     conn = Connection(stream, address, client_id=client_id, max_response_bytes=max_response_bytes)
     task_group.start_soon(conn.run, name=f"minibroker-reader-{address}")
     try:
@@ -258,6 +267,18 @@ async def open_connection(
     return conn
 
 
+def _reason(exc: OSError) -> str:
+    """What the network said, as "connection refused": anyio wraps the error of each
+    address tried in "All connection attempts failed", whose cause is the last one."""
+    while exc.errno is None and isinstance(exc.__cause__, OSError):
+        exc = exc.__cause__
+    if exc.errno is not None and exc.errno > 0:
+        text = os.strerror(exc.errno)
+    else:  # a resolver error (negative errno) or none: its own words
+        text = exc.strerror or str(exc)
+    return text[:1].lower() + text[1:]
+
+
 def _version_range(versions: Any) -> range:
     if isinstance(versions, (list, tuple)) and len(versions) == 2:
         return range(int(versions[0]), int(versions[1]) + 1)
@@ -268,7 +289,17 @@ class Reconnector:
     """The one live connection of a client, reopened on demand with exponential backoff.
 
     Bootstrap servers are tried in turn; after a failure the next attempt waits
-    reconnect_backoff_ms doubling up to reconnect_backoff_max_ms."""
+    reconnect_backoff_ms doubling up to reconnect_backoff_max_ms.
+
+    Until a broker has been reached once, a refused address is far more often a
+    mistake (a wrong port, a broker not started) than a passing failure, so a caller
+    that asks for it (`fail_unreached`) gets NoBrokersAvailable once the attempts of
+    one backoff cycle have failed: those until the backoff reaches
+    reconnect_backoff_max_ms, and at least one per bootstrap server (with Kafka's
+    defaults, 50 ms doubling to 1 s: 6 attempts in about 1.6 s). kafka-python's
+    constructor and aiokafka's start() give up on an unreachable bootstrap the same
+    way. Once a broker was reached, a lost connection is retried as long as the
+    caller waits (max_block_ms, delivery_timeout_ms, request_timeout_ms)."""
 
     def __init__(
         self,
@@ -291,32 +322,51 @@ class Reconnector:
         self.next_attempt_ms = 0.0
         self.current: Connection | None = None
         self.last_error: BaseException | None = None  # for a timeout's message
+        self.reached = False  # whether any connection was ever made
+        self.unreached_attempts = max(len(servers), _attempts_to_max(backoff_ms, backoff_max_ms))
+        self._errors: dict[str, BaseException] = {}  # the last one per server, for the message
+        self._first_failure_ms = 0.0
         self._server_index = 0
         self._lock = anyio.Lock()
 
+    @property
+    def connected(self) -> bool:
+        return self.current is not None and not self.current.closed
+
     async def get(
-        self, task_group: anyio.abc.TaskGroup, *, block: bool = True
+        self, task_group: anyio.abc.TaskGroup, *, block: bool = True, fail_unreached: bool = False
     ) -> Connection | None:
         """The live connection, connecting if needed.
 
         block=True waits out backoffs and failures until a connection is up (the
-        caller bounds it with a timeout); block=False returns None instead."""
+        caller bounds it with a timeout); block=False returns None instead.
+        fail_unreached: raise NoBrokersAvailable instead of waiting on when no broker
+        was ever reached and this call's attempt ended the backoff cycle (class doc)."""
         conn = self.current
         if conn is not None and not conn.closed:
             return conn
         if not block and self._lock.locked():
             return None  # someone else is connecting (or waiting out a backoff)
         async with self._lock:
+            attempted = False
             while True:
                 conn = self.current
                 if conn is not None and not conn.closed:
                     return conn
+                if (
+                    fail_unreached
+                    and attempted
+                    and not self.reached
+                    and self.failures >= self.unreached_attempts
+                ):
+                    raise self._unreachable()
                 wait_ms = self.next_attempt_ms - time.monotonic() * 1000
                 if wait_ms > 0:
                     if not block:
                         return None
                     await anyio.sleep(wait_ms / 1000)
                 host, port = self.servers[self._server_index % len(self.servers)]
+                attempted = True
                 try:
                     self.current = await open_connection(
                         task_group,
@@ -327,8 +377,12 @@ class Reconnector:
                         max_response_bytes=self.max_response_bytes,
                     )
                     self.failures = 0
+                    self.reached = True
                 except (ConnectionLostError, MinibrokerTimeoutError) as exc:
                     self.last_error = exc
+                    self._errors[f"{host}:{port}"] = exc
+                    if not self.failures:
+                        self._first_failure_ms = time.monotonic() * 1000
                     self.failures += 1
                     self.total_failures += 1
                     self._server_index += 1
@@ -346,6 +400,29 @@ class Reconnector:
                     if not block:
                         return None
 
+    def _unreachable(self) -> NoBrokersAvailable:
+        """'cannot connect to HOST:PORT (connection refused) after 6 attempts in 1.6 s',
+        naming each server's last error, with the last one as the cause."""
+        seconds = (time.monotonic() * 1000 - self._first_failure_ms) / 1000
+        what = " or ".join(
+            str(error).removeprefix("cannot connect to ") for error in self._errors.values()
+        )
+        error = NoBrokersAvailable(
+            f"cannot connect to {what} after {self.failures} attempts in {seconds:.1f} s"
+        )
+        error.__cause__ = self.last_error
+        return error
+
     async def aclose(self) -> None:
         if self.current is not None:
             await self.current.aclose()
+
+
+def _attempts_to_max(backoff_ms: float, backoff_max_ms: float) -> int:
+    """How many failed attempts make the backoff reach its maximum (one at least)."""
+    attempts = 1
+    backoff = backoff_ms
+    while 0 < backoff < backoff_max_ms:
+        backoff *= 2
+        attempts += 1
+    return attempts

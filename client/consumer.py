@@ -166,6 +166,8 @@ class AsyncConsumer:
         self._fetch_offsets: dict[TopicPartition, int] = {}
         self._buffers: dict[TopicPartition, deque[FetchedRecords]] = {}
         self._errors: dict[TopicPartition, MinibrokerError] = {}
+        # Fetch offsets the broker called out of range, until auto_offset_reset moved them.
+        self._out_of_range: dict[TopicPartition, int] = {}
         self._epochs: dict[TopicPartition, int] = {}
         self._rotation = 0
         self._isolation = (
@@ -516,6 +518,7 @@ class AsyncConsumer:
         self._buffers.pop(tp, None)
         self._fetch_offsets.pop(tp, None)
         self._errors.pop(tp, None)
+        self._out_of_range.pop(tp, None)
         self._from_committed.discard(tp)
         self._revoking.discard(tp)
         self._epochs[tp] = self._epochs.get(tp, 0) + 1
@@ -525,6 +528,7 @@ class AsyncConsumer:
         self._fetch_offsets[tp] = offset
         self._buffers[tp].clear()
         self._errors.pop(tp, None)
+        self._out_of_range.pop(tp, None)
         self._from_committed.discard(tp)
         self._epochs[tp] += 1
         self._wake_fetcher()
@@ -842,6 +846,7 @@ class AsyncConsumer:
                         self._positions[tp] = None
                         self._fetch_offsets.pop(tp, None)
                         self._buffers[tp].clear()
+                        self._out_of_range[tp] = offset
                 elif part.error in RETRIABLE:
                     backoff = True
                 else:
@@ -861,7 +866,7 @@ class AsyncConsumer:
                 self._wake_fetcher()
 
     async def _partition_count(self, topic: str) -> int | None:
-        request = metadata_request(topic, allow_auto_create=False)
+        request = metadata_request(topic, allow_auto_create=self.config.allow_auto_create_topics)
         return partition_count(await self._control(request), topic)
 
     async def _reset_positions(self, tps: list[TopicPartition]) -> None:
@@ -889,7 +894,20 @@ class AsyncConsumer:
         timestamp = TIMESTAMP_EARLIEST if policy == "earliest" else TIMESTAMP_LATEST
         for tp, offset in (await self._list_offsets(rest, timestamp)).items():
             if tp in self._positions and self._positions[tp] is None:  # not sought meanwhile
+                lost = self._out_of_range.pop(tp, None)
                 self._set_position(tp, offset)
+                if lost is not None:
+                    # Records are skipped or read again: worth a warning, unlike Kafka's INFO.
+                    log.warning(
+                        "offset %d is out of range for %s-%d: reset to %d, the %s offset "
+                        "(auto_offset_reset=%r)",
+                        lost,
+                        tp.topic,
+                        tp.partition,
+                        offset,
+                        policy,
+                        policy,
+                    )
 
     async def _list_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]], timestamp: int
@@ -899,14 +917,15 @@ class AsyncConsumer:
 
     async def _control(self, request: Request, *, checked: bool = True) -> Any:
         """One request on the control connection, retried across reconnects until timeout;
-        a top-level error raises when `checked`."""
+        a top-level error raises when `checked`. NoBrokersAvailable when no broker was
+        ever reached (client.connection.Reconnector)."""
         assert self._tg is not None, "consumer is not started"
         timeout_s = self.config.request_timeout_ms / 1000
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 with anyio.fail_after(max(deadline - time.monotonic(), 0)):
-                    conn = await self._control_connector.get(self._tg)
+                    conn = await self._control_connector.get(self._tg, fail_unreached=True)
                 assert conn is not None
                 response = await conn.request(request, timeout_s)
             except (ConnectionLostError, TimeoutError) as exc:
@@ -916,7 +935,7 @@ class AsyncConsumer:
                     raise MinibrokerTimeoutError(
                         f"{request.api} failed within request_timeout_ms="
                         f"{self.config.request_timeout_ms}: {cause or 'timed out'}"
-                    ) from exc
+                    ) from cause
                 await anyio.sleep(self.config.retry_backoff_ms / 1000)
                 continue
             if checked:

@@ -73,6 +73,16 @@ class ConnectionLostError(MinibrokerError):
     """The connection to the broker failed or closed; requests on it have unknown outcome."""
 
 
+class NoBrokersAvailable(MinibrokerError):
+    """No bootstrap server could be reached, and none ever was (kafka-python's
+    NoBrokersAvailable): a wrong address or a broker that is down, not a passing failure.
+    The cause is the last connection error. Retriable: a later call tries again."""
+
+    @property
+    def retriable(self) -> bool:
+        return True
+
+
 class RecordTooLargeError(MinibrokerError):
     """A record is larger than max_request_size or buffer_memory."""
 
@@ -150,6 +160,20 @@ class NoOffsetForPartitionError(MinibrokerError):
 
     def __init__(self, topic: str, partition: int, why: str) -> None:
         super().__init__(f"{topic}-{partition}: {why} and auto_offset_reset is 'none'")
+        self.topic = topic
+        self.partition = partition
+
+
+class UnknownPartitionError(MinibrokerError):
+    """The topic exists without this partition number (Kafka's producer refuses such a
+    record at send(), without waiting)."""
+
+    def __init__(self, topic: str, partition: int, count: int) -> None:
+        super().__init__(
+            f"partition {partition} of {topic!r} does not exist "
+            f"({count} partition{'' if count == 1 else 's'})",
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        )
         self.topic = topic
         self.partition = partition
 

@@ -1,10 +1,15 @@
 """`perf-produce` and `perf-consume`: load generators modelled on Kafka's perf-test tools.
 
-perf-produce prints, every 5 s and at the end, lines in the format of
-kafka-producer-perf-test:
+perf-produce prints, every `--reporting-interval` ms (5 s) and at the end, lines in
+the format of kafka-producer-perf-test:
 
     N records sent, X records/sec (Y MB/sec), A ms avg latency, M ms max latency.
     ... , P50 ms 50th, P95 ms 95th, P99 ms 99th, P999 ms 99.9th.
+
+perf-consume prints kafka-consumer-perf-test's summary at the end, and a plain
+progress line every `--reporting-interval` ms before it. Both show a live progress
+line on a terminal (client/progress.py), and on Ctrl-C they print their summary of
+what was done so far and exit 130.
 
 Latency is the time from send() (or send_batch()) to the delivery callback. To
 keep the tool from measuring its own callbacks, per-record sends carry a
@@ -23,20 +28,19 @@ from typing import Any, TextIO
 
 from client.consumer import Consumer
 from client.producer import Producer
+from client.progress import MB, REPORT_INTERVAL_MS, Progress
 from client.types import TopicPartition
 
-REPORT_INTERVAL_S = 5.0
 SAMPLES_MAX = 100_000
-MB = 1024 * 1024
 
 
 class Stats:
     """Latency samples and windowed throughput, like Kafka's ProducerPerformance.Stats."""
 
-    def __init__(self, total: int, record_size: int, out: TextIO) -> None:
-        self.total = total
+    def __init__(self, record_size: int, progress: Progress, interval_ms: float) -> None:
         self.record_size = record_size
-        self.out = out
+        self.progress = progress
+        self.interval_s = interval_ms / 1000
         self.start = time.monotonic()
         self.latencies: list[float] = []
         self.count = 0
@@ -46,7 +50,6 @@ class Stats:
         self._window_latency_sum = 0.0
         self._window_latency_max = 0.0
         self._window_samples = 0
-        self._progress_shown = 0.0
 
     def record(self, sent_at: float, records: int, sampled: bool = True) -> None:
         """`records` were acknowledged; the latency of a sampled one is measured."""
@@ -61,11 +64,16 @@ class Stats:
                 self._window_latency_sum += latency_ms
                 self._window_latency_max = max(self._window_latency_max, latency_ms)
 
+    def restart(self) -> None:
+        """Start the clock now, once set-up (metadata, topic creation) is done."""
+        self.start = self._window_start = time.monotonic()
+        self.progress.restart()
+
     def tick(self) -> None:
-        """Print the window's line every REPORT_INTERVAL_S, and a progress bar on a TTY."""
+        """Print the window's line every interval, and move the live line on a terminal."""
         now = time.monotonic()
         with self._lock:
-            if now - self._window_start >= REPORT_INTERVAL_S:
+            if now - self._window_start >= self.interval_s:
                 elapsed = now - self._window_start
                 avg = self._window_latency_sum / max(self._window_samples, 1)
                 self._line(self._window_count, elapsed, avg, self._window_latency_max, ".")
@@ -74,14 +82,12 @@ class Stats:
                 self._window_samples = 0
                 self._window_latency_sum = 0.0
                 self._window_latency_max = 0.0
-        if self.out.isatty() and now - self._progress_shown > 0.2:
-            self._progress_shown = now
-            done = self.count / max(self.total, 1)
-            bar = "#" * int(done * 40)
-            self.out.write(f"\r[{bar:<40}] {done:6.1%} {self.count}/{self.total}\r")
-            self.out.flush()
+            count = self.count
+        self.progress.show(count, count * self.record_size)
 
     def final(self) -> dict[str, float]:
+        """The closing line (also after Ctrl-C: the records acknowledged so far)."""
+        self.progress.close()
         elapsed = time.monotonic() - self.start
         latencies = sorted(self.latencies)
         avg = sum(latencies) / len(latencies) if latencies else 0.0
@@ -110,13 +116,11 @@ class Stats:
 
     def _line(self, count: int, elapsed: float, avg: float, worst: float, tail: str) -> None:
         rate = count / elapsed if elapsed else 0.0
-        clear = "\r" + " " * 70 + "\r" if self.out.isatty() else ""
-        self.out.write(
-            f"{clear}{count} records sent, {rate:.1f} records/sec "
+        self.progress.write(
+            f"{count} records sent, {rate:.1f} records/sec "
             f"({rate * self.record_size / MB:.2f} MB/sec), {avg:.1f} ms avg latency, "
-            f"{worst:.1f} ms max latency{tail}\n"
+            f"{worst:.1f} ms max latency{tail}"
         )
-        self.out.flush()
 
 
 class Throttle:
@@ -142,6 +146,8 @@ def payloads(record_size: int, count: int = 64) -> list[bytes]:
 
 
 def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str, float]:
+    """Send --num-records records; KeyboardInterrupt (Ctrl-C) stops it, prints the closing
+    line for the records acknowledged so far, and goes on up."""
     config: dict[str, Any] = {
         "acks": args.acks,
         "batch_size": args.batch_size,
@@ -151,19 +157,26 @@ def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
         "max_request_size": max(args.max_request_size, args.batch_size),
         "buffer_memory": max(32 * MB, 4 * args.max_request_size),
     }
-    total = args.num_records
     values = payloads(args.record_size)
-    stats = Stats(total, args.record_size, out)
-    throttle = Throttle(args.throughput)
+    progress = Progress(out, "sent", total=args.num_records, plain=False)
+    stats = Stats(args.record_size, progress, args.reporting_interval)
+    interrupted = False
     with Producer(args.bootstrap_server, **config) as producer:
         producer.partitions_for(args.topic)  # metadata (and auto-creation) outside the clock
-        stats.start = time.monotonic()
-        if args.api == "send":
-            _send_records(producer, args, values, stats, throttle)
-        else:
-            _send_batches(producer, args, values, stats, throttle)
-        producer.flush()
+        stats.restart()
+        throttle = Throttle(args.throughput)
+        try:
+            if args.api == "send":
+                _send_records(producer, args, values, stats, throttle)
+            else:
+                _send_batches(producer, args, values, stats, throttle)
+            producer.flush()
+        except KeyboardInterrupt:
+            interrupted = True
+            producer.close(0)  # what is not acknowledged yet is not waited for
     result = stats.final()
+    if interrupted:
+        raise KeyboardInterrupt
     result.update(producer.metrics())
     return result
 
@@ -228,7 +241,9 @@ def _send_batches(
 
 
 def perf_consume(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str, float]:
-    """Read --messages records from the beginning; print kafka-consumer-perf-test's line."""
+    """Read --messages records from the beginning; print kafka-consumer-perf-test's line,
+    also for what was read when KeyboardInterrupt (Ctrl-C) stops it, which then goes on up."""
+    interrupted = False
     with Consumer(
         bootstrap_servers=args.bootstrap_server,
         auto_offset_reset="earliest",
@@ -240,29 +255,35 @@ def perf_consume(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
         ]
         consumer.assign(partitions)
         target = args.messages
+        progress = Progress(out, "consumed", total=target, interval_ms=args.reporting_interval)
         count = 0
         size = 0
-        start = time.monotonic()
+        start = progress.start
         last_data = start
-        while count < target:
-            batch = consumer.poll(timeout_ms=100, max_records=100_000)
-            now = time.monotonic()
-            if not batch:
-                if (now - last_data) * 1000 >= args.timeout_ms:
+        try:
+            while count < target:
+                batch = consumer.poll(timeout_ms=100, max_records=100_000)
+                now = time.monotonic()
+                if batch:
+                    last_data = now
+                    for records in batch.values():
+                        count += len(records)
+                        size += sum(len(r.value or b"") for r in records)
+                elif (now - last_data) * 1000 >= args.timeout_ms:
                     break
-                continue
-            last_data = now
-            for records in batch.values():
-                count += len(records)
-                size += sum(len(r.value or b"") for r in records)
-            if out.isatty():
-                out.write(f"\r{count}/{target} records\r")
+                progress.show(count, size)
+        except KeyboardInterrupt:
+            interrupted = True
+        progress.close()
         elapsed = max(last_data - start, 1e-9)
     out.write(
         "start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec\n"
         f"{_stamp(start)}, {_stamp(last_data)}, {size / MB:.4f}, {size / MB / elapsed:.4f}, "
         f"{count}, {count / elapsed:.4f}\n"
     )
+    out.flush()
+    if interrupted:
+        raise KeyboardInterrupt
     return {
         "records": count,
         "seconds": elapsed,
@@ -296,6 +317,7 @@ def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
         "--records-per-call", type=int, default=10_000, help="records per send_batch() call"
     )
     parser.add_argument("--partition", type=int, default=None, help="default: the partitioner's")
+    add_reporting_interval(parser)
 
 
 def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
@@ -305,3 +327,15 @@ def add_consume_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout-ms", type=int, default=10_000, help="give up when idle this long"
     )
     parser.add_argument("--fetch-size", type=int, default=1024 * 1024)
+    add_reporting_interval(parser)
+
+
+def add_reporting_interval(parser: argparse.ArgumentParser) -> None:
+    """Kafka's perf tools' option (and default), for every command that reports progress."""
+    parser.add_argument(
+        "--reporting-interval",
+        type=int,
+        default=REPORT_INTERVAL_MS,
+        metavar="MS",
+        help="how often to print a progress line (a terminal also shows a live one)",
+    )

@@ -121,7 +121,11 @@ class AsyncProducer:
         )
         self._sender = Sender(cfg, self._acc)
         self._metadata = PartitionCounts(
-            partial(self._sender.connection, block=True), cfg.request_timeout_ms / 1000
+            partial(self._sender.connection, block=True),
+            self._sender.connect_error,
+            request_timeout_s=cfg.request_timeout_ms / 1000,
+            max_block_ms=cfg.max_block_ms,
+            allow_auto_create=cfg.allow_auto_create_topics,
         )
         self._send_nowait = self.nonblocking_send(_would_block)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -191,7 +195,11 @@ class AsyncProducer:
         """Queue one record; `await` the returned handle for its RecordMetadata.
 
         Waits for topic metadata on first use of a topic and for buffer space
-        when buffer_memory is used up (up to max_block_ms each)."""
+        when buffer_memory is used up (up to max_block_ms each). Raises
+        UnknownPartitionError at once for a partition the topic does not have,
+        NoBrokersAvailable when no broker was ever reached (after one reconnect
+        backoff cycle, about 1.6 s with the defaults: see client.connection.Reconnector),
+        and MinibrokerTimeoutError naming what it saw when max_block_ms runs out."""
         deadline = monotonic_ms() + self.config.max_block_ms
         while True:
             try:
@@ -341,14 +349,20 @@ class AsyncProducer:
             self._partitioner.batch_full(topic, partition, count)
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Send everything buffered now and wait until all of it is acknowledged or failed."""
+        """Send everything buffered now and wait until all of it is acknowledged or failed
+        (at most delivery_timeout_ms; a record that could not be sent fails with
+        DeliveryTimeoutError, chaining the connection's error). MinibrokerTimeoutError
+        after `timeout` s, chaining the connection's error when there is no connection."""
         batches = self._acc.begin_flush()
         try:
             with anyio.fail_after(math.inf if timeout is None else timeout):
                 for batch in batches:
                     await batch.wait_async()
         except TimeoutError:
-            raise MinibrokerTimeoutError(f"flush did not complete within {timeout} s") from None
+            cause = self._sender.connect_error()
+            why = "" if cause is None else f": {cause}"
+            message = f"flush did not complete within {timeout} s{why}"
+            raise MinibrokerTimeoutError(message) from cause
         finally:
             self._acc.end_flush()
 
@@ -655,8 +669,10 @@ class Producer:
     ) -> RecordHandle:
         """Queue one record; `.get(timeout)` on the handle waits for its RecordMetadata.
 
-        `on_delivery(error, metadata)` runs once, on the producer's I/O thread.
-        (Instances use the equivalent closure installed in __init__.)"""
+        `on_delivery(error, metadata)` runs once, on the producer's I/O thread. Waits
+        and raises as AsyncProducer.send does (an unknown partition at once, a broker
+        never reached after one reconnect backoff cycle). (Instances use the equivalent
+        closure installed in __init__.)"""
         send = self._core.nonblocking_send(self._send_blocking)
         return send(topic, value, key, partition, headers, timestamp_ms, on_delivery)
 
@@ -703,7 +719,8 @@ class Producer:
         )
 
     def flush(self, timeout: float | None = None) -> None:
-        """Send everything buffered now and block until all of it is acknowledged or failed."""
+        """Send everything buffered now and block until all of it is acknowledged or failed;
+        see AsyncProducer.flush for the bounds and errors."""
         self._portal.call(self._core.flush, timeout)
 
     def close(self, timeout: float | None = None) -> None:

@@ -106,9 +106,10 @@ class Sender:
             self._wakeup_event.set()
 
     async def connection(self, *, block: bool) -> Connection | None:
-        """The current connection; with `block`, wait (backing off) until there is one."""
+        """The current connection; with `block`, wait (backing off) until there is one, or
+        raise NoBrokersAvailable while none was ever reached (Reconnector)."""
         assert self._tg is not None
-        conn = await self._connector.get(self._tg, block=block)
+        conn = await self._connector.get(self._tg, block=block, fail_unreached=block)
         if conn is not self._conn:
             self._conn = conn
             if conn is not None:
@@ -146,7 +147,7 @@ class Sender:
             if remaining_s <= 0:
                 raise MinibrokerTimeoutError(
                     f"{request.api} not completed within max_block_ms ({cause})"
-                )
+                ) from (cause if isinstance(cause, BaseException) else None)
             attempts += 1
             backoff_ms = min(cfg.retry_backoff_ms * 2 ** (attempts - 1), cfg.retry_backoff_max_ms)
             await anyio.sleep(min(backoff_ms / 1000, remaining_s))
@@ -173,6 +174,10 @@ class Sender:
         if done and self._space_event is not None:
             self._space_event.set()
             self._space_event = None
+
+    def connect_error(self) -> BaseException | None:
+        """Why there is no connection now (the last attempt's error), or None when there is."""
+        return None if self._connector.connected else self._connector.last_error
 
     def metrics(self) -> dict[str, float]:
         """The sender's part of the producer's metrics: request latency and connections."""
@@ -206,7 +211,7 @@ class Sender:
         while True:
             self._wakeup_event = anyio.Event()
             now = monotonic_ms()
-            self.finish(acc.expire(now))
+            self.finish(acc.expire(now, self.connect_error()))
             if acc.closed and acc.unfinished == 0:
                 return
             conn = await self.connection(block=False)

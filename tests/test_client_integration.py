@@ -23,14 +23,16 @@ from client import (
     DeliveryTimeoutError,
     MinibrokerError,
     MinibrokerTimeoutError,
+    NoBrokersAvailable,
     Producer,
     ProducerFencedError,
     RecordMetadata,
     TopicPartition,
+    UnknownPartitionError,
 )
 from client.accumulator import RecordHandle
 from client.admin import create_topic, create_topic_async, describe_topic, list_topics
-from client.errors import TopicAlreadyExistsError
+from client.errors import ConnectionLostError, TopicAlreadyExistsError, UnknownTopicError
 from client.partitioner import murmur2_partition
 from harness.broker_process import BrokerProcess
 from tests.fault_proxy import FaultProxy
@@ -185,9 +187,96 @@ def test_config_errors_like_kafka() -> None:
 def test_metadata_wait_is_bounded_by_max_block_ms() -> None:
     with Producer("127.0.0.1:1", max_block_ms=300) as producer:  # nothing listens there
         started = time.monotonic()
-        with pytest.raises(MinibrokerTimeoutError, match="max_block_ms"):
+        with pytest.raises(MinibrokerTimeoutError) as info:
             producer.send("t", b"x")
         assert time.monotonic() - started < 5
+    assert str(info.value) == (
+        "cannot connect to 127.0.0.1:1 (connection refused) within max_block_ms=300"
+    )
+    assert isinstance(info.value.__cause__, ConnectionLostError)
+
+
+UNREACHABLE = (
+    r"cannot connect to 127\.0\.0\.1:1 \(connection refused\) after {} attempts in [\d.]+ s"
+)
+
+
+def test_unreachable_broker_fails_after_one_backoff_cycle() -> None:
+    """Not max_block_ms (60 s) but the attempts until the reconnect backoff (50 ms doubling)
+    reaches reconnect_backoff_max_ms: 6 in about 1.6 s with the defaults."""
+    with Producer("127.0.0.1:1") as producer:
+        started = time.monotonic()
+        with pytest.raises(NoBrokersAvailable, match=UNREACHABLE.format(6)) as info:
+            producer.send("t", b"x").get(10)
+        assert 1.0 < time.monotonic() - started < 20
+        assert isinstance(info.value.__cause__, ConnectionLostError) and info.value.retriable
+        started = time.monotonic()
+        with pytest.raises(NoBrokersAvailable, match=UNREACHABLE.format(7)):
+            producer.send("t", b"x")  # one more attempt of its own, after the longest backoff
+        assert time.monotonic() - started < 10
+    with (
+        Producer("127.0.0.1:1", reconnect_backoff_max_ms=200) as producer,
+        pytest.raises(NoBrokersAvailable, match=UNREACHABLE.format(3)),
+    ):
+        producer.send("t", b"x")
+    started = time.monotonic()
+    with pytest.raises(NoBrokersAvailable, match=UNREACHABLE.format(6)):
+        Consumer("t", bootstrap_servers="127.0.0.1:1")
+    assert time.monotonic() - started < 20  # not request_timeout_ms (30 s)
+
+
+@pytest.mark.anyio
+async def test_async_producer_fails_the_same_way(broker: BrokerProcess) -> None:
+    started = time.monotonic()
+    async with AsyncProducer("127.0.0.1:1") as producer:
+        with pytest.raises(NoBrokersAvailable, match=UNREACHABLE.format(6)):
+            await producer.send_and_wait("t", b"x")
+    assert time.monotonic() - started < 20
+    await create_topic_async(broker.bootstrap, "orders", partitions=3)
+    async with AsyncProducer(broker.bootstrap) as producer:
+        started = time.monotonic()
+        with pytest.raises(UnknownPartitionError) as info:
+            await producer.send("orders", b"x", partition=7)
+        assert time.monotonic() - started < 10  # at once, not after max_block_ms
+    assert str(info.value) == "partition 7 of 'orders' does not exist (3 partitions)"
+
+
+def test_missing_partition_fails_at_once(broker: BrokerProcess) -> None:
+    create_topic(broker.bootstrap, "orders", partitions=3)
+    with Producer(broker.bootstrap) as producer:
+        for partition in (3, 7, -1):
+            started = time.monotonic()
+            with pytest.raises(UnknownPartitionError) as info:
+                producer.send("orders", b"x", partition=partition).get(10)
+            assert time.monotonic() - started < 10  # at once, not after max_block_ms
+            assert str(info.value) == (
+                f"partition {partition} of 'orders' does not exist (3 partitions)"
+            )
+        assert producer.send("orders", b"x", partition=2).get(10).partition == 2
+
+
+def test_allow_auto_create_topics(broker: BrokerProcess, caplog: pytest.LogCaptureFixture) -> None:
+    with (
+        Producer(broker.bootstrap, allow_auto_create_topics=False, max_block_ms=500) as p,
+        pytest.raises(MinibrokerTimeoutError) as info,
+    ):
+        p.send("typo", b"x")
+    assert str(info.value) == (
+        "topic 'typo' does not exist within max_block_ms=500; allow_auto_create_topics=False"
+    )
+    with Consumer(bootstrap_servers=broker.bootstrap) as consumer, pytest.raises(UnknownTopicError):
+        consumer.partitions_for_topic("typo")
+    assert list_topics(broker.bootstrap) == []
+    with caplog.at_level("WARNING", logger="minibroker.client"), Producer(broker.bootstrap) as p:
+        p.send("created", b"x").get(10)
+        p.send("created", b"y").get(10)
+    assert [r.getMessage() for r in caplog.records] == [
+        "topic 'created' did not exist: the broker created it with 1 partition "
+        "(allow_auto_create_topics=False prevents this)"
+    ]
+    with Consumer(bootstrap_servers=broker.bootstrap, allow_auto_create_topics=True) as consumer:
+        assert consumer.partitions_for_topic("read") == {0}
+    assert sorted(list_topics(broker.bootstrap)) == ["created", "read"]
 
 
 def test_fenced_producer_fails_clearly(broker: BrokerProcess) -> None:
@@ -215,8 +304,15 @@ def test_delivery_timeout_when_the_broker_is_gone(tmp_path: Path) -> None:
         producer.send("gone", b"ok", partition=0).get(10)
         broker.kill()
         handle = producer.send("gone", b"lost", partition=0)
-        with pytest.raises(DeliveryTimeoutError):
+        refused = f"cannot connect to {broker.bootstrap} (connection refused)"
+        with pytest.raises(MinibrokerTimeoutError) as flushing:
+            producer.flush(0.5)
+        assert str(flushing.value) == f"flush did not complete within 0.5 s: {refused}"
+        assert isinstance(flushing.value.__cause__, ConnectionLostError)
+        with pytest.raises(DeliveryTimeoutError) as info:
             handle.get(10)
+        assert str(info.value).endswith(f"; {refused}")
+        assert isinstance(info.value.__cause__, ConnectionLostError)
     finally:
         producer.close(1)
         broker.kill()
