@@ -3,20 +3,23 @@ and the docs.
 
 Every setting has a limit-style name with its unit last (`segment_bytes`,
 `retention_ms`) so a config file reads unambiguously. Each is declared once, on
-BrokerConfig, with its default, bounds or choices, unit, reloadability and (for
-per-topic overrides) Kafka's dotted name; `SETTINGS` is derived from those
-declarations and `Setting.check` is the one validation of every source.
-docs/configuration.md is checked against it by a test.
+BrokerConfig, with its default, bounds or choices, unit, reloadability,
+sensitivity and (for per-topic overrides) Kafka's dotted name; `SETTINGS` is
+derived from those declarations and `Setting.check` is the one validation of
+every source: the file, flags, SIGHUP, CreateTopics' config and
+IncrementalAlterConfigs. DescribeConfigs answers from the same table
+(`describe_broker`, `describe_topic`). docs/configuration.md is checked against
+it by a test.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,7 +43,8 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 class Setting:
     """One setting as declared on BrokerConfig: what it is, what it allows, who may set it.
 
-    `topic_key` is Kafka's dotted name when a topic may override the setting."""
+    `topic_key` is Kafka's dotted name when a topic may override the setting; a
+    `sensitive` one (a password, a key) is never shown: DescribeConfigs answers nil."""
 
     name: str
     default: Any
@@ -51,6 +55,7 @@ class Setting:
     choices: tuple[str, ...]
     reloadable: bool
     topic_key: str | None
+    sensitive: bool
 
     @property
     def kind(self) -> type:
@@ -102,6 +107,7 @@ def _setting(
     choices: tuple[str, ...] = (),
     reloadable: bool = False,
     topic_key: str | None = None,
+    sensitive: bool = False,
 ) -> Any:
     if isinstance(default, int) and not isinstance(default, bool):
         assert min is not None and max is not None, "every integer setting has bounds"
@@ -113,6 +119,7 @@ def _setting(
         "choices": choices,
         "reloadable": reloadable,
         "topic_key": topic_key,
+        "sensitive": sensitive,
     }
     return field(default=default, metadata=meta)
 
@@ -476,6 +483,7 @@ RELOADABLE = frozenset(name for name, s in SETTINGS.items() if s.reloadable)
 TOPIC_SETTINGS: dict[str, Setting] = {
     s.topic_key: s for s in SETTINGS.values() if s.topic_key is not None
 }
+_TOPIC_SETTINGS_BY_NAME = {s.name: s for s in TOPIC_SETTINGS.values()}
 
 
 def coerce(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -489,23 +497,115 @@ def coerce(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def topic_setting(key: str) -> Setting:
+    """The setting a topic config key names: Kafka's dotted name (`retention.ms`) or ours
+    (`retention_ms`); ConfigError naming the key when no topic may override it."""
+    setting = TOPIC_SETTINGS.get(key) or _TOPIC_SETTINGS_BY_NAME.get(key)
+    if setting is None:
+        raise ConfigError(f"unknown topic config {key!r}; known: {', '.join(TOPIC_SETTINGS)}")
+    return setting
+
+
 def topic_overrides(config: Mapping[Any, Any] | None) -> dict[str, int]:
     """A topic's config (CreateTopics or topic.meta) as checked overrides by setting name.
 
     Kafka's dotted names (`retention.ms`) and ours (`retention_ms`) are both accepted."""
-    by_name = {s.name: s for s in TOPIC_SETTINGS.values()}
     out: dict[str, int] = {}
     for raw_key, value in (config or {}).items():
-        setting = TOPIC_SETTINGS.get(raw_key) or by_name.get(raw_key)
-        if setting is None:
-            raise ConfigError(
-                f"unknown topic config {raw_key!r}; known: {', '.join(TOPIC_SETTINGS)}"
-            )
-        try:
-            out[setting.name] = setting.check(value)
-        except ConfigError as exc:
-            raise ConfigError(f"topic config {raw_key!r}: {exc}") from None
+        setting = topic_setting(raw_key)
+        out[setting.name] = _checked_override(raw_key, setting, value)
     return out
+
+
+def _checked_override(key: str, setting: Setting, value: Any) -> int:
+    try:
+        checked: int = setting.check(value)
+    except ConfigError as exc:
+        raise ConfigError(f"topic config {key!r}: {exc}") from None
+    return checked
+
+
+class SettingNamedTwice(ConfigError):
+    """One alteration names a setting under both its names (`retention.ms`, `retention_ms`)."""
+
+
+def altered_overrides(
+    overrides: Mapping[str, int], ops: Sequence[tuple[str, str, Any]]
+) -> dict[str, int]:
+    """A topic's overrides after IncrementalAlterConfigs' `ops`, each (key, "set" or
+    "delete", value): a set checks the value as CreateTopics' config is checked, a
+    delete drops the override (the broker's value applies again; none is no change).
+
+    ConfigError naming the first key that is not a topic setting or whose value is
+    out of bounds, SettingNamedTwice for a setting named twice; `overrides` is never
+    changed, so a refused alteration changes nothing."""
+    out = dict(overrides)
+    named: dict[str, str] = {}
+    for key, op, value in ops:
+        setting = topic_setting(key)
+        if setting.name in named:
+            raise SettingNamedTwice(f"{named[setting.name]!r} and {key!r} name one setting")
+        named[setting.name] = key
+        if op == "set":
+            out[setting.name] = _checked_override(key, setting, value)
+        else:
+            out.pop(setting.name, None)
+    return out
+
+
+SOURCE_DEFAULT = "default"
+SOURCE_BROKER = "broker"
+SOURCE_TOPIC = "topic"
+
+
+class Described(NamedTuple):
+    """One setting as DescribeConfigs answers it (docs/protocol.md section 4)."""
+
+    name: str
+    value: str | None
+    source: str
+    read_only: bool
+    sensitive: bool
+
+
+def describe_broker(config: BrokerConfig) -> list[Described]:
+    """Every broker setting under its settings-file name. `read_only` is Kafka's: true
+    unless the setting changes while the broker runs (the reloadable ones, on SIGHUP);
+    the source is "broker" when the broker's value is not the declared default."""
+    return [
+        _described(s.name, s, getattr(config, s.name), _broker_source(config, s), not s.reloadable)
+        for s in SETTINGS.values()
+    ]
+
+
+def describe_topic(config: BrokerConfig, overrides: Mapping[str, int]) -> list[Described]:
+    """Every setting a topic may override, under Kafka's dotted name (what CreateTopics'
+    config takes): the topic's override, else the broker's value. None is read-only:
+    IncrementalAlterConfigs changes them."""
+    out = []
+    for key, s in TOPIC_SETTINGS.items():
+        if s.name in overrides:
+            out.append(_described(key, s, overrides[s.name], SOURCE_TOPIC, False))
+        else:
+            value = getattr(config, s.name)
+            out.append(_described(key, s, value, _broker_source(config, s), False))
+    return out
+
+
+def _broker_source(config: BrokerConfig, setting: Setting) -> str:
+    return SOURCE_DEFAULT if getattr(config, setting.name) == setting.default else SOURCE_BROKER
+
+
+def _described(name: str, s: Setting, value: Any, source: str, read_only: bool) -> Described:
+    shown = None if s.sensitive else _shown(value)
+    return Described(name, shown, source, read_only, s.sensitive)
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as text, as the TOML file would spell it (`true`, not `True`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> BrokerConfig:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 
 import anyio
 
@@ -34,6 +35,7 @@ class GroupCommitter:
         self._wake = anyio.Event()
         self._round_done = anyio.Event()
         self._failed: set[int] = set()
+        self._syncing: set[int] = set()  # the partitions of the round in flight
 
     def request_flush(self, partition: Partition, batches: int = 0) -> None:
         """Sync `partition` in the next round: for `batches` acks=-1 appends, which
@@ -54,6 +56,16 @@ class GroupCommitter:
             if key in self._failed and plog.flushed_offset <= last_offset:
                 raise FlushFailed(f"fdatasync failed for {partition.topic}-{partition.index}")
 
+    async def forget(self, partitions: Iterable[Partition]) -> None:
+        """Stop syncing `partitions` (their topic is deleted, everything of them flushed):
+        none stays queued, and this returns once no round in flight holds their files'
+        descriptors, which the caller may then close."""
+        keys = {id(p) for p in partitions}
+        for key in keys:
+            self._dirty.pop(key, None)
+        while keys & self._syncing:
+            await self._round_done.wait()
+
     async def run(self) -> None:
         while True:
             await self._wake.wait()
@@ -62,6 +74,7 @@ class GroupCommitter:
             self._dirty = {}
             batches, self._batches_queued = self._batches_queued, 0
             targets = [(key, p, *p.log.sync_targets()) for key, p in batch.items()]
+            self._syncing = set(batch)
             started = time.perf_counter()
             failed = await anyio.to_thread.run_sync(_sync_all, [t[2] for t in targets])
             self._metrics.observe_fsync(time.perf_counter() - started, batches)
@@ -72,6 +85,7 @@ class GroupCommitter:
                     log.error("event=fsync_failed topic=%s partition=%d", p.topic, p.index)
                 else:
                     p.log.mark_flushed(end_offset)
+            self._syncing = set()
             done, self._round_done = self._round_done, anyio.Event()
             done.set()
 

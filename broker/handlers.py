@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, cast
 import anyio
 
 from broker import __version__ as BROKER_VERSION
+from broker.admin import Admin
 from broker.config import BrokerConfig
 from broker.group_commit import FlushFailed, GroupCommitter
 from broker.groups import GroupCoordinator, OffsetStore
@@ -181,6 +182,7 @@ class Handlers:
         self._zero_copy = config.fetch_zero_copy and config.backend == "trio"
         self._fetch_waiters = 0
         self._stopping = False
+        admin = Admin(topics, offsets, coordinator, committer, BROKER_ID, self._wake_fetchers)
         self._table: dict[str, Callable[[Any], Any]] = {
             "ApiVersions": self.api_versions,
             "Metadata": self.metadata,
@@ -189,6 +191,9 @@ class Handlers:
             "Produce": self.produce,
             "Fetch": self.fetch,
             "ListOffsets": self.list_offsets,
+            "DeleteTopics": admin.delete_topics,
+            "DescribeConfigs": admin.describe_configs,
+            "IncrementalAlterConfigs": admin.incremental_alter_configs,
             "EndTxn": coordinator.end_txn,
             "PrepareTxn": coordinator.prepare_txn,
             "CommitTxns": coordinator.commit_txns,
@@ -394,6 +399,18 @@ class Handlers:
                 if isinstance(c, tuple)
             ]
             refused = await self.coordinator.admit(transactional_id, admitted)
+            for t, row in zip(req.topics, checked, strict=True):
+                for c in row:
+                    # Its topic was deleted (perhaps created anew) while the batch waited:
+                    # the partition it was checked against is closed.
+                    if (
+                        isinstance(c, tuple)
+                        and self.topics.partition(t.topic, c[0].index) is not c[0]
+                    ):
+                        refused[t.topic, c[0].index] = (
+                            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                            f"topic {t.topic!r} was deleted",
+                        )
             if refused:
                 checked = [
                     [

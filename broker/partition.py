@@ -360,6 +360,10 @@ class Partition:
         self._snapshot_at(self.log.log_end_offset)
         self.log.close()
 
+    def close_files(self) -> None:
+        """Close the log's files, writing nothing: its topic was deleted."""
+        self.log.close_files()
+
 
 def _load_aborted(plog: PartitionLog) -> AbortedIndex:
     """The aborted transactions of every segment's `.txnindex`; TxnIndexError if one is bad."""

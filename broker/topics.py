@@ -8,7 +8,17 @@ place once its meta file is durable, so a crash or an error during creation
 leaves at most a staging directory, which is removed. A topic directory without
 a readable meta file is therefore damage, never a creation that failed: it is
 rebuilt from its partition directories or the broker refuses to start. Nothing
-here deletes a directory that may hold records.
+here deletes a directory that may hold records, except a deletion asked for.
+
+A topic is deleted (DeleteTopics) by renaming its directory to `<name>~deleted`,
+its tombstone, durably: that rename is the moment it is gone. Its files are then
+removed; a tombstone found at start is a deletion a crash interrupted, which the
+broker finishes (docs/operations.md, "Deleting a topic"). While a tombstone is
+there the name cannot be created again, so a tombstone always belongs to the
+last topic of its name.
+
+A topic's overrides change (IncrementalAlterConfigs) by rewriting its meta file
+atomically, then giving its open partitions the new log settings.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from typing import Any
 import msgpack
 
 from broker.config import PARTITIONS_MAX, TOPIC_SETTINGS, BrokerConfig, ConfigError, topic_overrides
+from broker.crash_points import crash_point
 from broker.partition import Partition, ProducerLimits
 from broker.storage import (
     DataDirError,
@@ -43,6 +54,7 @@ log = logging.getLogger(f"minibroker.{__name__}")
 TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 META_FILE = "topic.meta"
 STAGING_SUFFIX = "~"
+TOMBSTONE_SUFFIX = "~deleted"
 FDS_RESERVED = 64  # snapshots, indexes, the lock, the metrics listener
 
 
@@ -132,6 +144,9 @@ class TopicRegistry:
         self.config = config
         self.topics: dict[str, Topic] = {}
         self.on_rolled: Callable[[Partition], None] | None = None
+        # Topics whose deletion a crash interrupted (tombstones found at start): the
+        # broker finishes them before it serves (broker/admin.py, finish_deletions).
+        self.deleting: list[str] = []
 
     def set_on_rolled(self, hook: Callable[[Partition], None]) -> None:
         """Run `hook` after any partition, now or later created, rolls a segment."""
@@ -154,6 +169,9 @@ class TopicRegistry:
         """Open every topic; TopicMetaError when one cannot be opened without guessing."""
         self.root.mkdir(parents=True, exist_ok=True)
         for entry in sorted(self.root.iterdir()):
+            if entry.name.endswith(TOMBSTONE_SUFFIX) and entry.is_dir():
+                self.deleting.append(entry.name[: -len(TOMBSTONE_SUFFIX)])
+                continue
             if entry.name.endswith(STAGING_SUFFIX):
                 # Never renamed into place, so never a topic: nothing was ever stored there.
                 log.warning("event=topic_creation_discarded dir=%s", entry)
@@ -243,6 +261,16 @@ class TopicRegistry:
         except ConfigError as exc:
             raise TopicError(ErrorCode.INVALID_CONFIG, str(exc)) from exc
         self._check_fd_budget(partitions)
+        if os.path.lexists(self._tombstone(name)):
+            # Its offsets may still be dropped at the next start: a new topic of the
+            # name must not be there to lose its own. Retriable: a deletion under way
+            # is done in moments.
+            raise TopicError(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                f"cannot create topic {name!r} yet: the deletion of the topic of that name "
+                f"has not finished ({self._tombstone(name)} is still there); one that "
+                "failed is finished at the broker's next start",
+            )
         directory = self.root / name
         if os.path.lexists(directory):
             # Not a topic we know, yet maybe someone's records: never deleted here.
@@ -307,6 +335,57 @@ class TopicRegistry:
                 f"{self.config.max_connections}); raise the limit (LimitNOFILE=)",
             )
 
+    def _tombstone(self, name: str) -> Path:
+        return self.root / (name + TOMBSTONE_SUFFIX)
+
+    def delete(self, name: str) -> Topic:
+        """Take topic `name` out of service and rename its directory to its tombstone,
+        durably: from then on it is gone, after a crash too. TopicError
+        (KAFKA_STORAGE_ERROR) when the rename fails: nothing changed. An OSError from
+        the directory's fsync comes after the rename: the topic is out of service and
+        the next start finds it whole or gone. The caller closes its partitions' files
+        and then has `remove_deleted` remove them."""
+        topic = self.topics[name]
+        try:
+            os.rename(self.root / name, self._tombstone(name))
+        except OSError as exc:
+            raise TopicError(
+                ErrorCode.KAFKA_STORAGE_ERROR, f"cannot delete topic {name!r}: {exc}"
+            ) from exc
+        del self.topics[name]
+        fsync_dir(self.root)
+        crash_point("topic_delete_renamed")
+        return topic
+
+    def remove_deleted(self, name: str) -> None:
+        """Remove the tombstone of deleted topic `name`, a partition at a time (a crash
+        leaves what is left of it for the next start), then the directory, durably."""
+        tombstone = self._tombstone(name)
+        for entry in sorted(tombstone.iterdir()):
+            if entry.is_dir():
+                shutil.rmtree(entry)
+                crash_point("topic_delete_partition_removed")
+        shutil.rmtree(tombstone)
+        fsync_dir(self.root)
+        crash_point("topic_delete_files_removed")
+        log.info("event=topic_files_removed topic=%s", name)
+
+    def alter_config(self, name: str, overrides: dict[str, int]) -> None:
+        """Make `overrides` (checked, by setting name) topic `name`'s: its meta file is
+        rewritten atomically, then its open partitions take the new log settings (the
+        next retention run and the next roll use them). OSError when the meta file could
+        not be written: the overrides in force are unchanged."""
+        topic = self.topics[name]
+        write_atomic(self.root / name / META_FILE, encode_meta(len(topic.partitions), overrides))
+        crash_point("topic_config_durable")
+        topic.config = overrides
+        self._apply_log_config(topic)
+
+    def _apply_log_config(self, topic: Topic) -> None:
+        log_config = self.log_config(topic.config)
+        for p in topic.partitions:
+            p.log.config = log_config
+
     def partition(self, topic: str, index: int) -> Partition | None:
         t = self.topics.get(topic)
         if t is None or not 0 <= index < len(t.partitions):
@@ -320,9 +399,8 @@ class TopicRegistry:
         """Adopt reloaded broker-wide retention settings for topics without overrides."""
         self.config = config
         for topic in self.topics.values():
-            log_config = self.log_config(topic.config)
+            self._apply_log_config(topic)
             for p in topic.partitions:
-                p.log.config = log_config
                 p.producers.expiration_ms = config.producer_id_expiration_ms
 
     def close(self) -> None:

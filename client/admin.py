@@ -1,8 +1,15 @@
-"""Small admin helpers (topics, transactions, consumer groups) for the CLI, tests and scripts.
+"""Small admin helpers (topics, settings, transactions, consumer groups) for the CLI, tests
+and scripts.
 
 Each helper opens one connection, does its requests and closes it. The async
 versions run in the caller's event loop; the sync ones run the async version on
 a short-lived portal thread, so they also work when called from inside a loop.
+
+The topic helpers are Kafka's Admin calls too: `create_topic`, `list_topics`,
+`describe_topic`, `delete_topics`, `describe_configs` (every setting of topics or of
+the broker, typed) and `incremental_alter_configs` (set or delete topic settings).
+A helper naming several topics or resources raises for the first one the broker
+refused, naming every refused one; the others were done.
 
 The transaction helpers are what an outside coordinator (a Spark driver) and an
 operator use: `commit_transactions` / `abort_transactions` end prepared
@@ -39,7 +46,11 @@ from client.errors import (
 from client.group_membership import to_wire
 from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
 from client.types import (
+    AlterConfigOp,
     CommitTxnsResult,
+    ConfigDescription,
+    ConfigEntry,
+    ConfigResource,
     OffsetAndMetadata,
     PartitionDescription,
     TopicDescription,
@@ -53,13 +64,17 @@ from protocol.messages import (
     NO_OFFSET,
     TIMESTAMP_EARLIEST,
     TIMESTAMP_LATEST,
+    AlterableConfigResource,
     CommitTxnsRequest,
     CreatableTopic,
     CreateTopicsRequest,
+    DeleteTopicsRequest,
+    DescribeConfigsRequest,
     DescribeGroupsRequest,
     DescribeTxnAppsRequest,
     GroupDescription,
     GroupListing,
+    IncrementalAlterConfigsRequest,
     ListGroupsRequest,
     ListTransactionsRequest,
     MetadataRequest,
@@ -70,6 +85,8 @@ from protocol.messages import (
     TxnApp,
     TxnRef,
 )
+from protocol.messages import AlterConfigOp as WireConfigOp
+from protocol.messages import ConfigResource as WireConfigResource
 
 # A transaction an operator can abort: begun or prepared, not yet decided.
 OPEN_TXN_STATES = ("ONGOING", "PREPARED")
@@ -184,6 +201,109 @@ async def describe_topic_async(
         )
 
     return await _with_connection(bootstrap, work)
+
+
+async def delete_topics_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, topics: Iterable[str] = ()
+) -> None:
+    """Delete `topics`, each whole, with its records and every group's committed offsets
+    of it; a topic of the same name created later starts empty at offset 0.
+
+    Raises for the first topic refused (UnknownTopicError when it does not exist;
+    CONCURRENT_TRANSACTIONS, retriable, while an open transaction holds data or offsets
+    of it); the others named were deleted."""
+    names = list(topics)
+
+    async def work(conn: Connection) -> None:
+        response = await _request(conn, DeleteTopicsRequest(topics=names))
+        _raise_refused("delete topic", [(r.name, r.error, r.message) for r in response.topics])
+
+    await _with_connection(bootstrap, work)
+
+
+async def describe_configs_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    resources: Iterable[ConfigResource] = (),
+) -> list[ConfigDescription]:
+    """Every setting of each resource (a topic: its overrides and the broker's values it
+    follows; the broker "0": its settings), in the order asked. Raises for the first
+    resource refused (UnknownTopicError for a topic that does not exist)."""
+    asked = list(resources)
+
+    async def work(conn: Connection) -> list[ConfigDescription]:
+        request = DescribeConfigsRequest(
+            resources=[WireConfigResource(r.type, r.name) for r in asked]
+        )
+        response = await _request(conn, request)
+        _raise_refused(
+            "describe configs of",
+            [(_shown(r.type, r.name), r.error, None) for r in response.results],
+        )
+        return [
+            ConfigDescription(
+                ConfigResource(r.type, r.name),
+                [
+                    ConfigEntry(e.name, e.value, e.source, e.read_only, e.sensitive)
+                    for e in r.configs
+                ],
+            )
+            for r in response.results
+        ]
+
+    return await _with_connection(bootstrap, work)
+
+
+async def incremental_alter_configs_async(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    alterations: Mapping[ConfigResource, Iterable[AlterConfigOp]] | None = None,
+    *,
+    validate_only: bool = False,
+) -> None:
+    """Set or delete topic settings ({ConfigResource("topic", name): [AlterConfigOp, ...]}),
+    each topic all or nothing, durable and in force once this returns; `validate_only`
+    checks them and changes nothing. Raises for the first resource refused
+    (InvalidConfigError naming a setting that is not a topic's or a value out of its
+    bounds, UnknownTopicError)."""
+    chosen = {resource: list(ops) for resource, ops in (alterations or {}).items()}
+
+    async def work(conn: Connection) -> None:
+        request = IncrementalAlterConfigsRequest(
+            resources=[
+                AlterableConfigResource(
+                    resource.type,
+                    resource.name,
+                    [WireConfigOp(o.name, o.op, o.value) for o in ops],
+                )
+                for resource, ops in chosen.items()
+            ],
+            validate_only=validate_only,
+        )
+        response = await _request(conn, request)
+        _raise_refused(
+            "alter configs of",
+            [(_shown(r.type, r.name), r.error, r.message) for r in response.results],
+        )
+
+    await _with_connection(bootstrap, work)
+
+
+def _shown(resource_type: str, name: str) -> str:
+    return name if resource_type == "topic" else f"{resource_type} {name}"
+
+
+def _raise_refused(verb: str, results: list[tuple[str, int, str | None]]) -> None:
+    """Raise for the first refused of (topic or resource, error, message), naming the
+    other refused ones too; nothing when none was refused."""
+    refused = [(name, code, message) for name, code, message in results if code]
+    if not refused:
+        return
+    name, code, message = refused[0]
+    others = [f"{other!r}: {ErrorCode.name_of(c)}" for other, c, _ in refused[1:]]
+    also = f"also refused: {'; '.join(others)}" if others else None
+    if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        text = f"{verb} {name!r}: the topic does not exist"
+        raise UnknownTopicError(name, f"{text}; {also}" if also else text)
+    raise error_for(code, f"{verb} {name!r}", "; ".join(filter(None, [message, also])) or None)
 
 
 # --------------------------------------------------------------------------- transactions
@@ -428,6 +548,33 @@ def describe_topic(
     bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, name: str = ""
 ) -> TopicDescription:
     return _run(describe_topic_async, bootstrap, name)
+
+
+def delete_topics(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, topics: Iterable[str] = ()
+) -> None:
+    _run(delete_topics_async, bootstrap, list(topics))
+
+
+def describe_configs(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    resources: Iterable[ConfigResource] = (),
+) -> list[ConfigDescription]:
+    return _run(describe_configs_async, bootstrap, list(resources))
+
+
+def incremental_alter_configs(
+    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    alterations: Mapping[ConfigResource, Iterable[AlterConfigOp]] | None = None,
+    *,
+    validate_only: bool = False,
+) -> None:
+    _run(
+        incremental_alter_configs_async,
+        bootstrap,
+        {resource: list(ops) for resource, ops in (alterations or {}).items()},
+        validate_only=validate_only,
+    )
 
 
 def commit_transactions(

@@ -1,7 +1,9 @@
 """Client subcommands of the `minibroker` console script, in the spirit of kcat and Kafka's tools.
 
     minibroker topics create NAME --partitions 3
-    minibroker topics list | describe NAME
+    minibroker topics list | describe NAME | delete NAME...
+    minibroker configs describe --topic T | --broker [ID]
+    minibroker configs alter --topic T --add-config k=v[,k=v] --delete-config k[,k]
     echo "k:v" | minibroker produce TOPIC --key-separator :
     minibroker consume TOPIC --from-beginning --count 10 --format json
     minibroker perf-produce --topic T --num-records 1000000 --record-size 100
@@ -36,9 +38,12 @@ from client.admin import (
     abort_transaction,
     alter_group_offsets,
     create_topic,
+    delete_topics,
+    describe_configs,
     describe_groups,
     describe_topic,
     describe_txn_apps,
+    incremental_alter_configs,
     list_group_offsets,
     list_groups,
     list_topics,
@@ -49,7 +54,7 @@ from client.consumer import Consumer
 from client.errors import MinibrokerError, NonEmptyGroupError, UnknownPartitionError
 from client.producer import Producer
 from client.progress import Progress
-from client.types import ConsumerRecord, TopicPartition
+from client.types import AlterConfigOp, ConfigResource, ConsumerRecord, TopicPartition
 from protocol.errors import ErrorCode
 from protocol.messages import TXN_STATES, GroupDescription, GroupMemberDescription
 
@@ -61,8 +66,9 @@ EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `topics`, `produce`, `consume`, `perf-produce`, `perf-consume`, `txn` and `groups`."""
-    topics = subparsers.add_parser("topics", help="create, list and describe topics")
+    """Add `topics`, `configs`, `produce`, `consume`, `perf-produce`, `perf-consume`, `txn`
+    and `groups`."""
+    topics = subparsers.add_parser("topics", help="create, list, describe and delete topics")
     verbs = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
 
     create = _command(verbs, "create", "create a topic", _topics_create)
@@ -77,6 +83,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     describe = _command(verbs, "describe", "partitions and offsets of a topic", _topics_describe)
     describe.add_argument("name")
+
+    delete = _command(
+        verbs, "delete", "delete topics, their records and committed offsets", _topics_delete
+    )
+    delete.add_argument("names", nargs="+", metavar="NAME")
+    _register_configs(subparsers)
 
     produce = _command(
         subparsers, "produce", "send stdin lines (or whole files) as records", _produce
@@ -255,6 +267,104 @@ def _topics_describe(args: argparse.Namespace) -> int:
             f"BeginningOffset: {p.beginning_offset}\tEndOffset: {p.end_offset}"
         )
     return 0
+
+
+def _topics_delete(args: argparse.Namespace) -> int:
+    """One topic at a time, so each is reported whether or not another is refused."""
+    failed = 0
+    for name in args.names:
+        try:
+            delete_topics(args.bootstrap_server, [name])
+        except MinibrokerError as exc:
+            print(f"minibroker: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"Deleted topic {name}.")
+    return EXIT_ERROR if failed else 0
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _register_configs(subparsers: argparse._SubParsersAction) -> None:
+    """`configs describe` and `configs alter`, with kafka-configs' flags."""
+    configs = subparsers.add_parser(
+        "configs", help="describe topic and broker settings, alter topic settings"
+    )
+    verbs = configs.add_subparsers(dest="configs_command", required=True, metavar="ACTION")
+    describe = _command(
+        verbs, "describe", "every setting of a topic or of the broker", _configs_describe
+    )
+    which = describe.add_mutually_exclusive_group(required=True)
+    which.add_argument("--topic", metavar="T")
+    which.add_argument(
+        "--broker", nargs="?", const="0", metavar="ID", help="the broker's id (default 0)"
+    )
+    alter = _command(
+        verbs,
+        "alter",
+        "set or delete a topic's settings (in force at once, durably)",
+        _configs_alter,
+    )
+    alter.add_argument("--topic", required=True, metavar="T")
+    alter.add_argument(
+        "--add-config",
+        action="append",
+        default=[],
+        metavar="K=V[,K=V]",
+        help="set these overrides (repeatable)",
+    )
+    alter.add_argument(
+        "--delete-config",
+        action="append",
+        default=[],
+        metavar="K[,K]",
+        help="drop these overrides: the broker's value applies again (repeatable)",
+    )
+    alter.add_argument("--validate-only", action="store_true", help="check, change nothing")
+
+
+def _configs_describe(args: argparse.Namespace) -> int:
+    resource = (
+        ConfigResource("topic", args.topic)
+        if args.topic is not None
+        else ConfigResource("broker", args.broker)
+    )
+    (description,) = describe_configs(args.bootstrap_server, [resource])
+    print(f"All configs for {resource.type} {resource.name} are:")
+    for e in description.entries:
+        value = "null" if e.value is None else e.value
+        print(
+            f"  {e.name}={value} source={e.source} read_only={str(e.read_only).lower()} "
+            f"sensitive={str(e.sensitive).lower()}"
+        )
+    return 0
+
+
+def _configs_alter(args: argparse.Namespace) -> int:
+    ops: list[AlterConfigOp] = []
+    for item in _split(args.add_config):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--add-config expects K=V[,K=V], got {item!r}")
+        ops.append(AlterConfigOp(key, "set", value))
+    ops += [AlterConfigOp(key, "delete") for key in _split(args.delete_config)]
+    if not ops:
+        raise ValueError("name settings with --add-config and/or --delete-config")
+    resource = ConfigResource("topic", args.topic)
+    incremental_alter_configs(
+        args.bootstrap_server, {resource: ops}, validate_only=args.validate_only
+    )
+    if args.validate_only:
+        print(f"Validated the config change for topic {args.topic} (nothing changed).")
+    else:
+        print(f"Completed updating config for topic {args.topic}.")
+    return 0
+
+
+def _split(items: list[str]) -> list[str]:
+    """The comma-separated entries of repeated flags, blanks dropped."""
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
 
 
 # --------------------------------------------------------------------------- produce / consume

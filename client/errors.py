@@ -179,9 +179,16 @@ class UnknownPartitionError(MinibrokerError):
 
 
 class UnknownTopicError(MinibrokerError):
-    def __init__(self, topic: str) -> None:
-        super().__init__(f"topic {topic!r} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    def __init__(self, topic: str, message: str | None = None) -> None:
+        super().__init__(
+            message or f"topic {topic!r} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        )
         self.topic = topic
+
+
+class InvalidConfigError(MinibrokerError):
+    """INVALID_CONFIG(40): a topic setting that does not exist or a value out of its
+    bounds (Kafka's InvalidConfigurationException); the message names it."""
 
 
 class TopicAlreadyExistsError(MinibrokerError):
@@ -205,12 +212,14 @@ MEMBER_ERRORS: dict[int, type[CommitFailedError]] = {
     ErrorCode.UNKNOWN_MEMBER_ID: UnknownMemberIdError,
 }
 """Codes by which a group refuses a member's request, and the exception each raises."""
-_GROUP_ERRORS: dict[int, type[MinibrokerError]] = {
+# The codes whose exception is a class of its own.
+_ERRORS_BY_CODE: dict[int, type[MinibrokerError]] = {
     **MEMBER_ERRORS,
     ErrorCode.UNSTABLE_OFFSET_COMMIT: UnstableOffsetCommitError,
     ErrorCode.GROUP_MAX_SIZE_REACHED: GroupMaxSizeReachedError,
     ErrorCode.FENCED_INSTANCE_ID: FencedInstanceIdError,
     ErrorCode.NON_EMPTY_GROUP: NonEmptyGroupError,
+    ErrorCode.INVALID_CONFIG: InvalidConfigError,
 }
 
 FENCING_CODES = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
@@ -233,7 +242,7 @@ def error_for(code: int, context: str, message: str | None = None) -> Minibroker
         )
     if code == ErrorCode.MESSAGE_TOO_LARGE:
         return RecordTooLargeError(text)
-    group_error = _GROUP_ERRORS.get(code)
-    if group_error is not None:
-        return group_error(text, code)
+    by_code = _ERRORS_BY_CODE.get(code)
+    if by_code is not None:
+        return by_code(text, code)
     return MinibrokerError(text, code)

@@ -100,6 +100,69 @@ class TopicDescription:
     partitions: list[PartitionDescription]
 
 
+CONFIG_RESOURCE_TYPES = ("topic", "broker")
+ALTER_CONFIG_OPS = ("set", "delete")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResource:
+    """A topic or the broker whose settings `admin.describe_configs` and
+    `admin.incremental_alter_configs` name (confluent-kafka's ConfigResource):
+    `ConfigResource("topic", "orders")`, `ConfigResource("broker", "0")`."""
+
+    type: str
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.type not in CONFIG_RESOURCE_TYPES:
+            raise ValueError(
+                f"config resource type {self.type!r}: expected one of {CONFIG_RESOURCE_TYPES}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One setting as the broker describes it. `value` is None for a sensitive one;
+    `source` is "topic" (the topic's override), "broker" (the broker's settings) or
+    "default"; a `read_only` one changes only with a restart."""
+
+    name: str
+    value: str | None
+    source: str
+    read_only: bool
+    sensitive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDescription:
+    """What `admin.describe_configs` returns per resource: every setting it has."""
+
+    resource: ConfigResource
+    entries: list[ConfigEntry]
+
+    def get(self, name: str) -> ConfigEntry | None:
+        """The entry of setting `name`, or None when the resource has no such setting."""
+        return next((e for e in self.entries if e.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigOp:
+    """One change of `admin.incremental_alter_configs` (confluent-kafka's
+    AlterConfigOpType): `AlterConfigOp("retention.ms", "set", "3600000")` sets an
+    override, `AlterConfigOp("retention.ms", "delete")` drops it (the broker's value
+    applies again)."""
+
+    name: str
+    op: str
+    value: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in ALTER_CONFIG_OPS:
+            raise ValueError(f"config op {self.op!r}: expected one of {ALTER_CONFIG_OPS}")
+        if self.op == "set" and self.value is None:
+            raise ValueError(f"setting {self.name!r} needs a value")
+
+
 class CommitTxnsResult(NamedTuple):
     """The outcome of `admin.commit_transactions` / `abort_transactions`.
 

@@ -139,7 +139,8 @@ class MinibrokerStreamReader(DataSourceStreamReader):
         if lost and self.options.fail_on_data_loss:
             raise MinibrokerOptionError(
                 f"the query read further than the broker now holds: {', '.join(lost)} "
-                "(its data was lost or replaced since); set failOnDataLoss=false to go on "
+                "(the topic was deleted and created again, or its data was lost or replaced "
+                "since); set failOnDataLoss=false to go on "
                 "from there"
             )
         if limit is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,57 @@ def test_topic_overrides_take_dotted_or_our_names_and_the_same_bounds() -> None:
     # Broker-only settings are no topic config, whatever they are called.
     with pytest.raises(cfg.ConfigError, match="unknown topic config"):
         cfg.topic_overrides({"max_connections": 5})
+
+
+def test_an_alteration_is_checked_as_create_topics_config_and_all_or_nothing() -> None:
+    current = {"retention_ms": 1000, "segment_ms": 5000}
+    ops = [("retention.bytes", "set", "4096"), ("segment_ms", "delete", None)]
+    assert cfg.altered_overrides(current, ops) == {"retention_ms": 1000, "retention_bytes": 4096}
+    # Deleting what is not overridden changes nothing.
+    assert cfg.altered_overrides(current, [("index.interval.bytes", "delete", None)]) == current
+    for ops, needle in [
+        ([("segment.bytes", "set", "100")], r"'segment\.bytes'.*1024\.\.2147483647"),
+        ([("retention.ms", "set", None)], r"'retention\.ms'.*retention_ms=None"),
+        ([("retention.ms", "set", "1e3")], r"'retention\.ms'"),
+        ([("cleanup.policy", "delete", None)], r"unknown topic config 'cleanup\.policy'"),
+        ([("max_connections", "set", "5")], "unknown topic config 'max_connections'"),
+    ]:
+        with pytest.raises(cfg.ConfigError, match=needle):
+            cfg.altered_overrides(current, [("retention.bytes", "set", "1"), *ops])
+    with pytest.raises(cfg.SettingNamedTwice, match=r"'retention\.ms' and 'retention_ms'"):
+        cfg.altered_overrides(
+            current, [("retention.ms", "set", "1"), ("retention_ms", "delete", None)]
+        )
+    assert current == {"retention_ms": 1000, "segment_ms": 5000}  # never changed in place
+
+
+def test_describe_says_where_each_value_comes_from() -> None:
+    config = cfg.BrokerConfig(
+        retention_ms=1000, segment_bytes=cfg.SETTINGS["segment_bytes"].default
+    )
+    topic = {d.name: d for d in cfg.describe_topic(config, {"segment_bytes": 4096})}
+    assert list(topic) == list(cfg.TOPIC_SETTINGS)
+    assert topic["segment.bytes"] == cfg.Described("segment.bytes", "4096", "topic", False, False)
+    assert topic["retention.ms"] == cfg.Described("retention.ms", "1000", "broker", False, False)
+    assert topic["segment.ms"].source == "default"
+    broker = {d.name: d for d in cfg.describe_broker(config)}
+    assert list(broker) == list(cfg.SETTINGS)
+    # A value equal to the declared default is the default, wherever it was written.
+    assert broker["segment_bytes"].source == "default"
+    assert broker["retention_ms"] == cfg.Described("retention_ms", "1000", "broker", False, False)
+    assert broker["port"].read_only and not broker["log_level"].read_only
+    assert {d.name for d in broker.values() if not d.read_only} == cfg.RELOADABLE
+    assert broker["auto_create_topics"].value == "true"
+
+
+def test_a_sensitive_setting_is_described_without_its_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = replace(cfg.SETTINGS["pid_file"], sensitive=True)
+    monkeypatch.setitem(cfg.SETTINGS, "pid_file", secret)
+    config = cfg.BrokerConfig(pid_file="/run/secret")
+    [described] = [d for d in cfg.describe_broker(config) if d.name == "pid_file"]
+    assert described == cfg.Described("pid_file", None, "broker", True, True)
 
 
 def test_log_config_takes_its_defaults_and_bounds_from_the_table() -> None:

@@ -20,6 +20,7 @@ from broker.groups.offset_state import (
     OffsetStateError,
     Pending,
     commit_record,
+    deleted_record,
     empty_record,
     empty_since,
     expire_record,
@@ -167,9 +168,33 @@ def test_a_snapshot_replays_to_the_same_state_and_count() -> None:
     assert again.held == 2
 
 
+def test_a_deleted_topic_leaves_every_group_committed_and_pending() -> None:
+    records = [
+        commit_record("g", 1, 1, [(("t", 0), Pending(3, None)), (("u", 0), Pending(1, None))]),
+        commit_record("h", 1, 1, [(("t", 1), Pending(5, None))]),
+        pending_record("g", 1, 42, [(("t", 0), Pending(4, None)), (("u", 0), Pending(2, None))]),
+        pending_record("g", 1, 43, [(("t", 1), Pending(6, None))]),
+    ]
+    state = replayed(records)
+    assert sorted(state.holds_topic("t")) == ["g", "h"] and state.holds_topic("v") == []
+    assert sorted(state.pending_in("t")) == [("g", 42), ("g", 43)]
+    assert state.pending_in("u") == [("g", 42)]
+    state.apply(deleted_record("t"))
+    g = state.group("g")
+    assert g is not None and state.group("h") is None  # h held only offsets of t
+    assert g.committed == {("u", 0): Committed(1, None, 1)}
+    assert g.pending == {42: {("u", 0): Pending(2, None)}}  # 43 held only t's
+    assert state.held == 2 and state.holds_topic("t") == []
+    # Replayed, and written a second time (a deletion finished again after a crash).
+    again = replayed([*records, deleted_record("t"), deleted_record("t")])
+    assert view(again) == view(state) and again.held == state.held
+
+
 @pytest.mark.parametrize(
     "record",
     [
+        ["deleted", 7],
+        ["deleted"],
         ["commit", "g", None, 1, [["t", 0, -1, None]]],
         ["commit", "g", None, 1, [["t", "0", 1, None]]],
         ["commit", "g", None, True, [["t", 0, 1, None]]],

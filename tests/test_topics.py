@@ -196,3 +196,54 @@ def test_unrecoverable_meta_refuses_to_open_and_names_the_file(
     assert str(topic / META_FILE) in str(info.value) and needle in str(info.value)
     assert sorted(os.listdir(topic)) == sorted(partitions), "nothing touched"
     assert open_fds() == before
+
+
+def test_a_deletion_renames_to_a_tombstone_that_blocks_the_name_until_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = registry(tmp_path)
+    r.create("t", 2, None, NOW_MS)
+    produce(r, "t", 1, [b"a"])
+    before = open_fds()
+    # A rename that fails changes nothing.
+    monkeypatch.setattr("broker.topics.os.rename", _fail_nth(1, os.rename))
+    with pytest.raises(TopicError) as info:
+        r.delete("t")
+    monkeypatch.undo()
+    assert info.value.code == ErrorCode.KAFKA_STORAGE_ERROR and "t" in r.topics
+    topic = r.delete("t")
+    assert "t" not in r.topics and os.listdir(r.root) == ["t~deleted"]
+    for p in topic.partitions:
+        p.close_files()
+    assert len(open_fds()) == len(before) - 2  # the two partitions' segment files
+    with pytest.raises(TopicError) as info:
+        r.create("t", 1, None, NOW_MS)
+    assert (
+        info.value.code == ErrorCode.KAFKA_STORAGE_ERROR
+        and "has not finished" in info.value.message
+    )
+    # A start finds the tombstone: a deletion to finish, never a topic.
+    again = registry(tmp_path)
+    assert again.topics == {} and again.deleting == ["t"]
+    again.remove_deleted("t")
+    assert os.listdir(again.root) == []
+    again.create("t", 1, None, NOW_MS)
+    assert stored_values(again, "t", 0) == []
+    again.close()
+
+
+def test_altered_overrides_are_durable_and_in_force_at_once(tmp_path: Path) -> None:
+    r = registry(tmp_path)
+    r.create("t", 2, {"retention.ms": 1000}, NOW_MS)
+    r.alter_config("t", {"segment_bytes": 4096})
+    assert r.topics["t"].config == {"segment_bytes": 4096}
+    for p in r.topics["t"].partitions:
+        assert (p.log.config.segment_bytes, p.log.config.retention_ms) == (
+            4096,
+            BrokerConfig().retention_ms,
+        )
+    assert decode_meta((r.root / "t" / META_FILE).read_bytes()) == (2, {"segment_bytes": 4096})
+    r.close()
+    again = registry(tmp_path)
+    assert again.topics["t"].config == {"segment_bytes": 4096}
+    again.close()

@@ -20,6 +20,7 @@ state:
 |           | transaction's end: its pending offsets become committed, or go)    |
 | "empty"   | group_id, empty_since_ms  (the group's members came or went)       |
 | "expire"  | group_id, [[topic, partition], ...]  (offsets_retention_ms passed) |
+| "deleted" | topic  (DeleteTopics: every group's offsets of the topic go)        |
 | "group"   | group_id, empty_since_ms, [[topic, partition, offset, metadata,    |
 |           | commit_ms], ...], [[producer_id, [[topic, partition, offset,       |
 |           | metadata], ...]], ...]  (a whole group: what compaction writes)    |
@@ -41,6 +42,7 @@ PENDING = "pending"
 MARKERS = "markers"
 EMPTY = "empty"
 EXPIRE = "expire"
+DELETED = "deleted"
 GROUP = "group"
 
 
@@ -99,6 +101,24 @@ class OffsetState:
         group = self.groups.get(group_id)
         return group is not None and producer_id in group.pending
 
+    def holds_topic(self, topic: str) -> list[str]:
+        """The groups holding an offset of `topic`, committed or pending."""
+        return [
+            group_id
+            for group_id, group in self.groups.items()
+            if any(t == topic for t, _ in group.committed)
+            or any(t == topic for offsets in group.pending.values() for t, _ in offsets)
+        ]
+
+    def pending_in(self, topic: str) -> list[tuple[str, int]]:
+        """(group_id, producer_id) of every open transaction holding an offset of `topic`."""
+        return [
+            (group_id, pid)
+            for group_id, group in self.groups.items()
+            for pid, offsets in group.pending.items()
+            if any(t == topic for t, _ in offsets)
+        ]
+
     def pending_owners(self) -> set[tuple[str, int]]:
         """(group_id, producer_id) of every pending transactional offset."""
         return {(g, pid) for g, group in self.groups.items() for pid in group.pending}
@@ -154,6 +174,9 @@ class OffsetState:
             elif kind == EXPIRE:
                 _, group_id, keys = record
                 self._expire(_str(group_id), [(_str(t), _int(p)) for t, p in keys])
+            elif kind == DELETED:
+                _, topic = record
+                self._drop_topic(_str(topic))
             elif kind == GROUP:
                 _, group_id, since, committed, pending = record
                 self._install(group_id, since, committed, pending)
@@ -190,6 +213,21 @@ class OffsetState:
         for key in keys:
             self.held -= group.committed.pop(key, None) is not None
         self._forget_if_bare(group_id, group)
+
+    def _drop_topic(self, topic: str) -> None:
+        for group_id in self.holds_topic(topic):
+            group = self.groups[group_id]
+            for key in [k for k in group.committed if k[0] == topic]:
+                del group.committed[key]
+                self.held -= 1
+            for pid, offsets in list(group.pending.items()):
+                for key in [k for k in offsets if k[0] == topic]:
+                    del offsets[key]
+                    self.held -= 1
+                if not offsets:
+                    del group.pending[pid]
+            self._forget_if_bare(group_id, group)
+        self._keys = {k: v for k, v in self._keys.items() if k[0] != topic}
 
     def _install(self, group_id: Any, since: Any, committed: Any, pending: Any) -> None:
         new = GroupOffsets(_since(since))
@@ -271,6 +309,10 @@ def empty_record(group_id: str, empty_since_ms: int | None) -> list[Any]:
 
 def expire_record(group_id: str, keys: Iterable[TopicPartition]) -> list[Any]:
     return [EXPIRE, group_id, [list(k) for k in keys]]
+
+
+def deleted_record(topic: str) -> list[Any]:
+    return [DELETED, topic]
 
 
 def empty_since(group: GroupOffsets | None, has_members: bool, now_ms: int) -> int | None:

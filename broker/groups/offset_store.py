@@ -35,6 +35,7 @@ from broker.groups.offset_state import (
     OffsetStateError,
     Pending,
     commit_record,
+    deleted_record,
     empty_record,
     empty_since,
     expire_record,
@@ -342,6 +343,28 @@ class OffsetStore:
                 written_point="txn_group_markers_written",
             )
             self._commits["TxnOffsetCommit"] += committed_offsets
+
+    # ------------------------------------------------------------------ deleted topics
+
+    def pending_in(self, topic: str) -> list[tuple[str, int]]:
+        """(group_id, producer_id) of every open transaction holding an offset of `topic`:
+        DeleteTopics refuses such a topic, as one holding a transaction's data."""
+        return self.state.pending_in(topic)
+
+    async def delete_topic(self, topic: str) -> None:
+        """Drop every group's offsets of deleted topic `topic`, durably; nothing to write
+        when none holds one (a deletion finished again after a crash). The topic is out of
+        the registry already, so no commit judged from now on names it; the groups being
+        written are locked too, so a commit judged before lands first and goes with it.
+        OSError on a storage failure: nothing dropped."""
+        groups = set(self.state.holds_topic(topic)) | set(self._locks)
+        async with self._locked(groups):
+            if not self.state.holds_topic(topic):
+                return
+            await self._write_durably(
+                deleted_record(topic), durable_point="topic_delete_offsets_durable"
+            )
+        log.info("event=topic_offsets_deleted topic=%s", topic)
 
     # ------------------------------------------------------------------ OffsetFetch
 

@@ -36,6 +36,7 @@ from anyio.abc import ByteStream, SocketStream, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.stapled import MultiListener
 
+from broker.admin import finish_deletions
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.group_commit import GroupCommitter
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
@@ -289,7 +290,8 @@ class Broker:
         self, producer_ids: ProducerIdManager, committer: GroupCommitter
     ) -> TransactionCoordinator:
         """Load the committed offsets and the transaction log, and finish what a crash left
-        decided, before any partition serves a read or any offset is fetched."""
+        decided (and topic deletions it interrupted), before any partition serves a read
+        or any offset is fetched."""
         assert self.topics is not None
         offsets = OffsetStore(
             self.config,
@@ -299,6 +301,7 @@ class Broker:
         )
         self.offsets = offsets
         offsets.load()
+        await finish_deletions(self.topics, offsets)
         coordinator = TransactionCoordinator(
             self.config,
             self.topics,

@@ -474,6 +474,12 @@ class PartitionLog:
             for segment in self._segments:
                 segment.close()
 
+    def close_files(self) -> None:
+        """Close the segment files and write nothing: the partition's directory is being
+        deleted (DeleteTopics), so flushing it or its indexes would be wasted work."""
+        for segment in self._segments:
+            segment.close()
+
 
 def _offsets_of(directory: Path, suffix: str) -> list[int]:
     """The offsets that name the files `<offset:020d><suffix>` in directory."""
