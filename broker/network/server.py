@@ -53,7 +53,7 @@ from broker.network import asyncio_stream
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.http_endpoints import serve_http
 from broker.producer_ids import ProducerIdManager
-from broker.storage import DataDir, StorageError
+from broker.storage import DataDir, PreviousShutdown, StorageError
 from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
 from protocol.errors import ErrorCode, ProtocolError
@@ -172,13 +172,13 @@ class Broker:
 
     async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        clean = self.data_dir.acquire()
+        previous = self.data_dir.acquire()
         producer_ids = ProducerIdManager(config.data_path)
         log.info(
-            "event=starting data_dir=%s backend=%s clean_shutdown=%s pid=%d",
+            "event=starting data_dir=%s backend=%s previous_shutdown=%s pid=%d",
             config.data_path.resolve(),
             config.backend,
-            clean,
+            previous.value,
             os.getpid(),
         )
         pid_file = config.pid_file
@@ -204,7 +204,7 @@ class Broker:
                             config.metrics_host,
                             metrics_port,
                         )
-                    await self._recover(clean)
+                    await self._recover(previous)
                     listener = await anyio.create_tcp_listener(
                         local_host=config.host, local_port=config.port, reuse_port=False
                     )
@@ -263,10 +263,12 @@ class Broker:
                     os.unlink(pid_file)
         log.info("event=stopped clean=true")
 
-    async def _recover(self, clean: bool) -> None:
+    async def _recover(self, previous: PreviousShutdown) -> None:
         started = time.perf_counter()
         self.topics = TopicRegistry(self.config.data_path, self.config)
         registry = self.topics
+        # Only after a kill or crash are the log tails validated: a new data dir has none.
+        clean = previous is not PreviousShutdown.UNCLEAN
         await anyio.to_thread.run_sync(
             lambda: registry.open_all(clean_shutdown=clean, now_ms=now_ms())
         )
@@ -277,11 +279,11 @@ class Broker:
         self.metrics.set_producer_ids_max(self.config.max_producers_per_partition)
         self.metrics.set_data_dir(self.config.data_path)
         log.info(
-            "event=recovered topics=%d partitions=%d seconds=%.3f clean_shutdown=%s",
+            "event=recovered topics=%d partitions=%d seconds=%.3f previous_shutdown=%s",
             len(registry.topics),
             len(registry.all_partitions()),
             seconds,
-            clean,
+            previous.value,
         )
 
     async def _recover_transactions(

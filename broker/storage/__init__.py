@@ -9,7 +9,7 @@ return bytes and values; `segment`, `log`, `record_log`, `data_dir` and
 the modules.
 """
 
-from broker.storage.data_dir import DataDir, DataDirError
+from broker.storage.data_dir import DataDir, DataDirError, PreviousShutdown
 from broker.storage.fileio import fsync_dir, seal, unseal, write_atomic
 from broker.storage.log import (
     CorruptBatchError,
@@ -40,6 +40,7 @@ __all__ = [
     "LogConfig",
     "OffsetOutOfRange",
     "PartitionLog",
+    "PreviousShutdown",
     "RecordLog",
     "RecordLogError",
     "StorageError",

@@ -2,11 +2,13 @@
 
 A second broker on the same directory would interleave appends and corrupt
 every log, so the directory is locked with flock for the process's lifetime.
-The marker file tells the next start whether recovery must validate log tails.
+The marker file tells the next start whether recovery must validate log tails;
+a directory this start created has none and nothing to validate.
 """
 
 from __future__ import annotations
 
+import enum
 import errno
 import fcntl
 import os
@@ -24,6 +26,14 @@ class DataDirError(RuntimeError):
     """The data directory cannot be used; the message says why and what to do."""
 
 
+class PreviousShutdown(enum.Enum):
+    """How the broker that last used the data dir stopped, as the start logs it."""
+
+    NONE = "none"  # a new data dir: no broker used it before
+    CLEAN = "clean"
+    UNCLEAN = "unclean"  # killed or crashed: recovery validates the log tails
+
+
 class DataDir:
     """An exclusively locked data directory."""
 
@@ -31,8 +41,8 @@ class DataDir:
         self.path = path
         self._lock_fd: int | None = None
 
-    def acquire(self) -> bool:
-        """Lock the directory and check its format; return whether the last stop was clean."""
+    def acquire(self) -> PreviousShutdown:
+        """Lock the directory and check its format; return how the last broker stopped."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -57,8 +67,11 @@ class DataDir:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
-        self._check_version()
-        return (self.path / CLEAN_SHUTDOWN_FILE).exists()
+        if self._check_version():
+            return PreviousShutdown.NONE
+        if (self.path / CLEAN_SHUTDOWN_FILE).exists():
+            return PreviousShutdown.CLEAN
+        return PreviousShutdown.UNCLEAN
 
     def _read_holder(self) -> str:
         try:
@@ -67,7 +80,8 @@ class DataDir:
             return ""
         return f" (pid {pid})" if pid else ""
 
-    def _check_version(self) -> None:
+    def _check_version(self) -> bool:
+        """Refuse a data dir of another format; return whether it is new (then stamped)."""
         version_file = self.path / VERSION_FILE
         if not version_file.exists():
             if any(p.name not in (LOCK_FILE,) for p in self.path.iterdir()):
@@ -76,7 +90,7 @@ class DataDir:
                     "not a minibroker data dir, refusing to touch it"
                 )
             write_atomic(version_file, f"{FORMAT_VERSION}\n".encode())
-            return
+            return True
         try:
             text = version_file.read_bytes().decode("ascii").strip()
         except UnicodeDecodeError:
@@ -86,6 +100,7 @@ class DataDir:
                 f"{version_file} says format version {text!r}; this broker reads version "
                 f"{FORMAT_VERSION}. Use a matching minibroker release or a new data dir."
             )
+        return False
 
     def begin_run(self) -> None:
         """From here on a crash is unclean: remove the marker before accepting writes."""
