@@ -27,10 +27,12 @@ if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
-EXIT_CONFIG_ERROR = 2
-# Distinct from a crash so that systemd's RestartPreventExitStatus can stop
-# retrying a start that cannot succeed (locked, unwritable or foreign data dir).
-EXIT_REFUSED_TO_START = 3
+# The exit codes of `serve` (docs/operations.md, "Exit codes"). Each start that cannot
+# succeed has its own, distinct from a crash (1), so that systemd's
+# RestartPreventExitStatus stops retrying it (deploy/minibroker.service lists them).
+EXIT_CONFIG_ERROR = 2  # also argparse's, for a bad command line
+EXIT_REFUSED_TO_START = 3  # the data dir: locked, unwritable, foreign, unrecoverable
+EXIT_ADDRESS_IN_USE = 4  # another process listens on the port or the metrics port
 
 # CLI flags that map one-to-one onto settings of the same name.
 SERVE_FLAGS = (
@@ -97,26 +99,32 @@ def run_serve(args: argparse.Namespace) -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    from broker.network import Broker
+    from broker.network import Broker, ListenError
 
     broker = Broker(config, lambda: cfg.load(args.config, overrides))
     backend_options = {"use_uvloop": True} if config.backend == "asyncio" else {}
+    refusals = (DataDirError, ProducerIdStateError, ListenError)
+    reasons: list[BaseException]
     try:
         anyio.run(broker.run, backend=config.backend, backend_options=backend_options)
-    except (DataDirError, ProducerIdStateError) as exc:
-        log.error("event=refused_to_start reason=%r", str(exc))
-        return EXIT_REFUSED_TO_START
+    except refusals as exc:
+        reasons = [exc]
     except BaseExceptionGroup as group:
-        # Raised inside the broker's task group (recovery): the same refusal, wrapped.
-        refusals, others = group.split((DataDirError, ProducerIdStateError))
-        if refusals is None or others is not None:
+        # Raised inside the broker's task group (recovery): the same refusals, wrapped.
+        refused, others = group.split(refusals)
+        if refused is None or others is not None:
             raise
-        for refusal in _leaves(refusals):
-            log.error("event=refused_to_start reason=%r", str(refusal))
-        return EXIT_REFUSED_TO_START
+        reasons = _leaves(refused)
     except KeyboardInterrupt:
         return 130
-    return 0
+    else:
+        return 0
+    for reason in reasons:
+        log.error("event=refused_to_start reason=%r", str(reason))
+    ports = [reason for reason in reasons if isinstance(reason, ListenError)]
+    if ports:
+        return EXIT_ADDRESS_IN_USE if ports[0].in_use else EXIT_CONFIG_ERROR
+    return EXIT_REFUSED_TO_START
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -52,6 +52,7 @@ from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import asyncio_stream
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.http_endpoints import serve_http
+from broker.network.ports import Endpoint, bind, listen
 from broker.producer_ids import ProducerIdManager
 from broker.storage import DataDir, PreviousShutdown, StorageError
 from broker.topics import TopicRegistry
@@ -188,14 +189,30 @@ class Broker:
         # Signals are caught from here on, before any line that tells a supervisor
         # the broker is up, so an early SIGTERM is a graceful stop, not a kill.
         signals = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        listen_at = Endpoint("listen", config.host, config.port, "host", "port")
+        metrics_at = Endpoint(
+            "serve metrics",
+            config.metrics_host,
+            config.metrics_port,
+            "metrics_host",
+            "metrics_port",
+            ", or to -1 to turn the metrics server off",
+        )
+        bound: list[socket.socket] = []
         try:
+            # Both ports are bound before recovery, so that a port another process holds
+            # ends the start now rather than after recovering every partition.
+            listen_sockets = bind(listen_at)
+            bound += listen_sockets
+            self.port = listen_sockets[0].getsockname()[1]
+            metrics_sockets = bind(metrics_at) if config.metrics_port >= 0 else []
+            bound += metrics_sockets
             with signals as signal_stream:
                 async with anyio.create_task_group() as tg:
-                    if config.metrics_port >= 0:
+                    if metrics_sockets:
                         metrics_port = await tg.start(
                             serve_http,
-                            config.metrics_host,
-                            config.metrics_port,
+                            await listen(metrics_at, metrics_sockets),
                             self.metrics,
                             self.is_ready,
                         )
@@ -205,10 +222,7 @@ class Broker:
                             metrics_port,
                         )
                     await self._recover(previous)
-                    listener = await anyio.create_tcp_listener(
-                        local_host=config.host, local_port=config.port, reuse_port=False
-                    )
-                    self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                    listener = await listen(listen_at, listen_sockets)
                     committer = GroupCommitter(self.metrics)
                     assert self.topics is not None
                     self.topics.set_on_rolled(committer.request_flush)
@@ -257,6 +271,8 @@ class Broker:
                     tg.cancel_scope.cancel()
             self._close_storage()
         finally:
+            for sock in bound:  # those a failed start left unlistened; closed twice is a no-op
+                sock.close()
             self.data_dir.release()
             if pid_file:
                 with contextlib.suppress(FileNotFoundError):

@@ -3,7 +3,7 @@
 A second broker on the same directory would interleave appends and corrupt
 every log, so the directory is locked with flock for the process's lifetime.
 The marker file tells the next start whether recovery must validate log tails;
-a directory this start created has none and nothing to validate.
+a directory no broker has recovered yet has none, and nothing to validate.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class DataDirError(RuntimeError):
 class PreviousShutdown(enum.Enum):
     """How the broker that last used the data dir stopped, as the start logs it."""
 
-    NONE = "none"  # a new data dir: no broker used it before
+    NONE = "none"  # a new data dir: no broker got as far as recovering it
     CLEAN = "clean"
     UNCLEAN = "unclean"  # killed or crashed: recovery validates the log tails
 
@@ -67,7 +67,10 @@ class DataDir:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
-        if self._check_version():
+        self._check_version()
+        # Nothing but the lock and the version: no broker got as far as recovery here
+        # (a new data dir, or only starts refused before it, such as for a port in use).
+        if all(p.name in (LOCK_FILE, VERSION_FILE) for p in self.path.iterdir()):
             return PreviousShutdown.NONE
         if (self.path / CLEAN_SHUTDOWN_FILE).exists():
             return PreviousShutdown.CLEAN
@@ -80,8 +83,7 @@ class DataDir:
             return ""
         return f" (pid {pid})" if pid else ""
 
-    def _check_version(self) -> bool:
-        """Refuse a data dir of another format; return whether it is new (then stamped)."""
+    def _check_version(self) -> None:
         version_file = self.path / VERSION_FILE
         if not version_file.exists():
             if any(p.name not in (LOCK_FILE,) for p in self.path.iterdir()):
@@ -90,7 +92,7 @@ class DataDir:
                     "not a minibroker data dir, refusing to touch it"
                 )
             write_atomic(version_file, f"{FORMAT_VERSION}\n".encode())
-            return True
+            return
         try:
             text = version_file.read_bytes().decode("ascii").strip()
         except UnicodeDecodeError:
@@ -100,7 +102,6 @@ class DataDir:
                 f"{version_file} says format version {text!r}; this broker reads version "
                 f"{FORMAT_VERSION}. Use a matching minibroker release or a new data dir."
             )
-        return False
 
     def begin_run(self) -> None:
         """From here on a crash is unclean: remove the marker before accepting writes."""
