@@ -103,7 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     broker = Broker(config, lambda: cfg.load(args.config, overrides))
     backend_options = {"use_uvloop": True} if config.backend == "asyncio" else {}
-    refusals = (DataDirError, ProducerIdStateError, ListenError)
+    refusals = (DataDirError, ProducerIdStateError, ListenError, cfg.ConfigError)
     reasons: list[BaseException]
     try:
         anyio.run(broker.run, backend=config.backend, backend_options=backend_options)
@@ -124,6 +124,8 @@ def run_serve(args: argparse.Namespace) -> int:
     ports = [reason for reason in reasons if isinstance(reason, ListenError)]
     if ports:
         return EXIT_ADDRESS_IN_USE if ports[0].in_use else EXIT_CONFIG_ERROR
+    if any(isinstance(reason, cfg.ConfigError) for reason in reasons):
+        return EXIT_CONFIG_ERROR
     return EXIT_REFUSED_TO_START
 
 

@@ -2,13 +2,17 @@
 the fix, with an exit code of its own that the systemd unit does not restart on.
 
 Tried, on both backends: the port and the metrics port held by another socket (exit 4,
-before recovery), an address that is not this machine's (exit 2); and the unit file and
-docs/operations.md against the exit codes `broker.cli` defines.
+before recovery), an address that is not this machine's (exit 2), a pid file that cannot
+be written (exit 2), a new data dir on a full filesystem (exit 3; a 1 MiB tmpfs the test
+mounts, root only); and the unit file, docs/operations.md and `make run` against what
+they promise.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -17,7 +21,10 @@ from pathlib import Path
 import pytest
 
 from broker import cli
+from broker.crash_points import ENV
 from harness.broker_process import BrokerProcess, serve_once
+from harness.txn import Txn
+from harness.wire import WireClient
 
 ROOT = Path(__file__).resolve().parent.parent
 REFUSAL = re.compile(
@@ -35,10 +42,10 @@ def held_port() -> Iterator[int]:
 
 
 def refusal(stderr: str) -> str:
-    """The reason of the one refusal line, after nothing but the starting line."""
-    lines = stderr.splitlines()
-    assert len(lines) == 2 and "event=starting " in lines[0], stderr
-    m = REFUSAL.search(lines[1])
+    """The reason of the one refusal line, which comes last, after info lines only."""
+    *before, last = stderr.splitlines()
+    assert all(" level=info " in line for line in before), stderr
+    m = REFUSAL.search(last)
     assert m, stderr
     return m.group(1)
 
@@ -48,7 +55,7 @@ def test_port_in_use_is_one_line_and_exit_code_4(
 ) -> None:
     r = serve_once(tmp_path / "data", "--backend", backend, "--port", str(held_port))
     assert r.returncode == cli.EXIT_ADDRESS_IN_USE == 4
-    # Before recovery: no event=recovered line comes first.
+    assert "event=recovered" not in r.stderr  # found before recovery, not after
     assert refusal(r.stderr) == (
         f"cannot listen on 127.0.0.1:{held_port}: address already in use; stop the process "
         "listening there, or set port (--port) to a free port"
@@ -66,6 +73,7 @@ def test_metrics_port_in_use_is_one_line_and_exit_code_4(
 ) -> None:
     r = serve_once(tmp_path / "data", "--backend", backend, "--metrics-port", str(held_port))
     assert r.returncode == cli.EXIT_ADDRESS_IN_USE
+    assert "event=recovered" not in r.stderr
     assert refusal(r.stderr) == (
         f"cannot serve metrics on 127.0.0.1:{held_port}: address already in use; stop the "
         "process listening there, or set metrics_port (--metrics-port) to a free port, or to "
@@ -80,6 +88,84 @@ def test_an_address_not_of_this_machine_is_a_configuration_error(tmp_path: Path)
     assert refusal(r.stderr) == (
         "cannot listen on 192.0.2.1:0: Cannot assign requested address; set host (--host) "
         "to an address of this machine, or 0.0.0.0 for all"
+    )
+
+
+def test_a_pid_file_that_cannot_be_written_is_a_configuration_error(tmp_path: Path) -> None:
+    pid_file = tmp_path / "missing" / "broker.pid"
+    r = serve_once(tmp_path / "data", "--pid-file", str(pid_file))
+    assert r.returncode == cli.EXIT_CONFIG_ERROR
+    assert refusal(r.stderr) == (
+        f"cannot write pid_file {pid_file}: No such file or directory; set pid_file "
+        "(--pid-file) to a path this user may write, or leave it empty"
+    )
+
+
+@pytest.fixture
+def full_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs with no byte free."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        with open(mount_point / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+            for _ in range(2048):
+                f.write(b"\0" * 1024)
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=30)
+
+
+def test_a_new_data_dir_on_a_full_disk_is_one_line_and_exit_code_3(
+    full_fs: Path, backend: str
+) -> None:
+    data = full_fs / "data"
+    r = serve_once(data, "--backend", backend)
+    assert r.returncode == cli.EXIT_REFUSED_TO_START
+    assert refusal(r.stderr) == (
+        f"data dir {data} has no space left on its filesystem ([Errno 28] No space left on "
+        "device); free space there, or move data_dir (--data-dir) to a larger filesystem"
+    )
+
+
+def _limit_file_size() -> None:
+    """Below the segment's size: the next append fails (EFBIG), as on a full disk."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+
+
+def test_a_write_recovery_cannot_make_is_one_line_and_exit_code_3(
+    tmp_path: Path, backend: str
+) -> None:
+    """A commit decided just before a kill gets its marker at the next start; when that
+    write fails, the start ends in one line naming the data dir and the fix."""
+    data = tmp_path / "data"
+    broker = BrokerProcess(data, backend=backend, env={ENV: "txn_decided"}).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 1) == 0
+            tx = Txn(c)
+            assert tx.send("t", 0, [b"x" * 200])["error"] == 0
+            with pytest.raises((ConnectionError, OSError, EOFError)):
+                tx.end(committed=True)
+        assert broker.proc is not None
+        broker.proc.wait(15)
+    finally:
+        broker.kill()
+    r = serve_once(data, "--backend", backend, preexec_fn=_limit_file_size)
+    assert r.returncode == cli.EXIT_REFUSED_TO_START
+    assert "event=recovered " in r.stderr and "Traceback" not in r.stderr
+    assert refusal(r.stderr) == (
+        f"data dir {data} holds a file this process may not grow ([Errno 27] File too large); "
+        "raise the file-size limit (ulimit -f, or LimitFSIZE= in the systemd unit)"
     )
 
 

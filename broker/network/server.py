@@ -27,8 +27,9 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 import anyio
@@ -54,7 +55,7 @@ from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.http_endpoints import serve_http
 from broker.network.ports import Endpoint, bind, listen
 from broker.producer_ids import ProducerIdManager
-from broker.storage import DataDir, PreviousShutdown, StorageError
+from broker.storage import DataDir, PreviousShutdown, StorageError, cannot_use
 from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
 from protocol.errors import ErrorCode, ProtocolError
@@ -174,7 +175,8 @@ class Broker:
     async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         config = self.config
         previous = self.data_dir.acquire()
-        producer_ids = ProducerIdManager(config.data_path)
+        with _refusing_start(config.data_path):
+            producer_ids = ProducerIdManager(config.data_path)
         log.info(
             "event=starting data_dir=%s backend=%s previous_shutdown=%s pid=%d",
             config.data_path.resolve(),
@@ -184,8 +186,14 @@ class Broker:
         )
         pid_file = config.pid_file
         if pid_file:
-            with open(pid_file, "w") as f:
-                f.write(f"{os.getpid()}\n")
+            try:
+                with open(pid_file, "w") as f:
+                    f.write(f"{os.getpid()}\n")
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot write pid_file {pid_file}: {exc.strerror}; set pid_file "
+                    "(--pid-file) to a path this user may write, or leave it empty"
+                ) from exc
         # Signals are caught from here on, before any line that tells a supervisor
         # the broker is up, so an early SIGTERM is a graceful stop, not a kill.
         signals = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -245,7 +253,8 @@ class Broker:
                         (config.host, self.port),
                         groups,
                     )
-                    self.data_dir.begin_run()
+                    with _refusing_start(config.data_path):
+                        self.data_dir.begin_run()
                     self.ready = True
                     tg.start_soon(coordinator.run)
                     tg.start_soon(groups.run)
@@ -285,9 +294,10 @@ class Broker:
         registry = self.topics
         # Only after a kill or crash are the log tails validated: a new data dir has none.
         clean = previous is not PreviousShutdown.UNCLEAN
-        await anyio.to_thread.run_sync(
-            lambda: registry.open_all(clean_shutdown=clean, now_ms=now_ms())
-        )
+        with _refusing_start(self.config.data_path):
+            await anyio.to_thread.run_sync(
+                lambda: registry.open_all(clean_shutdown=clean, now_ms=now_ms())
+            )
         seconds = time.perf_counter() - started
         self.metrics.set_recovery_seconds(seconds)
         self.metrics.set_partition_source(self._partition_stats)
@@ -307,6 +317,12 @@ class Broker:
     ) -> TransactionCoordinator:
         """Load the committed offsets and the transaction log, and finish what a crash left
         decided, before any partition serves a read or any offset is fetched."""
+        with _refusing_start(self.config.data_path):
+            return await self._recover_logs(producer_ids, committer)
+
+    async def _recover_logs(
+        self, producer_ids: ProducerIdManager, committer: GroupCommitter
+    ) -> TransactionCoordinator:
         assert self.topics is not None
         offsets = OffsetStore(
             self.config,
@@ -769,6 +785,17 @@ class Broker:
         await stream.send(data)
         conn.sent(len(pending), len(data))
         pending.clear()
+
+
+@contextlib.contextmanager
+def _refusing_start(data_path: Path) -> Iterator[None]:
+    """An OS or storage error while the broker starts (recovery cuts tails, rebuilds
+    indexes, writes markers) is the data dir's refusal to start, in one line saying what
+    to do about a full, read-only or unwritable disk, not a traceback."""
+    try:
+        yield
+    except (OSError, StorageError) as exc:
+        raise cannot_use(data_path, exc) from exc
 
 
 async def _send_spliced(stream: ByteStream, frame: SplicedFrame) -> None:
