@@ -51,9 +51,50 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 """Adds subcommands to the `minibroker` parser, as `client.cli.register` does."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a mistyped flag is reported by the (sub)command it was given
+    to, with that command's usage, and a mistyped flag or choice names the closest one
+    (what Python 3.14's suggest_on_error does for choices; 3.11 has neither).
+
+    Subcommands' parsers are of this class too: `add_subparsers` makes its parsers of
+    the class of the parser it is called on, so every verb the client registers has it."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # A subcommand's parser is called through parse_known_args and hands what it does
+        # not know to the top level, which would report it with the top-level usage.
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            # Names compared without their dashes, which every flag shares.
+            flags = [s[2:] for s in self._option_string_actions if s.startswith("--")]
+            for extra in extras:
+                if extra.startswith("--"):
+                    match = cfg.closest(extra[2:].split("=", 1)[0], flags)
+                    if match:
+                        message += f" (did you mean --{match}?)"
+                        break
+            self.error(message)
+        return parsed, extras
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            match = cfg.closest(str(value), [str(choice) for choice in choices])
+            if match:
+                listed = ", ".join(map(repr, choices))
+                raise argparse.ArgumentError(
+                    action,
+                    f"invalid choice: {value!r}, maybe you meant {match!r}? (choose from {listed})",
+                )
+        super()._check_value(action, value)
+
+
 def build_parser(more: Sequence[Registrar] = ()) -> argparse.ArgumentParser:
     """The `minibroker` parser: the broker's verbs, then those each of `more` adds."""
-    parser = argparse.ArgumentParser(
+    # Typed as argparse's own so that registrars take plain subparsers; they are Parsers.
+    parser: argparse.ArgumentParser = Parser(
         prog="minibroker",
         description="A single-process broker with Kafka's idempotent producer guarantees.",
     )

@@ -11,9 +11,10 @@ docs/configuration.md is checked against it by a test.
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -478,13 +479,26 @@ TOPIC_SETTINGS: dict[str, Setting] = {
 }
 
 
+def closest(word: str, known: Iterable[str]) -> str | None:
+    """The known name `word` most likely misspells (difflib's closest match), if any: what
+    a message about an unknown setting, flag or command suggests."""
+    matches = difflib.get_close_matches(word, list(known), n=1)
+    return matches[0] if matches else None
+
+
+def _did_you_mean(word: str, known: Iterable[str]) -> str:
+    match = closest(word, known)
+    return f"; did you mean {match!r}?" if match else ""
+
+
 def coerce(values: Mapping[str, Any]) -> dict[str, Any]:
     """Check raw values (TOML or CLI) against the table; unknown keys are errors."""
     out: dict[str, Any] = {}
     for raw_key, value in values.items():
-        setting = SETTINGS.get(raw_key.replace("-", "_").replace(".", "_"))
+        name = raw_key.replace("-", "_").replace(".", "_")
+        setting = SETTINGS.get(name)
         if setting is None:
-            raise ConfigError(f"unknown setting {raw_key!r}")
+            raise ConfigError(f"unknown setting {raw_key!r}{_did_you_mean(name, SETTINGS)}")
         out[setting.name] = setting.check(value)
     return out
 
@@ -498,8 +512,11 @@ def topic_overrides(config: Mapping[Any, Any] | None) -> dict[str, int]:
     for raw_key, value in (config or {}).items():
         setting = TOPIC_SETTINGS.get(raw_key) or by_name.get(raw_key)
         if setting is None:
+            # Suggested in the spelling the key was written in: Kafka's dotted or ours.
+            known = by_name if "_" in raw_key else TOPIC_SETTINGS
             raise ConfigError(
-                f"unknown topic config {raw_key!r}; known: {', '.join(TOPIC_SETTINGS)}"
+                f"unknown topic config {raw_key!r}{_did_you_mean(raw_key, known)} "
+                f"(known: {', '.join(TOPIC_SETTINGS)})"
             )
         try:
             out[setting.name] = setting.check(value)

@@ -10,18 +10,23 @@ they promise.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import resource
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import minibroker_cli
 from broker import cli
+from broker.cli import build_parser
 from broker.crash_points import ENV
+from client import cli as client_cli
 from harness.broker_process import BrokerProcess, serve_once
 from harness.txn import Txn
 from harness.wire import WireClient
@@ -212,3 +217,84 @@ def test_make_run_takes_overrides_from_its_command_line_only() -> None:
         ".venv/bin/minibroker serve --port '9093' --metrics-port '9645' --data-dir '/tmp/b 2' "
         "--log-level debug"
     )
+
+
+def _leaf_commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every command of the parser, as the words that name it and its own parser."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subcommands:
+        yield path, parser
+    for action in subcommands:
+        for name, sub in action.choices.items():
+            yield from _leaf_commands(sub, (*path, name))
+
+
+COMMANDS = list(_leaf_commands(build_parser([client_cli.register])))
+
+
+@pytest.mark.parametrize(("words", "parser"), COMMANDS, ids=[" ".join(w) for w, _ in COMMANDS])
+def test_a_mistyped_flag_gets_its_commands_usage_and_the_closest_flag(
+    words: tuple[str, ...], parser: argparse.ArgumentParser, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serve --metrics-prot 9644` (and the same for every command of `minibroker`): the
+    usage of the command it was given to, and the flag it most likely meant."""
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    name = next((f for f in flags if f != "--help"), "--help")[2:]
+    # The first two different letters swapped: no flag, nor a prefix of one.
+    i = next(i for i in range(1, len(name)) if name[i] != name[i - 1])
+    typo = name[: i - 1] + name[i] + name[i - 1] + name[i + 1 :]
+    assert not any(f[2:].startswith(typo) for f in flags)
+    # What the command requires, so that only the mistyped flag is wrong.
+    needed = [a for a in parser._actions if a.required]
+    needed += [g._group_actions[0] for g in parser._mutually_exclusive_groups if g.required]
+    required = [
+        word
+        for a in needed
+        for word in (
+            ([a.option_strings[0]] + (["1"] if a.nargs != 0 else [])) if a.option_strings else ["x"]
+        )
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        minibroker_cli.main([*words, *required, f"--{typo}", "1"])
+    assert exit_info.value.code == 2
+    usage, *_, error = capsys.readouterr().err.splitlines()
+    prog = " ".join(("minibroker", *words))
+    assert usage.startswith(f"usage: {prog} ")
+    assert error == (f"{prog}: error: unrecognized arguments: --{typo} 1 (did you mean --{name}?)")
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["serve", "--metrics-prot", "9644"],
+            "minibroker serve: error: unrecognized arguments: "
+            "--metrics-prot 9644 (did you mean --metrics-port?)",
+        ),
+        (
+            ["topic", "list"],
+            "minibroker: error: argument COMMAND: invalid choice: 'topic', maybe "
+            "you meant 'topics'? (choose from 'serve', 'config-table', 'topics', 'produce', "
+            "'consume', 'txn', 'groups', 'perf-produce', 'perf-consume')",
+        ),
+        (
+            ["groups", "describ", "g"],
+            "minibroker groups: error: argument ACTION: invalid choice: "
+            "'describ', maybe you meant 'describe'? (choose from 'list', 'describe', "
+            "'reset-offsets')",
+        ),
+        (["serve", "--bogus"], "minibroker serve: error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_mistyped_words_name_the_closest(argv: list[str], error: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "minibroker_cli", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == error
