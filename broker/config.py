@@ -330,6 +330,15 @@ class BrokerConfig:
         min=10,
         max=INT32_MAX,
     )
+    log_summary_interval_ms: int = _setting(
+        60_000,
+        "How often (and at the stop) the broker logs one INFO line counting the transactions "
+        "committed and aborted since the last one, if any; each one's own line is DEBUG.",
+        unit="ms",
+        min=1000,
+        max=INT32_MAX,
+        reloadable=True,
+    )
     max_transactional_ids: int = _setting(
         1_000_000,
         "Transactional ids held; a new id beyond this evicts the least recently used ended "

@@ -257,6 +257,7 @@ class Broker:
                         self.data_dir.begin_run()
                     self.ready = True
                     tg.start_soon(coordinator.run)
+                    tg.start_soon(coordinator.log_summaries)
                     tg.start_soon(groups.run)
                     tg.start_soon(self.offsets.run)
                     tg.start_soon(self._housekeeping)
