@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,17 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_docs_table_matches_the_code() -> None:
     text = (ROOT / "docs" / "configuration.md").read_text()
     assert cfg.markdown_table() in text, "regenerate with: minibroker config-table"
+
+
+def test_operations_guide_names_the_reloadable_settings_of_the_table() -> None:
+    """docs/operations.md lists what SIGHUP applies: the settings the table marks
+    reloadable, in its order, and how many there are."""
+    reloadable = [name for name in cfg.SETTINGS if name in cfg.RELOADABLE]
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    section = ops.split("### Reloading (SIGHUP)", 1)[1].split("\n\n")[1]
+    named = [name for name in re.findall(r"`(\w+)`", section) if name in cfg.SETTINGS]
+    assert named == reloadable
+    assert f"these {len(reloadable)}: " in " ".join(section.split())
 
 
 def test_toml_then_flags_override(tmp_path: Path) -> None:
