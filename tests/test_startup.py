@@ -29,7 +29,7 @@ from broker.crash_points import ENV
 from client import cli as client_cli
 from harness.broker_process import BrokerProcess, serve_once
 from harness.txn import Txn
-from harness.wire import WireClient
+from harness.wire import WireClient, fetched_values, values_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 REFUSAL = re.compile(
@@ -107,14 +107,14 @@ def test_a_pid_file_that_cannot_be_written_is_a_configuration_error(tmp_path: Pa
 
 
 @pytest.fixture
-def full_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs with no byte free."""
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "full"
+    mount_point = tmp_path / "small"
     mount_point.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -122,24 +122,61 @@ def full_fs(tmp_path: Path) -> Iterator[Path]:
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
-        with open(mount_point / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
-            for _ in range(2048):
-                f.write(b"\0" * 1024)
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=30)
 
 
+def fill(mount_point: Path) -> Path:
+    """Write a file on `mount_point` until no byte is free; return it."""
+    filler = mount_point / "filler"
+    with open(filler, "wb", buffering=0) as f, pytest.raises(OSError):
+        for _ in range(8192):
+            f.write(b"\0" * 1024)
+    return filler
+
+
 def test_a_new_data_dir_on_a_full_disk_is_one_line_and_exit_code_3(
-    full_fs: Path, backend: str
+    small_fs: Path, backend: str
 ) -> None:
-    data = full_fs / "data"
+    fill(small_fs)
+    data = small_fs / "data"
     r = serve_once(data, "--backend", backend)
     assert r.returncode == cli.EXIT_REFUSED_TO_START
     assert refusal(r.stderr) == (
         f"data dir {data} has no space left on its filesystem ([Errno 28] No space left on "
         "device); free space there, or move data_dir (--data-dir) to a larger filesystem"
     )
+
+
+def test_a_stop_on_a_full_disk_is_one_line_and_the_next_start_recovers(
+    small_fs: Path, backend: str
+) -> None:
+    """SIGTERM when the disk filled while the broker ran: the snapshots cannot be
+    written. One error line instead of a traceback, and no clean-shutdown marker, so
+    the next start recovers as after a crash and serves every acknowledged record."""
+    broker = BrokerProcess(small_fs / "data", backend=backend).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 1) == 0
+            assert c.produce("t", 0, values_batch([b"kept"]), acks=-1)["error"] == 0
+        filler = fill(small_fs)
+        assert broker.terminate() == 0
+        assert broker.log_shows("event=stopped clean=false reason='data dir ")
+        assert "Traceback" not in broker.log_text()
+        partition = small_fs / "data" / "topics" / "t" / "0"
+        assert broker.log_lines[-1].endswith(
+            f"has no space left on its filesystem (snapshot of {partition} at 1: [Errno 28] "
+            "No space left on device); free space there, or move data_dir (--data-dir) to a "
+            "larger filesystem; the next start recovers it as after a crash'"
+        )
+        filler.unlink()
+        broker.start()
+        assert broker.log_shows("previous_shutdown=unclean")
+        with WireClient(broker.bootstrap) as c:
+            assert [v for _, v in fetched_values(c.fetch("t", 0, 0)["records"])] == [b"kept"]
+    finally:
+        broker.kill()
 
 
 def _limit_file_size() -> None:

@@ -279,7 +279,7 @@ class Broker:
                         finally:
                             connections.cancel_scope.cancel()
                     tg.cancel_scope.cancel()
-            self._close_storage()
+            clean = self._close_storage()
         finally:
             for sock in bound:  # those a failed start left unlistened; closed twice is a no-op
                 sock.close()
@@ -287,7 +287,8 @@ class Broker:
             if pid_file:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(pid_file)
-        log.info("event=stopped clean=true")
+        if clean:
+            log.info("event=stopped clean=true")
 
     async def _recover(self, previous: PreviousShutdown) -> None:
         started = time.perf_counter()
@@ -434,14 +435,26 @@ class Broker:
         if self.connections:
             log.warning("event=drain_timeout connections=%d", len(self.connections))
 
-    def _close_storage(self) -> None:
-        if self.coordinator is not None:
-            self.coordinator.close()
-        if self.offsets is not None:
-            self.offsets.close()
-        if self.topics is not None:
-            self.topics.close()
-        self.data_dir.mark_clean_shutdown()
+    def _close_storage(self) -> bool:
+        """Close the logs (each partition leaves a snapshot) and mark the data dir cleanly
+        shut down. When a write this needs fails (a full disk), say so in one line and
+        leave the marker out: the next start recovers as after a crash."""
+        try:
+            if self.coordinator is not None:
+                self.coordinator.close()
+            if self.offsets is not None:
+                self.offsets.close()
+            if self.topics is not None:
+                self.topics.close()
+            self.data_dir.mark_clean_shutdown()
+        except (OSError, StorageError) as exc:
+            reason = cannot_use(self.config.data_path, exc)
+            log.error(
+                "event=stopped clean=false reason=%r",
+                f"{reason}; the next start recovers it as after a crash",
+            )
+            return False
+        return True
 
     # ------------------------------------------------------------------ connections
 
