@@ -13,8 +13,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
+# `make run PORT=9093 METRICS_PORT=9645 DATA_DIR=/tmp/b2 ARGS='--log-level debug'`: each
+# variable given becomes its flag and ARGS is appended; the broker's defaults
+# (docs/configuration.md) hold the rest. Only make's command line counts: a PORT
+# exported for something else must not move the broker.
+given = $(filter command line,$(origin $(1)))
+flag = $(if $(call given,$(1)),$(2) '$($(1))')
+SERVE_FLAGS = $(call flag,PORT,--port) $(call flag,METRICS_PORT,--metrics-port) \
+	$(call flag,DATA_DIR,--data-dir) $(if $(call given,ARGS),$(ARGS))
 run: $(STAMP)
-	$(VENV)/bin/minibroker serve --host 127.0.0.1 --port 9092 --data-dir ./data
+	$(VENV)/bin/minibroker $(strip serve $(SERVE_FLAGS))
 
 test: $(STAMP) check-java check-promtool lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)

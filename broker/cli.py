@@ -27,10 +27,12 @@ if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
-EXIT_CONFIG_ERROR = 2
-# Distinct from a crash so that systemd's RestartPreventExitStatus can stop
-# retrying a start that cannot succeed (locked, unwritable or foreign data dir).
-EXIT_REFUSED_TO_START = 3
+# The exit codes of `serve` (docs/operations.md, "Exit codes"). Each start that cannot
+# succeed has its own, distinct from a crash (1), so that systemd's
+# RestartPreventExitStatus stops retrying it (deploy/minibroker.service lists them).
+EXIT_CONFIG_ERROR = 2  # also argparse's, for a bad command line
+EXIT_REFUSED_TO_START = 3  # the data dir: locked, unwritable, foreign, unrecoverable
+EXIT_ADDRESS_IN_USE = 4  # another process listens on the port or the metrics port
 
 # CLI flags that map one-to-one onto settings of the same name.
 SERVE_FLAGS = (
@@ -49,9 +51,50 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 """Adds subcommands to the `minibroker` parser, as `client.cli.register` does."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a mistyped flag is reported by the (sub)command it was given
+    to, with that command's usage, and a mistyped flag or choice names the closest one
+    (what Python 3.14's suggest_on_error does for choices; 3.11 has neither).
+
+    Subcommands' parsers are of this class too: `add_subparsers` makes its parsers of
+    the class of the parser it is called on, so every verb the client registers has it."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # A subcommand's parser is called through parse_known_args and hands what it does
+        # not know to the top level, which would report it with the top-level usage.
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            message = f"unrecognized arguments: {' '.join(extras)}"
+            # Names compared without their dashes, which every flag shares.
+            flags = [s[2:] for s in self._option_string_actions if s.startswith("--")]
+            for extra in extras:
+                if extra.startswith("--"):
+                    match = cfg.closest(extra[2:].split("=", 1)[0], flags)
+                    if match:
+                        message += f" (did you mean --{match}?)"
+                        break
+            self.error(message)
+        return parsed, extras
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        choices = action.choices
+        if choices is not None and value not in choices:
+            match = cfg.closest(str(value), [str(choice) for choice in choices])
+            if match:
+                listed = ", ".join(map(repr, choices))
+                raise argparse.ArgumentError(
+                    action,
+                    f"invalid choice: {value!r}, maybe you meant {match!r}? (choose from {listed})",
+                )
+        super()._check_value(action, value)
+
+
 def build_parser(more: Sequence[Registrar] = ()) -> argparse.ArgumentParser:
     """The `minibroker` parser: the broker's verbs, then those each of `more` adds."""
-    parser = argparse.ArgumentParser(
+    # Typed as argparse's own so that registrars take plain subparsers; they are Parsers.
+    parser: argparse.ArgumentParser = Parser(
         prog="minibroker",
         description="A single-process broker with Kafka's idempotent producer guarantees.",
     )
@@ -97,26 +140,34 @@ def run_serve(args: argparse.Namespace) -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    from broker.network import Broker
+    from broker.network import Broker, ListenError
 
     broker = Broker(config, lambda: cfg.load(args.config, overrides))
     backend_options = {"use_uvloop": True} if config.backend == "asyncio" else {}
+    refusals = (DataDirError, ProducerIdStateError, ListenError, cfg.ConfigError)
+    reasons: list[BaseException]
     try:
         anyio.run(broker.run, backend=config.backend, backend_options=backend_options)
-    except (DataDirError, ProducerIdStateError) as exc:
-        log.error("event=refused_to_start reason=%r", str(exc))
-        return EXIT_REFUSED_TO_START
+    except refusals as exc:
+        reasons = [exc]
     except BaseExceptionGroup as group:
-        # Raised inside the broker's task group (recovery): the same refusal, wrapped.
-        refusals, others = group.split((DataDirError, ProducerIdStateError))
-        if refusals is None or others is not None:
+        # Raised inside the broker's task group (recovery): the same refusals, wrapped.
+        refused, others = group.split(refusals)
+        if refused is None or others is not None:
             raise
-        for refusal in _leaves(refusals):
-            log.error("event=refused_to_start reason=%r", str(refusal))
-        return EXIT_REFUSED_TO_START
+        reasons = _leaves(refused)
     except KeyboardInterrupt:
         return 130
-    return 0
+    else:
+        return 0
+    for reason in reasons:
+        log.error("event=refused_to_start reason=%r", str(reason))
+    ports = [reason for reason in reasons if isinstance(reason, ListenError)]
+    if ports:
+        return EXIT_ADDRESS_IN_USE if ports[0].in_use else EXIT_CONFIG_ERROR
+    if any(isinstance(reason, cfg.ConfigError) for reason in reasons):
+        return EXIT_CONFIG_ERROR
+    return EXIT_REFUSED_TO_START
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -14,9 +14,10 @@ it by a test.
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -336,6 +337,15 @@ class BrokerConfig:
         min=10,
         max=INT32_MAX,
     )
+    log_summary_interval_ms: int = _setting(
+        60_000,
+        "How often (and at the stop) the broker logs one INFO line counting the transactions "
+        "committed and aborted since the last one, if any; each one's own line is DEBUG.",
+        unit="ms",
+        min=1000,
+        max=INT32_MAX,
+        reloadable=True,
+    )
     max_transactional_ids: int = _setting(
         1_000_000,
         "Transactional ids held; a new id beyond this evicts the least recently used ended "
@@ -486,13 +496,26 @@ TOPIC_SETTINGS: dict[str, Setting] = {
 _TOPIC_SETTINGS_BY_NAME = {s.name: s for s in TOPIC_SETTINGS.values()}
 
 
+def closest(word: str, known: Iterable[str]) -> str | None:
+    """The known name `word` most likely misspells (difflib's closest match), if any: what
+    a message about an unknown setting, flag or command suggests."""
+    matches = difflib.get_close_matches(word, list(known), n=1)
+    return matches[0] if matches else None
+
+
+def _did_you_mean(word: str, known: Iterable[str]) -> str:
+    match = closest(word, known)
+    return f"; did you mean {match!r}?" if match else ""
+
+
 def coerce(values: Mapping[str, Any]) -> dict[str, Any]:
     """Check raw values (TOML or CLI) against the table; unknown keys are errors."""
     out: dict[str, Any] = {}
     for raw_key, value in values.items():
-        setting = SETTINGS.get(raw_key.replace("-", "_").replace(".", "_"))
+        name = raw_key.replace("-", "_").replace(".", "_")
+        setting = SETTINGS.get(name)
         if setting is None:
-            raise ConfigError(f"unknown setting {raw_key!r}")
+            raise ConfigError(f"unknown setting {raw_key!r}{_did_you_mean(name, SETTINGS)}")
         out[setting.name] = setting.check(value)
     return out
 
@@ -502,7 +525,12 @@ def topic_setting(key: str) -> Setting:
     (`retention_ms`); ConfigError naming the key when no topic may override it."""
     setting = TOPIC_SETTINGS.get(key) or _TOPIC_SETTINGS_BY_NAME.get(key)
     if setting is None:
-        raise ConfigError(f"unknown topic config {key!r}; known: {', '.join(TOPIC_SETTINGS)}")
+        # Suggested in the spelling the key was written in: Kafka's dotted or ours.
+        known = _TOPIC_SETTINGS_BY_NAME if "_" in key else TOPIC_SETTINGS
+        raise ConfigError(
+            f"unknown topic config {key!r}{_did_you_mean(key, known)} "
+            f"(known: {', '.join(TOPIC_SETTINGS)})"
+        )
     return setting
 
 

@@ -151,8 +151,11 @@ def rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
-def serve_once(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m broker serve` on `data_dir` in the foreground, for a start that must fail."""
+def serve_once(
+    data_dir: Path, *args: str, preexec_fn: Callable[[], object] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m broker serve` on `data_dir` in the foreground, for a start that must fail;
+    `args` come last, so they override the port 0 and the metrics port -1 it starts with."""
     return subprocess.run(
         [
             sys.executable,
@@ -165,8 +168,10 @@ def serve_once(data_dir: Path) -> subprocess.CompletedProcess[str]:
             str(data_dir),
             "--metrics-port",
             "-1",
+            *args,
         ],
         capture_output=True,
         text=True,
         timeout=30,
+        preexec_fn=preexec_fn,
     )

@@ -67,7 +67,7 @@ def test_kill9_keeps_acknowledged_records_and_the_duplicate_window(
                 sent.append((seq, n, r["base_offset"]))
                 seq += n
         broker.restart(kill=True)
-        assert broker.log_shows("clean_shutdown=False")
+        assert broker.log_shows("previous_shutdown=unclean")
         with WireClient(broker.bootstrap) as c:
             for s, n, base in sent[-5:]:
                 r = produce_seq(c, "k", pid, epoch, s, n)
@@ -120,7 +120,7 @@ def test_sigterm_under_load_is_clean_and_loses_nothing(tmp_path: Path, backend: 
         assert all(r["topics"][0]["partitions"][0]["error"] == 0 for r in acked)
         assert (tmp_path / "data" / ".clean_shutdown").exists()
         broker.start()
-        assert broker.log_shows("clean_shutdown=True")
+        assert broker.log_shows("previous_shutdown=clean")
         assert "producer_state_replayed" not in broker.log_text()
         with WireClient(broker.bootstrap) as c:
             values = all_values(c, "g")

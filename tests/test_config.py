@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,17 @@ def test_docs_table_matches_the_code() -> None:
     assert cfg.markdown_table() in text, "regenerate with: minibroker config-table"
 
 
+def test_operations_guide_names_the_reloadable_settings_of_the_table() -> None:
+    """docs/operations.md lists what SIGHUP applies: the settings the table marks
+    reloadable, in its order, and how many there are."""
+    reloadable = [name for name in cfg.SETTINGS if name in cfg.RELOADABLE]
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    section = ops.split("### Reloading (SIGHUP)", 1)[1].split("\n\n")[1]
+    named = [name for name in re.findall(r"`(\w+)`", section) if name in cfg.SETTINGS]
+    assert named == reloadable
+    assert f"these {len(reloadable)}: " in " ".join(section.split())
+
+
 def test_toml_then_flags_override(tmp_path: Path) -> None:
     path = tmp_path / "b.toml"
     path.write_text('port = 1234\nretention_ms = 5000\nbackend = "asyncio"\n')
@@ -29,6 +41,7 @@ def test_toml_then_flags_override(tmp_path: Path) -> None:
     ("text", "needle"),
     [
         ("nonsense_key = 1\n", "unknown setting 'nonsense_key'"),
+        ("retension_ms = 1\n", "unknown setting 'retension_ms'; did you mean 'retention_ms'?"),
         ('port = "x"\n', "setting port='x' is invalid: expected an integer in 0..65535"),
         ("port = 70000\n", "setting port=70000 is invalid"),
         ('backend = "gevent"\n', "setting backend='gevent' is invalid"),
@@ -120,6 +133,18 @@ def test_flags_are_checked_by_the_table(tmp_path: Path) -> None:
         assert main(["serve", flag, value, "--data-dir", str(tmp_path)]) == 2
 
 
+def test_a_mistyped_config_key_is_one_line_that_suggests_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from broker.cli import main
+
+    path = tmp_path / "b.toml"
+    path.write_text("retension_ms = 60000\n")
+    assert main(["serve", "--config", str(path), "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == "minibroker: unknown setting 'retension_ms'; did you mean 'retention_ms'?\n"
+
+
 def test_flag_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from broker.cli import main
 
@@ -140,8 +165,13 @@ def test_topic_overrides_take_dotted_or_our_names_and_the_same_bounds() -> None:
     }
     with pytest.raises(cfg.ConfigError, match=r"'segment\.bytes'.*1024\.\.2147483647"):
         cfg.topic_overrides({"segment.bytes": 100})
-    with pytest.raises(cfg.ConfigError, match=r"unknown topic config 'cleanup\.policy'"):
+    with pytest.raises(cfg.ConfigError, match=r"unknown topic config 'cleanup\.policy' \("):
         cfg.topic_overrides({"cleanup.policy": "compact"})
+    # A misspelt key is suggested the way it was spelt: Kafka's dotted name or ours.
+    with pytest.raises(cfg.ConfigError, match=r"'segment\.byte'; did you mean 'segment\.bytes'\?"):
+        cfg.topic_overrides({"segment.byte": 4096})
+    with pytest.raises(cfg.ConfigError, match=r"'retension_ms'; did you mean 'retention_ms'\?"):
+        cfg.topic_overrides({"retension_ms": 1})
     # Broker-only settings are no topic config, whatever they are called.
     with pytest.raises(cfg.ConfigError, match="unknown topic config"):
         cfg.topic_overrides({"max_connections": 5})

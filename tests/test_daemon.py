@@ -57,7 +57,16 @@ def test_sighup_applies_a_new_retention(tmp_path: Path, backend: str) -> None:
         broker.kill()
 
 
+def _event(broker: BrokerProcess, event: str) -> dict[str, object]:
+    """The JSON record of the broker's first `event` line, once the log shows it."""
+    assert broker.log_shows(f'"event": "{event}"')
+    records = [json.loads(line) for line in broker.log_lines]
+    return next(r for r in records if r.get("event") == event)
+
+
 def test_pid_file_and_json_logs(tmp_path: Path) -> None:
+    """JSON lines carry numbers and booleans as JSON numbers and booleans, and a new
+    data dir says so instead of claiming an unclean shutdown."""
     pid_file = tmp_path / "broker.pid"
     broker = BrokerProcess(
         tmp_path / "data", extra_args=["--pid-file", str(pid_file), "--log-format", "json"]
@@ -67,11 +76,21 @@ def test_pid_file_and_json_logs(tmp_path: Path) -> None:
     try:
         assert broker.proc is not None
         assert pid_file.read_text().strip() == str(broker.proc.pid)
-        records = [json.loads(line) for line in broker.log_lines]
-        listening = next(r for r in records if r.get("event") == "listening")
-        assert listening["port"] == str(broker.port) and listening["level"] == "info"
+        starting = _event(broker, "starting")
+        assert starting["pid"] == broker.proc.pid and starting["previous_shutdown"] == "none"
+        listening = _event(broker, "listening")
+        assert listening["port"] == broker.port and listening["level"] == "info"
+        recovered = _event(broker, "recovered")
+        assert (recovered["topics"], recovered["previous_shutdown"]) == (0, "none")
+        assert isinstance(recovered["seconds"], float)
         assert broker.terminate() == 0
+        assert _event(broker, "stopped")["clean"] is True
         assert not pid_file.exists()
+        broker.start()
+        assert _event(broker, "starting")["previous_shutdown"] == "clean"
+        broker.kill()
+        broker.start()
+        assert _event(broker, "starting")["previous_shutdown"] == "unclean"
     finally:
         broker.kill()
 

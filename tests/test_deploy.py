@@ -107,6 +107,21 @@ def exported_names(tmp_path: Path) -> set[str]:
     return names
 
 
+def test_operations_guide_names_exactly_the_labels_of_the_metrics(tmp_path: Path) -> None:
+    body, _ = exercised_metrics(tmp_path).render()
+    exported = {
+        label
+        for line in body.decode().splitlines()
+        if line.startswith("minibroker_")
+        for label in re.findall(r'[{,](\w+)="', line)
+    } - {"le"}  # a histogram's buckets
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    sentence = ops.split("Labels are only ", 1)[1].split(", all of bounded cardinality", 1)[0]
+    assert set(re.findall(r"`(\w+)`", sentence)) == exported
+    # Said once: two drafts of the paragraph were once merged into one.
+    assert ops.count("a client invents") == ops.count("are never labels") == 1
+
+
 def load_yaml(path: Path) -> Any:
     """PyYAML when this interpreter has it, else a system python3 that has it, else skip."""
     try:

@@ -457,7 +457,8 @@ async def test_http_endpoints(anyio_backend: str) -> None:
     m.record_produce("orders", 10, 2)
     ready = threading.Event()
     async with anyio.create_task_group() as tg:
-        port = await tg.start(serve_http, "127.0.0.1", 0, m, ready.is_set)
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = await tg.start(serve_http, listener, m, ready.is_set)
         assert port > 0
 
         status, headers, body = await in_thread(lambda: get(port, "/metrics"))
@@ -525,7 +526,8 @@ async def test_http_read_timeout(anyio_backend: str, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(http, "READ_TIMEOUT_S", 0.3)
     async with anyio.create_task_group() as tg:
-        port = await tg.start(serve_http, "127.0.0.1", 0, BrokerMetrics(), lambda: True)
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = await tg.start(serve_http, listener, BrokerMetrics(), lambda: True)
 
         def slow_client() -> bytes:
             with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:

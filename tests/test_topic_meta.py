@@ -117,7 +117,11 @@ def test_unrecoverable_topic_meta_refuses_to_start_and_names_the_file(tmp_path: 
         ({"segment.ms": 1e300}, "segment.ms"),
         ({"retention.ms": float("inf")}, "retention.ms"),
         ({"retention.bytes": "lots"}, "retention.bytes"),
-        ({"compression.type": "zstd"}, "unknown topic config 'compression.type'"),
+        ({"compression.type": "zstd"}, "unknown topic config 'compression.type' (known: "),
+        (
+            {"retension.ms": 1000},
+            "unknown topic config 'retension.ms'; did you mean 'retention.ms'? (known: ",
+        ),
     ],
 )
 def test_create_topics_with_a_bad_config_is_invalid_config(

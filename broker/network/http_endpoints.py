@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 import anyio
 import h11
-from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+from anyio.abc import Listener, SocketAttribute, SocketStream, TaskStatus
 
 from broker.metrics import BrokerMetrics
 
@@ -58,16 +58,15 @@ _Answer = tuple[int, str, bytes, dict[str, str]]
 
 
 async def serve_http(
-    host: str,
-    port: int,
+    listener: Listener[SocketStream],
     metrics: BrokerMetrics,
     is_ready: Callable[[], bool],
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled. Reports the bound port (the real one when `port` is 0)
-    through ``task_status.started``: ``port = await tg.start(serve_http, ...)``."""
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    """Serve on `listener` until cancelled. Reports the port it listens on (the real one
+    when it was bound to port 0) through ``task_status.started``:
+    ``port = await tg.start(serve_http, listener, ...)``."""
     limiter = anyio.CapacityLimiter(MAX_CONCURRENT)
 
     async def handle(stream: SocketStream) -> None:

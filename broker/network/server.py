@@ -27,8 +27,9 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 import anyio
@@ -53,8 +54,9 @@ from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import asyncio_stream
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.http_endpoints import serve_http
+from broker.network.ports import Endpoint, bind, listen
 from broker.producer_ids import ProducerIdManager
-from broker.storage import DataDir, StorageError
+from broker.storage import DataDir, PreviousShutdown, StorageError, cannot_use
 from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
 from protocol.errors import ErrorCode, ProtocolError
@@ -174,30 +176,53 @@ class Broker:
 
     async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         config = self.config
-        clean = self.data_dir.acquire()
-        producer_ids = ProducerIdManager(config.data_path)
+        previous = self.data_dir.acquire()
+        with _refusing_start(config.data_path):
+            producer_ids = ProducerIdManager(config.data_path)
         log.info(
-            "event=starting data_dir=%s backend=%s clean_shutdown=%s pid=%d",
+            "event=starting data_dir=%s backend=%s previous_shutdown=%s pid=%d",
             config.data_path.resolve(),
             config.backend,
-            clean,
+            previous.value,
             os.getpid(),
         )
         pid_file = config.pid_file
         if pid_file:
-            with open(pid_file, "w") as f:
-                f.write(f"{os.getpid()}\n")
+            try:
+                with open(pid_file, "w") as f:
+                    f.write(f"{os.getpid()}\n")
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot write pid_file {pid_file}: {exc.strerror}; set pid_file "
+                    "(--pid-file) to a path this user may write, or leave it empty"
+                ) from exc
         # Signals are caught from here on, before any line that tells a supervisor
         # the broker is up, so an early SIGTERM is a graceful stop, not a kill.
         signals = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        listen_at = Endpoint("listen", config.host, config.port, "host", "port")
+        metrics_at = Endpoint(
+            "serve metrics",
+            config.metrics_host,
+            config.metrics_port,
+            "metrics_host",
+            "metrics_port",
+            ", or to -1 to turn the metrics server off",
+        )
+        bound: list[socket.socket] = []
         try:
+            # Both ports are bound before recovery, so that a port another process holds
+            # ends the start now rather than after recovering every partition.
+            listen_sockets = bind(listen_at)
+            bound += listen_sockets
+            self.port = listen_sockets[0].getsockname()[1]
+            metrics_sockets = bind(metrics_at) if config.metrics_port >= 0 else []
+            bound += metrics_sockets
             with signals as signal_stream:
                 async with anyio.create_task_group() as tg:
-                    if config.metrics_port >= 0:
+                    if metrics_sockets:
                         metrics_port = await tg.start(
                             serve_http,
-                            config.metrics_host,
-                            config.metrics_port,
+                            await listen(metrics_at, metrics_sockets),
                             self.metrics,
                             self.is_ready,
                         )
@@ -206,11 +231,8 @@ class Broker:
                             config.metrics_host,
                             metrics_port,
                         )
-                    await self._recover(clean)
-                    listener = await anyio.create_tcp_listener(
-                        local_host=config.host, local_port=config.port, reuse_port=False
-                    )
-                    self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                    await self._recover(previous)
+                    listener = await listen(listen_at, listen_sockets)
                     committer = GroupCommitter(self.metrics)
                     assert self.topics is not None
                     self.topics.set_on_rolled(committer.request_flush)
@@ -233,9 +255,11 @@ class Broker:
                         (config.host, self.port),
                         groups,
                     )
-                    self.data_dir.begin_run()
+                    with _refusing_start(config.data_path):
+                        self.data_dir.begin_run()
                     self.ready = True
                     tg.start_soon(coordinator.run)
+                    tg.start_soon(coordinator.log_summaries)
                     tg.start_soon(groups.run)
                     tg.start_soon(self.offsets.run)
                     tg.start_soon(self._housekeeping)
@@ -257,21 +281,27 @@ class Broker:
                         finally:
                             connections.cancel_scope.cancel()
                     tg.cancel_scope.cancel()
-            self._close_storage()
+            clean = self._close_storage()
         finally:
+            for sock in bound:  # those a failed start left unlistened; closed twice is a no-op
+                sock.close()
             self.data_dir.release()
             if pid_file:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(pid_file)
-        log.info("event=stopped clean=true")
+        if clean:
+            log.info("event=stopped clean=true")
 
-    async def _recover(self, clean: bool) -> None:
+    async def _recover(self, previous: PreviousShutdown) -> None:
         started = time.perf_counter()
         self.topics = TopicRegistry(self.config.data_path, self.config)
         registry = self.topics
-        await anyio.to_thread.run_sync(
-            lambda: registry.open_all(clean_shutdown=clean, now_ms=now_ms())
-        )
+        # Only after a kill or crash are the log tails validated: a new data dir has none.
+        clean = previous is not PreviousShutdown.UNCLEAN
+        with _refusing_start(self.config.data_path):
+            await anyio.to_thread.run_sync(
+                lambda: registry.open_all(clean_shutdown=clean, now_ms=now_ms())
+            )
         seconds = time.perf_counter() - started
         self.metrics.set_recovery_seconds(seconds)
         self.metrics.set_partition_source(self._partition_stats)
@@ -279,11 +309,11 @@ class Broker:
         self.metrics.set_producer_ids_max(self.config.max_producers_per_partition)
         self.metrics.set_data_dir(self.config.data_path)
         log.info(
-            "event=recovered topics=%d partitions=%d seconds=%.3f clean_shutdown=%s",
+            "event=recovered topics=%d partitions=%d seconds=%.3f previous_shutdown=%s",
             len(registry.topics),
             len(registry.all_partitions()),
             seconds,
-            clean,
+            previous.value,
         )
 
     async def _recover_transactions(
@@ -292,6 +322,12 @@ class Broker:
         """Load the committed offsets and the transaction log, and finish what a crash left
         decided (and topic deletions it interrupted), before any partition serves a read
         or any offset is fetched."""
+        with _refusing_start(self.config.data_path):
+            return await self._recover_logs(producer_ids, committer)
+
+    async def _recover_logs(
+        self, producer_ids: ProducerIdManager, committer: GroupCommitter
+    ) -> TransactionCoordinator:
         assert self.topics is not None
         offsets = OffsetStore(
             self.config,
@@ -403,14 +439,26 @@ class Broker:
         if self.connections:
             log.warning("event=drain_timeout connections=%d", len(self.connections))
 
-    def _close_storage(self) -> None:
-        if self.coordinator is not None:
-            self.coordinator.close()
-        if self.offsets is not None:
-            self.offsets.close()
-        if self.topics is not None:
-            self.topics.close()
-        self.data_dir.mark_clean_shutdown()
+    def _close_storage(self) -> bool:
+        """Close the logs (each partition leaves a snapshot) and mark the data dir cleanly
+        shut down. When a write this needs fails (a full disk), say so in one line and
+        leave the marker out: the next start recovers as after a crash."""
+        try:
+            if self.coordinator is not None:
+                self.coordinator.close()
+            if self.offsets is not None:
+                self.offsets.close()
+            if self.topics is not None:
+                self.topics.close()
+            self.data_dir.mark_clean_shutdown()
+        except (OSError, StorageError) as exc:
+            reason = cannot_use(self.config.data_path, exc)
+            log.error(
+                "event=stopped clean=false reason=%r",
+                f"{reason}; the next start recovers it as after a crash",
+            )
+            return False
+        return True
 
     # ------------------------------------------------------------------ connections
 
@@ -763,6 +811,17 @@ class Broker:
         await stream.send(data)
         conn.sent(len(pending), len(data))
         pending.clear()
+
+
+@contextlib.contextmanager
+def _refusing_start(data_path: Path) -> Iterator[None]:
+    """An OS or storage error while the broker starts (recovery cuts tails, rebuilds
+    indexes, writes markers) is the data dir's refusal to start, in one line saying what
+    to do about a full, read-only or unwritable disk, not a traceback."""
+    try:
+        yield
+    except (OSError, StorageError) as exc:
+        raise cannot_use(data_path, exc) from exc
 
 
 async def _send_spliced(stream: ByteStream, frame: SplicedFrame) -> None:

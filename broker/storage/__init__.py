@@ -9,7 +9,7 @@ return bytes and values; `segment`, `log`, `record_log`, `data_dir` and
 the modules.
 """
 
-from broker.storage.data_dir import DataDir, DataDirError
+from broker.storage.data_dir import DataDir, DataDirError, PreviousShutdown, cannot_use
 from broker.storage.fileio import fsync_dir, seal, unseal, write_atomic
 from broker.storage.log import (
     CorruptBatchError,
@@ -40,10 +40,12 @@ __all__ = [
     "LogConfig",
     "OffsetOutOfRange",
     "PartitionLog",
+    "PreviousShutdown",
     "RecordLog",
     "RecordLogError",
     "StorageError",
     "TxnIndexError",
+    "cannot_use",
     "decode_entries",
     "encode_entries",
     "file_name",

@@ -95,7 +95,7 @@ def test_idempotent_producers_survive_a_kill9_loop(tmp_path: Path, backend: str,
             for _ in range(kills):
                 time.sleep(rng.uniform(0.2, 1.2))
                 broker.restart(kill=True)
-                assert broker.log_shows("clean_shutdown=False")
+                assert broker.log_shows("previous_shutdown=unclean")
             time.sleep(0.5)  # some writes after the last restart
         finally:
             stop.set()
