@@ -26,6 +26,7 @@ from broker.groups import GroupCoordinator, OffsetStore
 from broker.metrics import BrokerMetrics
 from broker.partition import AppendResult, Partition
 from broker.producer_ids import ProducerIdManager
+from broker.security import Session
 from broker.storage import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.topics import TopicError, TopicRegistry
 from broker.transactions import TransactionCoordinator, now_ms
@@ -203,8 +204,9 @@ class Handlers:
         }
         self.apis = frozenset(self._table)
 
-    async def handle(self, request: Any) -> Outcome:
-        """Run one parsed request and say how the connection answers it."""
+    async def handle(self, request: Any, session: Session) -> Outcome:
+        """Run one parsed request from `session`'s client and say how the connection
+        answers it."""
         handler = self._table.get(request.api)
         if handler is None:
             raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION, f"{request.api} is not served yet")
@@ -360,9 +362,10 @@ class Handlers:
             and request.acks in (-1, 0, 1)
         )
 
-    def produce_many(self, reqs: list[m.ProduceRequest]) -> list[Outcome]:
-        """Produce requests read together (each `appends_together`), answered as one
-        after another would be, with each partition's batches appended in one write."""
+    def produce_many(self, reqs: list[m.ProduceRequest], session: Session) -> list[Outcome]:
+        """Produce requests read together from `session`'s client (each
+        `appends_together`), answered as one after another would be, with each
+        partition's batches appended in one write."""
         passed: set[tuple[int, int, str | None]] = set()
         replies = self._append_checked([(req, self._check_request(req, passed)) for req in reqs])
         return [_outcome(reply) for reply in replies]

@@ -53,6 +53,7 @@ from broker.network import asyncio_stream
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.http_endpoints import serve_http
 from broker.producer_ids import ProducerIdManager
+from broker.security import DEFAULT_LISTENER, Session
 from broker.storage import DataDir, StorageError
 from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
@@ -135,6 +136,7 @@ class Connection:
     peer: str
     inflight_max: int
     unsent_bytes_max: int
+    session: Session
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     inflight: int = 0  # requests read whose answers are not yet sent
     unsent_bytes: int = 0  # bytes of those answers, as far as they are built
@@ -464,6 +466,7 @@ class Broker:
             peer,
             self.config.max_inflight_requests_per_connection,
             self.config.queued_max_response_bytes,
+            Session(DEFAULT_LISTENER, _peer_host(stream)),
         )
         self.connections.add(conn)
         self.metrics.connection_opened()
@@ -652,10 +655,10 @@ class Broker:
         started = time.perf_counter()
         try:
             if len(requests) == 1:
-                outcomes = [await handlers.handle(requests[0])]
+                outcomes = [await handlers.handle(requests[0], conn.session)]
             else:
                 # A run holds only requests that append together: Produce requests.
-                outcomes = handlers.produce_many(cast(list[ProduceRequest], requests))
+                outcomes = handlers.produce_many(cast(list[ProduceRequest], requests), conn.session)
         except ProtocolError as exc:
             return [self._refusal(r, exc.code, exc.message, started) for r in requests]
         except (OSError, StorageError) as exc:
@@ -842,6 +845,15 @@ async def _receive(stream: ByteStream, max_bytes: int) -> bytes | None:
         return await stream.receive(max_bytes)
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         return None
+
+
+def _peer_host(stream: ByteStream) -> str:
+    """The client's address alone, as ACLs name hosts."""
+    try:
+        address = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except Exception:
+        return "unknown"
+    return str(address[0]) if isinstance(address, tuple) else str(address)
 
 
 def _peer(stream: ByteStream) -> str:

@@ -33,9 +33,12 @@ from broker.security.scram import (
     ScramExchange,
     authenticate_plain,
 )
+from broker.security.session import ANONYMOUS, DEFAULT_LISTENER, Session
 
 __all__ = [
+    "ANONYMOUS",
     "BOOTSTRAP_ENV",
+    "DEFAULT_LISTENER",
     "FAILURE_MESSAGE",
     "PLAIN",
     "SCRAM_MECHANISMS",
@@ -57,6 +60,7 @@ __all__ = [
     "ResourceType",
     "ScramCredential",
     "ScramExchange",
+    "Session",
     "authenticate_plain",
     "canonical_host",
     "validate",
