@@ -53,7 +53,7 @@ from broker.network import asyncio_stream
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.http_endpoints import serve_http
 from broker.producer_ids import ProducerIdManager
-from broker.security import DEFAULT_LISTENER, Session
+from broker.security import DEFAULT_LISTENER, Session, canonical_host
 from broker.storage import DataDir, StorageError
 from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
@@ -466,7 +466,7 @@ class Broker:
             peer,
             self.config.max_inflight_requests_per_connection,
             self.config.queued_max_response_bytes,
-            Session(DEFAULT_LISTENER, _peer_host(stream)),
+            Session(DEFAULT_LISTENER, _peer_host(stream), advertised=(self.config.host, self.port)),
         )
         self.connections.add(conn)
         self.metrics.connection_opened()
@@ -848,12 +848,17 @@ async def _receive(stream: ByteStream, max_bytes: int) -> bytes | None:
 
 
 def _peer_host(stream: ByteStream) -> str:
-    """The client's address alone, as ACLs name hosts."""
+    """The client's address alone, as ACLs name hosts: an IP address in the one spelling
+    decisions compare (canonical_host), anything else as it is."""
     try:
         address = stream.extra(anyio.abc.SocketAttribute.remote_address)
     except Exception:
         return "unknown"
-    return str(address[0]) if isinstance(address, tuple) else str(address)
+    host = str(address[0]) if isinstance(address, tuple) else str(address)
+    try:
+        return canonical_host(host)
+    except ValueError:
+        return host
 
 
 def _peer(stream: ByteStream) -> str:

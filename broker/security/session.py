@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.config import DEFAULT_LISTENER
+
 ANONYMOUS = "User:ANONYMOUS"
-DEFAULT_LISTENER = "default"
-"""The name of the one plaintext listener that `host`/`port` describe."""
+
+__all__ = ["ANONYMOUS", "DEFAULT_LISTENER", "Session"]
 
 
 @dataclass(slots=True)
 class Session:
     listener: str
+    """The name of the listener the connection came in on."""
     peer_host: str
     principal: str = ANONYMOUS
+    advertised: tuple[str, int] | None = None
+    """The advertised (host, port) of that listener, which Metadata answers; None only
+    for a session made outside a listener (a unit test)."""
