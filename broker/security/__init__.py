@@ -2,7 +2,9 @@
 
 Authentication: `scram` runs SCRAM-SHA-256/512 and PLAIN exchanges (pure, on
 `scramp`), `credentials` holds the SCRAM credentials and the records that change
-them (pure), and `credential_store` their durable log, `security/credentials.wal`.
+them (pure), and `credential_store` their durable log, `security/credentials.wal`;
+`sasl` is one connection's SASL state (what may run before authentication, the
+rounds, the session's lifetime; pure) and `session` who the connection is.
 Authorization: `acl` holds the ACL bindings, their validation, filters and the
 `Authorizer` that decides requests with them (pure); `acl_store` keeps the
 bindings durably in `security/acls.wal`. Other domains import from here, not
@@ -24,6 +26,16 @@ from broker.security.acl import (
 from broker.security.acl_store import AclLog, AclLogError, AclStore, CreateResult, DeleteResult
 from broker.security.credential_store import BOOTSTRAP_ENV, CredentialLog, CredentialStore
 from broker.security.credentials import BootstrapError
+from broker.security.sasl import (
+    Admission,
+    Authenticated,
+    Challenge,
+    CheckPlain,
+    Failed,
+    SaslPolicy,
+    SaslState,
+    Unsupported,
+)
 from broker.security.scram import (
     FAILURE_MESSAGE,
     PLAIN,
@@ -47,20 +59,28 @@ __all__ = [
     "AclLog",
     "AclLogError",
     "AclStore",
+    "Admission",
+    "Authenticated",
     "AuthenticationFailed",
     "Authorizer",
     "BootstrapError",
+    "Challenge",
+    "CheckPlain",
     "CreateResult",
     "CredentialLog",
     "CredentialStore",
     "DeleteResult",
+    "Failed",
     "Operation",
     "PatternType",
     "Permission",
     "ResourceType",
+    "SaslPolicy",
+    "SaslState",
     "ScramCredential",
     "ScramExchange",
     "Session",
+    "Unsupported",
     "authenticate_plain",
     "canonical_host",
     "validate",

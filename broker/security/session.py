@@ -3,7 +3,8 @@
 A `Session` belongs to one connection: the listener it came in on, the address
 it came from, and the principal that authorization decides for. Until a
 connection authenticates (or on a listener without authentication) the
-principal is `User:ANONYMOUS` (docs/protocol.md section 7, "Principal").
+principal is `User:ANONYMOUS` (docs/protocol.md section 7, "Principal"); a TLS
+client certificate on a listener without SASL makes it `User:<CN>`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.config import DEFAULT_LISTENER
+from broker.security.sasl import SaslState
 
 ANONYMOUS = "User:ANONYMOUS"
 
@@ -26,3 +28,5 @@ class Session:
     advertised: tuple[str, int] | None = None
     """The advertised (host, port) of that listener, which Metadata answers; None only
     for a session made outside a listener (a unit test)."""
+    sasl: SaslState | None = None
+    """On a sasl_* listener, the connection's authentication (broker/security/sasl.py)."""
