@@ -9,20 +9,21 @@ Naming follows the Prometheus conventions: every broker metric starts with
 ``minibroker_``, counters end in ``_total``, quantities are in base units
 (``_seconds``, ``_bytes``), and labels are only ones of bounded cardinality:
 
-=============  ===================================================================
-label          values
-=============  ===================================================================
-``api``        the API names of the wire contract; anything else is ``unknown``
-``error``      `ErrorCode` names (codes the broker itself answers with)
-``topic``      topic names (created by operators or by auto-creation)
-``partition``  partition numbers of those topics
-``kind``       the fixed producer-state event kinds (`PRODUCER_EVENT_KINDS`)
-``state``      the transaction states (`TXN_STATES`)
-``cause``      the causes of an abort (`TXN_ABORT_CAUSES`)
-``group``      consumer group ids: of groups with members (at most `max_groups`), and
-               on the lag family of groups with committed offsets (at most
-               `max_consumer_lag_series` series)
-=============  ===================================================================
+=================  ===============================================================
+label              values
+=================  ===============================================================
+``api``            the API names of the wire contract; anything else is ``unknown``
+``error``          `ErrorCode` names (codes the broker itself answers with)
+``topic``          topic names (created by operators or by auto-creation)
+``partition``      partition numbers of those topics
+``kind``           the fixed producer-state event kinds (`PRODUCER_EVENT_KINDS`)
+``state``          the transaction states (`TXN_STATES`)
+``cause``          the causes of an abort (`TXN_ABORT_CAUSES`)
+``group``          consumer group ids: of groups with members (at most `max_groups`), and
+                   on the lag family of groups with committed offsets (at most
+                   `max_consumer_lag_series` series)
+``resource_type``  what an ACL names: topic, group, transactional_id, cluster
+=================  ===============================================================
 
 Producer ids, transactional ids, member ids, client ids and connection addresses
 are never labels: they are unbounded. Group ids are chosen by clients too, so the
@@ -311,6 +312,8 @@ class BrokerMetrics:
         self._group_commit = _Histogram(GROUP_COMMIT_BUCKETS)
         self._connections_open = 0
         self._connections_accepted = 0
+        # (api, resource type) -> operations denied; api already folded to its label value
+        self._authorization_denials: dict[tuple[str, str], int] = {}
         self._recovery_seconds = 0.0
         self._collect_errors = 0
 
@@ -430,6 +433,15 @@ class BrokerMetrics:
     def connection_closed(self) -> None:
         self._connections_open -= 1
 
+    # ------------------------------------------------------------------ authorization
+
+    def authorization_denied(self, api: str, resource_type: str) -> None:
+        """A request of `api` was refused an operation on a resource of `resource_type`
+        (one of the four an ACL names): once per resource denied."""
+        key = (api if api in KNOWN_APIS else UNKNOWN_API, resource_type)
+        denials = self._authorization_denials
+        denials[key] = denials.get(key, 0) + 1
+
     # ------------------------------------------------------------------ exposition
 
     def render(self) -> tuple[bytes, str]:
@@ -485,6 +497,9 @@ class _DisabledMetrics(BrokerMetrics):
         pass
 
     def connection_closed(self) -> None:
+        pass
+
+    def authorization_denied(self, api: str, resource_type: str) -> None:
         pass
 
 
@@ -620,6 +635,18 @@ class _BrokerCollector(Collector):
             conns.add_metric([], m._connections_accepted)
         yield conns_open
         yield conns
+
+        # ---- authorization
+        denials = CounterMetricFamily(
+            f"{ns}_authorization_denials",
+            "Operations on resources refused to requests by the ACLs, per API and resource "
+            "type (a resource left out of a listing is not counted).",
+            labels=["api", "resource_type"],
+        )
+        if samples:
+            for (api, resource_type), n in list(m._authorization_denials.items()):
+                denials.add_metric([api, resource_type], n)
+        yield denials
 
         # ---- per topic-partition and transactions, asked for at scrape time
         yield from self._partition_families(samples)
