@@ -245,6 +245,7 @@ def test_names_follow_prometheus_conventions() -> None:
             assert set(s.labels) <= {
                 *("api", "error", "topic", "partition", "kind", "version", "le"),
                 *("state", "cause", "group", "resource_type"),
+                *("listener", "mechanism", "result"),
             }
 
 
