@@ -15,21 +15,6 @@ NOT_ANSWERED = {
     "SaslAuthenticate": {"mechanism": "PLAIN", "auth_bytes": b"\0admin\0admin"},
     "DescribeUserScramCredentials": {"users": None},
     "AlterUserScramCredentials": {"deletions": [], "upsertions": []},
-    "CreateAcls": {"creations": []},
-    "DescribeAcls": {
-        "filter": dict.fromkeys(
-            (
-                "resource_type",
-                "resource_name",
-                "pattern_type",
-                "principal",
-                "host",
-                "operation",
-                "permission",
-            )
-        )
-    },
-    "DeleteAcls": {"filters": []},
 }
 
 

@@ -7,8 +7,9 @@ them (pure), and `credential_store` their durable log, `security/credentials.wal
 rounds, the session's lifetime; pure) and `session` who the connection is.
 Authorization: `acl` holds the ACL bindings, their validation, filters and the
 `Authorizer` that decides requests with them (pure); `acl_store` keeps the
-bindings durably in `security/acls.wal`. Other domains import from here, not
-from the modules.
+bindings durably in `security/acls.wal`; `authorization` judges each request by what
+its class declares it needs (protocol/authorization.py) and audits the denials.
+Other domains import from here, not from the modules.
 """
 
 from broker.security.acl import (
@@ -24,6 +25,7 @@ from broker.security.acl import (
     validate_filter,
 )
 from broker.security.acl_store import AclLog, AclLogError, AclStore, CreateResult, DeleteResult
+from broker.security.authorization import Access, Audit, Denial, Judgement
 from broker.security.credential_store import BOOTSTRAP_ENV, CredentialLog, CredentialStore
 from broker.security.credentials import BootstrapError
 from broker.security.sasl import (
@@ -54,12 +56,14 @@ __all__ = [
     "FAILURE_MESSAGE",
     "PLAIN",
     "SCRAM_MECHANISMS",
+    "Access",
     "AclBinding",
     "AclFilter",
     "AclLog",
     "AclLogError",
     "AclStore",
     "Admission",
+    "Audit",
     "Authenticated",
     "AuthenticationFailed",
     "Authorizer",
@@ -70,7 +74,9 @@ __all__ = [
     "CredentialLog",
     "CredentialStore",
     "DeleteResult",
+    "Denial",
     "Failed",
+    "Judgement",
     "Operation",
     "PatternType",
     "Permission",
