@@ -223,25 +223,25 @@ Need = RequestNeed | EntryNeed | Omission
 @dataclass(frozen=True, slots=True)
 class Requirements:
     """Everything one API needs, checked in this order: the request needs, then each
-    entry's needs, then the omissions."""
+    entry's needs, then the omissions (each kind kept apart once, for the judging of
+    every request)."""
 
     needs: tuple[Need, ...] = ()
     entries: Entries | None = None
+    request_needs: tuple[RequestNeed, ...] = dataclasses.field(init=False)
+    entry_needs: tuple[EntryNeed, ...] = dataclasses.field(init=False)
+    omissions: tuple[Omission, ...] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        assert self.entries is not None or not any(isinstance(n, EntryNeed) for n in self.needs)
-
-    @property
-    def request_needs(self) -> tuple[RequestNeed, ...]:
-        return tuple(n for n in self.needs if isinstance(n, RequestNeed))
-
-    @property
-    def entry_needs(self) -> tuple[EntryNeed, ...]:
-        return tuple(n for n in self.needs if isinstance(n, EntryNeed))
-
-    @property
-    def omissions(self) -> tuple[Omission, ...]:
-        return tuple(n for n in self.needs if isinstance(n, Omission))
+        entry_needs = tuple(n for n in self.needs if isinstance(n, EntryNeed))
+        assert self.entries is not None or not entry_needs
+        object.__setattr__(
+            self, "request_needs", tuple(n for n in self.needs if isinstance(n, RequestNeed))
+        )
+        object.__setattr__(self, "entry_needs", entry_needs)
+        object.__setattr__(
+            self, "omissions", tuple(n for n in self.needs if isinstance(n, Omission))
+        )
 
 
 NOTHING: Final = Requirements()

@@ -65,20 +65,20 @@ class Judgement:
     refusal: Response | None
     denials: list[Denial]
     _entries: Entries | None = None
-    _refused: dict[int, Any] | None = None  # entry index -> its answer
+    _answers: dict[int, Any] | None = None  # refused entry's index -> its answer
     _omissions: tuple[Omission, ...] = ()
     _allowed: Callable[[str, str, str], bool] | None = None
 
     def finish(self, response: Response) -> None:
         """Complete the handler's `response`: the refused entries' answers in their places,
         and the listings without what the principal may not see."""
-        refused = self._refused
-        if refused:
+        answers = self._answers
+        if answers:
             entries = self._entries
             assert entries is not None
             answered = iter(getattr(response, entries.answers))
-            total = len(refused) + len(getattr(self.request, entries.field))
-            merged = [refused[i] if i in refused else next(answered, None) for i in range(total)]
+            total = len(answers) + len(getattr(self.request, entries.field))
+            merged = [answers[i] if i in answers else next(answered, None) for i in range(total)]
             setattr(response, entries.answers, [a for a in merged if a is not None])
         allowed = self._allowed
         for omission in self._omissions:
@@ -122,6 +122,7 @@ class Access:
                 )
             return verdict
 
+        # The request needs: the first one denied refuses the whole request.
         entries = requirements.entries
         for need in requirements.request_needs:
             if not need.applies(request):
@@ -141,6 +142,7 @@ class Access:
                     request, True, _refusal(request, entries, need.denied, why), denied
                 )
 
+        # The entry needs: an entry's first one denied refuses that entry.
         denials: list[Denial] = []
         refused: dict[int, Any] = {}
         entry_needs = [n for n in requirements.entry_needs if n.applies(request)]
@@ -175,6 +177,7 @@ class Access:
                     request, True, refusal if request.expects_answer() else None, denials
                 )
             changes[entries.field] = [e for i, e in enumerate(every) if i not in refused]
+        # The omissions: the request's lists now, the response's in `finish`.
         in_response = []
         for omission in requirements.omissions:
             if not omission.applies(request):
