@@ -20,6 +20,7 @@ import anyio
 from broker import __version__, logs
 from broker import config as cfg
 from broker.producer_ids import ProducerIdStateError
+from broker.security import BootstrapError
 from broker.storage import DataDirError
 
 if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
@@ -31,6 +32,9 @@ EXIT_CONFIG_ERROR = 2
 # Distinct from a crash so that systemd's RestartPreventExitStatus can stop
 # retrying a start that cannot succeed (locked, unwritable or foreign data dir).
 EXIT_REFUSED_TO_START = 3
+# What ends a start that cannot succeed as it is: a data dir that is locked, damaged or
+# foreign, producer-id state that cannot be trusted, bootstrap users that cannot be made.
+REFUSALS = (DataDirError, ProducerIdStateError, BootstrapError)
 
 # CLI flags that map one-to-one onto settings of the same name.
 SERVE_FLAGS = (
@@ -99,16 +103,22 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from broker.network import Broker
 
-    broker = Broker(config, lambda: cfg.load(args.config, overrides))
+    try:
+        # Loads the TLS certificate and key: a file that does not load is a setting
+        # that cannot be used.
+        broker = Broker(config, lambda: cfg.load(args.config, overrides))
+    except cfg.ConfigError as exc:
+        print(f"minibroker: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     backend_options = {"use_uvloop": True} if config.backend == "asyncio" else {}
     try:
         anyio.run(broker.run, backend=config.backend, backend_options=backend_options)
-    except (DataDirError, ProducerIdStateError) as exc:
+    except REFUSALS as exc:
         log.error("event=refused_to_start reason=%r", str(exc))
         return EXIT_REFUSED_TO_START
     except BaseExceptionGroup as group:
         # Raised inside the broker's task group (recovery): the same refusal, wrapped.
-        refusals, others = group.split((DataDirError, ProducerIdStateError))
+        refusals, others = group.split(REFUSALS)
         if refusals is None or others is not None:
             raise
         for refusal in _leaves(refusals):

@@ -12,9 +12,6 @@ NOT_ANSWERED = {
     "DeleteTopics": {"topics": ["t"]},
     "DescribeConfigs": {"resources": [{"type": "broker", "name": "0"}]},
     "IncrementalAlterConfigs": {"resources": [], "validate_only": True},
-    "SaslAuthenticate": {"mechanism": "PLAIN", "auth_bytes": b"\0admin\0admin"},
-    "DescribeUserScramCredentials": {"users": None},
-    "AlterUserScramCredentials": {"deletions": [], "upsertions": []},
 }
 
 

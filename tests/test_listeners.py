@@ -3,11 +3,18 @@ serving several of them, each answering Metadata with its own advertised address
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker import config as cfg
+from broker.metrics import BrokerMetrics
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient
+from tests.security_fixtures import listeners, metric
 
 # ------------------------------------------------------------------ the settings
 
@@ -117,3 +124,121 @@ def test_list_settings_come_back_as_tuples_and_check_again(tmp_path: Path) -> No
     # validate() checks every setting again, the parsed listeners too.
     assert c.with_overrides({}) == c
     assert cfg.SETTINGS["listeners"].check(list(_load(tmp_path, LISTENER).listeners))
+
+
+# ------------------------------------------------------------------ the broker
+
+
+def test_each_listener_answers_metadata_with_its_own_address(tmp_path: Path, backend: str) -> None:
+    config = listeners(("internal", "plaintext")) + (
+        '[[listeners]]\nname = "external"\nhost = "127.0.0.1"\nport = 0\n'
+        'advertised_host = "broker.example.com"\n'
+    )
+    proc = BrokerProcess(tmp_path / "data", backend=backend, config=config).start()
+    try:
+        ports = proc.listener_ports
+        assert set(ports) == {"internal", "external"} and ports["internal"] != ports["external"]
+        assert proc.port == ports["internal"]  # the first listener's line, as before
+        for name, host in (("internal", "127.0.0.1"), ("external", "broker.example.com")):
+            with WireClient(proc.address(name)) as c:
+                brokers = c.call("Metadata", topics=None)["brokers"]
+                assert brokers == [{"id": 0, "host": host, "port": ports[name]}]
+        assert proc.log_shows(
+            f"event=listening listener=internal security=plaintext host=127.0.0.1 "
+            f"port={ports['internal']} data_dir="
+        )
+        assert "event=listener_insecure" not in proc.log_text()
+        assert metric(proc, "minibroker_listener_insecure", {"listener": "internal"}) == 0
+        assert (
+            metric(proc, "minibroker_listener_connections_accepted_total", {"listener": "external"})
+            == 1
+        )
+    finally:
+        proc.kill()
+
+
+def test_a_plaintext_listener_other_hosts_can_reach_is_a_warning_and_a_metric(
+    tmp_path: Path,
+) -> None:
+    config = listeners(("local", "plaintext"), ("everywhere", "plaintext", "0.0.0.0"))
+    proc = BrokerProcess(tmp_path / "data", config=config).start()
+    try:
+        assert proc.log_shows("level=warning")
+        assert proc.log_shows("event=listener_insecure listener=everywhere host=0.0.0.0")
+        assert "event=listener_insecure listener=local" not in proc.log_text()
+        assert metric(proc, "minibroker_listener_insecure", {"listener": "everywhere"}) == 1
+        assert metric(proc, "minibroker_listener_insecure", {"listener": "local"}) == 0
+    finally:
+        proc.kill()
+
+
+def test_the_default_listener_keeps_its_log_line_and_metadata(broker: BrokerProcess) -> None:
+    assert broker.listener_ports == {"default": broker.port}
+    with WireClient(broker.bootstrap) as c:
+        assert c.call("Metadata", topics=None)["brokers"] == [
+            {"id": 0, "host": "127.0.0.1", "port": broker.port}
+        ]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (LISTENER + 'protocol = "kafka"\n', "protocol='kafka' is not supported yet"),
+        (
+            'tls_certfile = "/nonexistent/cert.pem"\ntls_keyfile = "/nonexistent/key.pem"\n'
+            + LISTENER
+            + 'security = "tls"\n',
+            "tls_certfile='/nonexistent/cert.pem' with tls_keyfile='/nonexistent/key.pem' "
+            "cannot be loaded: No such file or directory",
+        ),
+    ],
+)
+def test_a_listener_that_cannot_serve_stops_the_start_with_exit_2(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    path = tmp_path / "b.toml"
+    path.write_text(text)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--config",
+            str(path),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--metrics-port",
+            "-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_authentication_metrics_keep_client_strings_out_of_labels() -> None:
+    m = BrokerMetrics()
+    m.set_listener("a", insecure=True)
+    m.connection_opened("a")
+    m.connection_opened("a")
+    m.connection_closed("a")
+    m.authentication("a", "GSSAPI", "unsupported_mechanism")
+    m.authentication("a", "x" * 1000, "unsupported_mechanism")
+    m.authentication("a", "PLAIN", "success")
+    with pytest.raises(ValueError, match="unknown authentication result"):
+        m.authentication("a", "PLAIN", "maybe")
+    families = {f.name: f for f in text_string_to_metric_families(m.render()[0].decode())}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
+    a = (("listener", "a"),)
+    assert samples[("minibroker_listener_connections_open", a)] == 1
+    assert samples[("minibroker_listener_connections_accepted_total", a)] == 2
+    assert samples[("minibroker_listener_insecure", a)] == 1
+    other = (("listener", "a"), ("mechanism", "other"), ("result", "unsupported_mechanism"))
+    assert samples[("minibroker_authentications_total", other)] == 2

@@ -14,6 +14,12 @@ itself with one non-blocking send, and leaves the writer only what the socket
 did not take: it saves a task switch per read. On asyncio, connections are
 `asyncio_stream.ReadAheadStream`s, whose transport keeps reading while the
 reader works.
+
+The broker serves each of its listeners (config `listeners`, or the one plaintext
+listener at host:port). A `tls`/`sasl_tls` connection is handshaken first
+(`tls.py`) and never sent from files with sendfile; on a `sasl_*` listener every
+request passes the session's SASL state before it runs (`authentication.py`,
+broker/security/sasl.py).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import ipaddress
 import logging
 import os
 import signal
@@ -32,11 +39,11 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import anyio
-from anyio.abc import ByteStream, SocketStream, TaskStatus
+from anyio.abc import ByteStream, SocketListener, SocketStream, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.stapled import MultiListener
 
-from broker.config import RELOADABLE, BrokerConfig, ConfigError
+from broker.config import RELOADABLE, BrokerConfig, ConfigError, Listener
 from broker.group_commit import GroupCommitter
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
 from broker.handlers import (
@@ -49,11 +56,19 @@ from broker.handlers import (
     now_ms,
 )
 from broker.metrics import BrokerMetrics, PartitionStats
-from broker.network import asyncio_stream
+from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
+from broker.network.authentication import Authentication, monotonic_ms
 from broker.network.http_endpoints import serve_http
 from broker.producer_ids import ProducerIdManager
-from broker.security import DEFAULT_LISTENER, Session, canonical_host
+from broker.security import (
+    AclLog,
+    AclStore,
+    Admission,
+    CredentialStore,
+    Session,
+    canonical_host,
+)
 from broker.storage import DataDir, StorageError
 from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
@@ -72,6 +87,9 @@ from protocol.messages import (
 log = logging.getLogger(f"minibroker.{__name__}")
 
 RECEIVE_BYTES = 256 * 1024
+# A Fetch answer's record bytes read from a log file at a time, where they cannot go
+# with sendfile (TLS): one TLS send's worth of memory, not the whole answer.
+COPY_CHUNK_BYTES = 256 * 1024
 # Accept failures that mean "not now" (out of descriptors or memory, a peer gone before
 # its accept): the listener logs, waits and accepts again instead of ending the broker.
 ACCEPT_RETRY_ERRNOS = frozenset(
@@ -137,7 +155,9 @@ class Connection:
     inflight_max: int
     unsent_bytes_max: int
     session: Session
+    tls: bool = False
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    handshake_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     inflight: int = 0  # requests read whose answers are not yet sent
     unsent_bytes: int = 0  # bytes of those answers, as far as they are built
     room: anyio.Event = field(default_factory=anyio.Event)
@@ -152,12 +172,33 @@ class Connection:
         self.room.set()
 
 
+@dataclass(eq=False)
+class Served:
+    """A listener and the sockets it accepts on."""
+
+    listener: Listener
+    sockets: MultiListener[SocketStream]
+    port: int
+    """The port bound (the configured one, or the one port 0 picked)."""
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """What Metadata answers on this listener."""
+        return (self.listener.advertised_host or self.listener.host, self.port)
+
+    @property
+    def insecure(self) -> bool:
+        """Plaintext without authentication where others than this host can reach it."""
+        return self.listener.security == "plaintext" and not _loopback(self.listener.host)
+
+
 class Broker:
     """Everything one broker process owns, from start to clean shutdown."""
 
     def __init__(
         self, config: BrokerConfig, reload_config: Callable[[], BrokerConfig] | None = None
     ):
+        """ConfigError when a TLS listener's certificate, key or CA cannot be loaded."""
         self.config = config
         self.reload_config = reload_config
         self.metrics = BrokerMetrics(enabled=config.metrics_port >= 0)
@@ -168,7 +209,15 @@ class Broker:
         self.coordinator: TransactionCoordinator | None = None
         self.offsets: OffsetStore | None = None
         self.topics: TopicRegistry | None = None
+        self.credentials: CredentialStore | None = None
+        self.acls: AclStore | None = None
+        self.authentication: Authentication | None = None
+        self.served: list[Served] = []
         self.port = config.port
+        self._tls = any(listener.tls for listener in config.effective_listeners())
+        # Read at the start of each handshake: SIGHUP replaces it, open connections keep
+        # the one they shook hands with.
+        self.tls_context = tls.server_context(config) if self._tls else None
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -208,10 +257,11 @@ class Broker:
                             metrics_port,
                         )
                     await self._recover(clean)
-                    listener = await anyio.create_tcp_listener(
-                        local_host=config.host, local_port=config.port, reuse_port=False
-                    )
-                    self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+                    authentication = await self._open_security()
+                    self.served = [
+                        await self._bind(listener) for listener in config.effective_listeners()
+                    ]
+                    self.port = self.served[0].port
                     committer = GroupCommitter(self.metrics)
                     assert self.topics is not None
                     self.topics.set_on_rolled(committer.request_flush)
@@ -231,8 +281,10 @@ class Broker:
                         coordinator,
                         self.offsets,
                         self.metrics,
-                        (config.host, self.port),
+                        self.served[0].advertised,
                         groups,
+                        acls=self.acls,
+                        extra_apis=authentication.apis(),
                     )
                     self.data_dir.begin_run()
                     self.ready = True
@@ -244,13 +296,8 @@ class Broker:
                     # Connections run outside the listener's scope: stopping accepting
                     # must not cancel a reply that is waiting for its fsync.
                     async with anyio.create_task_group() as connections:
-                        tg.start_soon(self._serve, listener, serve_scope, connections)
-                        log.info(
-                            "event=listening host=%s port=%d data_dir=%s",
-                            config.host,
-                            self.port,
-                            config.data_path.resolve(),
-                        )
+                        tg.start_soon(self._serve, serve_scope, connections)
+                        self._log_listening()
                         task_status.started(self.port)
                         await self._wait_for_stop_signal(signal_stream)
                         try:
@@ -286,6 +333,61 @@ class Broker:
             seconds,
             clean,
         )
+
+    async def _open_security(self) -> Authentication:
+        """Open the SCRAM credentials (security/credentials.wal), creating the bootstrap
+        users when it holds none, and with the authorizer on the ACLs
+        (security/acls.wal): before any listener opens (Hi and fdatasync, in a worker
+        thread)."""
+        config = self.config
+        store = CredentialStore(config.data_path)
+        self.credentials = store
+        await anyio.to_thread.run_sync(store.open)
+        await anyio.to_thread.run_sync(store.bootstrap, os.environ)
+        if config.authorizer:
+            acls = AclStore(AclLog(config.data_path), config.super_users, config.acls_max)
+            self.acls = acls
+            await anyio.to_thread.run_sync(acls.load)
+        self.authentication = Authentication(config, store, self.metrics)
+        return self.authentication
+
+    async def _bind(self, listener: Listener) -> Served:
+        sockets = await anyio.create_tcp_listener(
+            local_host=listener.host, local_port=listener.port, reuse_port=False
+        )
+        served = Served(listener, sockets, sockets.extra(anyio.abc.SocketAttribute.local_port))
+        self.metrics.set_listener(listener.name, insecure=served.insecure)
+        if served.insecure:
+            log.warning(
+                "event=listener_insecure listener=%s host=%s reason=%r",
+                listener.name,
+                listener.host,
+                "plaintext without authentication on an address other hosts can reach: "
+                "anyone who reaches it may read, write and delete every topic; bind "
+                "127.0.0.1, or use security tls, sasl_tls or sasl_plaintext",
+            )
+        return served
+
+    def _log_listening(self) -> None:
+        """One `event=listening` line per listener; the first keeps the format that tools
+        and the test harness read (host, port and data_dir)."""
+        first, *others = self.served
+        log.info(
+            "event=listening listener=%s security=%s host=%s port=%d data_dir=%s",
+            first.listener.name,
+            first.listener.security,
+            first.listener.host,
+            first.port,
+            self.config.data_path.resolve(),
+        )
+        for served in others:
+            log.info(
+                "event=listening listener=%s security=%s host=%s port=%d",
+                served.listener.name,
+                served.listener.security,
+                served.listener.host,
+                served.port,
+            )
 
     async def _recover_transactions(
         self, producer_ids: ProducerIdManager, committer: GroupCommitter
@@ -372,14 +474,32 @@ class Broker:
             logging.getLogger("minibroker").setLevel(self.config.log_level.upper())
         assert self.topics is not None and self.handlers is not None
         self.topics.apply_settings(self.config)
-        self.handlers.config = self.config
-        self.handlers.coordinator.config = self.config
-        self.handlers.offsets.config = self.config
+        self.handlers.reconfigure(self.config)
+        if self.authentication is not None:
+            self.authentication.config = self.config
+        self._reload_tls()
         self.handlers.housekeeping()
         log.info(
             "event=reloaded applied=%s needs_restart=%s",
             ",".join(f"{k}={v}" for k, v in sorted(applied.items())) or "none",
             ",".join(ignored) or "none",
+        )
+
+    def _reload_tls(self) -> None:
+        """Read the certificate, key and CA files again for the handshakes to come; when
+        they do not load, the running ones stay."""
+        if not self._tls:
+            return
+        try:
+            self.tls_context = tls.server_context(self.config)
+        except ConfigError as exc:
+            log.error("event=tls_reload_failed error=%r", str(exc))
+            return
+        log.info(
+            "event=tls_reloaded certfile=%s cafile=%s client_auth=%s",
+            self.config.tls_certfile,
+            self.config.tls_cafile or "none",
+            self.config.tls_client_auth,
         )
 
     async def _housekeeping(self) -> None:
@@ -395,6 +515,7 @@ class Broker:
         if self.handlers is not None:
             self.handlers.stop_waiting()
         for conn in list(self.connections):
+            conn.handshake_scope.cancel()
             conn.read_scope.cancel()
         with anyio.move_on_after(self.config.shutdown_timeout_ms / 1000 * 0.8):
             while self.connections:
@@ -403,6 +524,10 @@ class Broker:
             log.warning("event=drain_timeout connections=%d", len(self.connections))
 
     def _close_storage(self) -> None:
+        if self.credentials is not None:
+            self.credentials.close()
+        if self.acls is not None:
+            self.acls.close()
         if self.coordinator is not None:
             self.coordinator.close()
         if self.offsets is not None:
@@ -413,27 +538,30 @@ class Broker:
 
     # ------------------------------------------------------------------ connections
 
-    async def _serve(
-        self,
-        listener: MultiListener[SocketStream],
-        scope: anyio.CancelScope,
-        connections: anyio.abc.TaskGroup,
-    ) -> None:
+    async def _serve(self, scope: anyio.CancelScope, connections: anyio.abc.TaskGroup) -> None:
         with scope:
-            async with listener, anyio.create_task_group() as accepting:
-                for sub in cast(list[anyio.abc.SocketListener], listener.listeners):
-                    if self.config.backend == "asyncio":
-                        accept: Callable[[], Awaitable[ByteStream]] = functools.partial(
-                            asyncio_stream.accept,
-                            sub.extra(anyio.abc.SocketAttribute.raw_socket),
-                            self.config.read_ahead_max_bytes,
-                        )
-                    else:
-                        accept = sub.accept
-                    accepting.start_soon(self._accept_forever, accept, connections)
+            async with contextlib.AsyncExitStack() as stack:
+                for served in self.served:
+                    await stack.enter_async_context(served.sockets)
+                # The sockets close once every accept has ended.
+                accepting = await stack.enter_async_context(anyio.create_task_group())
+                for served in self.served:
+                    for sub in cast(list[SocketListener], served.sockets.listeners):
+                        if self.config.backend == "asyncio":
+                            accept: Callable[[], Awaitable[ByteStream]] = functools.partial(
+                                asyncio_stream.accept,
+                                sub.extra(anyio.abc.SocketAttribute.raw_socket),
+                                self.config.read_ahead_max_bytes,
+                            )
+                        else:
+                            accept = sub.accept
+                        accepting.start_soon(self._accept_forever, accept, served, connections)
 
     async def _accept_forever(
-        self, accept: Callable[[], Awaitable[ByteStream]], connections: anyio.abc.TaskGroup
+        self,
+        accept: Callable[[], Awaitable[ByteStream]],
+        served: Served,
+        connections: anyio.abc.TaskGroup,
     ) -> None:
         while True:
             try:
@@ -448,13 +576,15 @@ class Broker:
                 )
                 await anyio.sleep(ACCEPT_RETRY_MS / 1000)
                 continue
-            connections.start_soon(self._connection, stream)
+            connections.start_soon(self._connection, stream, served)
 
-    async def _connection(self, stream: ByteStream) -> None:
+    async def _connection(self, stream: ByteStream, served: Served) -> None:
         peer = _peer(stream)
+        listener = served.listener
         if self._stopping or len(self.connections) >= self.config.max_connections:
             log.warning(
-                "event=connection_refused peer=%s reason=%s",
+                "event=connection_refused listener=%s peer=%s reason=%s",
+                listener.name,
                 peer,
                 "shutting_down"
                 if self._stopping
@@ -462,17 +592,25 @@ class Broker:
             )
             await stream.aclose()
             return
+        assert self.authentication is not None
+        session = self.authentication.session(listener, _peer_host(stream), served.advertised)
         conn = Connection(
             peer,
             self.config.max_inflight_requests_per_connection,
             self.config.queued_max_response_bytes,
-            Session(DEFAULT_LISTENER, _peer_host(stream), advertised=(self.config.host, self.port)),
+            session,
+            tls=listener.tls,
         )
         self.connections.add(conn)
-        self.metrics.connection_opened()
-        # Bounded by conn.full() in the reader, in requests and bytes rather than items.
-        send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
+        self.metrics.connection_opened(listener.name)
         try:
+            if listener.tls:
+                secured = await self._handshake(stream, conn)
+                if secured is None:
+                    return
+                stream = secured
+            # Bounded by conn.full() in the reader, in requests and bytes rather than items.
+            send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
             async with stream, anyio.create_task_group() as tg:
                 tg.start_soon(self._writer, stream, receive, conn, tg.cancel_scope)
                 async with send:
@@ -483,7 +621,37 @@ class Broker:
             log.exception("event=connection_failed peer=%s", peer)
         finally:
             self.connections.discard(conn)
-            self.metrics.connection_closed()
+            self.metrics.connection_closed(listener.name)
+
+    async def _handshake(self, raw: ByteStream, conn: Connection) -> ByteStream | None:
+        """`raw` secured by TLS, its principal taken from a client certificate on a
+        listener without SASL; None, with `raw` closed, when the handshake failed or the
+        broker began to stop first."""
+        assert self.tls_context is not None and self.authentication is not None
+        listener = conn.session.listener
+        secured: ByteStream | None = None
+        try:
+            with conn.handshake_scope:
+                secured = await tls.handshake(
+                    raw, self.tls_context, self.config.tls_handshake_timeout_ms
+                )
+        except tls.HandshakeFailed as exc:
+            # Plaintext sent to a TLS port, a certificate refused, a client that stalls.
+            log.warning(
+                "event=tls_handshake_failed listener=%s peer=%s reason=%r",
+                listener,
+                conn.peer,
+                str(exc),
+            )
+            self.metrics.tls_handshake_failed(listener)
+        finally:
+            if secured is None:
+                await anyio.aclose_forcefully(raw)
+        if secured is not None and conn.session.sasl is None:
+            principal = tls.certificate_principal(secured)
+            if principal is not None:
+                self.authentication.certificate_authenticated(conn.session, principal)
+        return secured
 
     async def _reader(
         self, stream: ByteStream, send: MemoryObjectSendStream[list[Reply]], conn: Connection
@@ -564,7 +732,7 @@ class Broker:
                         if time.perf_counter() > turn_end_s:
                             await anyio.lowlevel.checkpoint()
                             turn_end_s = time.perf_counter() + TURN_S
-                        first = self._decode(backlog.popleft())
+                        first = self._decode(backlog.popleft(), conn)
                         if isinstance(first, CloseConnection):
                             close = first
                             break
@@ -578,6 +746,11 @@ class Broker:
                                 group.append(reply)
                                 conn.inflight += 1
                                 conn.unsent_bytes += _size_bytes(reply)
+                        sasl = conn.session.sasl
+                        if sasl is not None and sasl.closed:
+                            # Its answer (58) goes out first; nothing after it is run.
+                            close = CloseConnection("authentication failed")
+                            break
                     if group and sock is not None and send.statistics().tasks_waiting_receive:
                         group = _send_now(sock, group, conn)
                     if group:
@@ -592,7 +765,9 @@ class Broker:
                         )
                         return
 
-    def _decode(self, item: bytes | memoryview | Decoded) -> Request | bytes | CloseConnection:
+    def _decode(
+        self, item: bytes | memoryview | Decoded, conn: Connection
+    ) -> Request | bytes | CloseConnection:
         """The request in a frame body, or the error frame that answers it, or why the
         connection must close."""
         if isinstance(item, Decoded):
@@ -606,8 +781,16 @@ class Broker:
             code, message = exc.code, exc.message
             if self._unserved(exc.api):
                 code, message = ErrorCode.UNSUPPORTED_VERSION, f"{exc.api} is not served yet"
+            elif exc.api in REQUEST_TYPES:
+                # Before authentication, even a malformed request learns only that.
+                refusal = self._admit(exc.api, exc.cid, conn, started)
+                if refusal is not None:
+                    return refusal
             self.metrics.observe_request(exc.api, code, time.perf_counter() - started)
             return frame(encode_response(error_response(code, message), exc.cid))
+        refusal = self._admit(request.api, request.cid, conn, started)
+        if refusal is not None:
+            return refusal
         limit = self.config.max_entries_per_request
         if request.entry_count() > limit and not self._unserved(request.api):
             code = ErrorCode.INVALID_REQUEST
@@ -617,6 +800,27 @@ class Broker:
             )
             return frame(encode_response(error_response(code, message), request.cid))
         return request
+
+    def _admit(
+        self, api: str, cid: int, conn: Connection, started: float
+    ) -> bytes | CloseConnection | None:
+        """None when the connection's session lets the request run; else its refusal
+        (SASL_AUTHENTICATION_FAILED before authentication) or the close after the
+        session's end (docs/protocol.md section 7)."""
+        sasl = conn.session.sasl
+        if sasl is None:
+            return None
+        admission = sasl.admit(api, monotonic_ms())
+        if admission is Admission.ANSWER:
+            return None
+        if admission is Admission.CLOSE:
+            return CloseConnection(
+                "SASL session ended (connections_max_reauth_ms) without re-authentication"
+            )
+        code = ErrorCode.SASL_AUTHENTICATION_FAILED
+        self.metrics.observe_request(api, code, time.perf_counter() - started)
+        message = f"authenticate first: listener {conn.session.listener!r} takes SaslAuthenticate"
+        return frame(encode_response(error_response(code, message), cid))
 
     def _unserved(self, api: str) -> bool:
         """An api declared in protocol/messages.py that this broker does not answer yet:
@@ -639,7 +843,7 @@ class Broker:
         entries = first.entry_count()
         room = conn.inflight_max - conn.inflight
         while backlog and len(run) < room and entries < RUN_ENTRIES_MAX:
-            item = self._decode(backlog.popleft())
+            item = self._decode(backlog.popleft(), conn)
             if not isinstance(item, Request) or not handlers.appends_together(item):
                 backlog.appendleft(item if isinstance(item, Decoded) else Decoded(item))
                 break
@@ -737,7 +941,7 @@ class Broker:
                     if pending:
                         await self._flush(stream, pending, conn)
                     try:
-                        await _send_spliced(stream, reply)
+                        await _send_spliced(stream, reply, zero_copy=not conn.tls)
                     except BaseException:
                         _close_unsent([group[i + 1 :]])
                         raise
@@ -765,10 +969,11 @@ class Broker:
         pending.clear()
 
 
-async def _send_spliced(stream: ByteStream, frame: SplicedFrame) -> None:
+async def _send_spliced(stream: ByteStream, frame: SplicedFrame, *, zero_copy: bool) -> None:
     """Send a Fetch reply: msgpack pieces through the stream, record bytes straight
     from the log files with os.sendfile (zero-copy; trio sends unbuffered, so the
-    two never overtake each other)."""
+    two never overtake each other). Without `zero_copy` (TLS, which must encrypt
+    them) the record bytes are read from the files and sent through the stream."""
     sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     try:
         for piece in frame.pieces:
@@ -777,6 +982,13 @@ async def _send_spliced(stream: ByteStream, frame: SplicedFrame) -> None:
                 continue
             span = frame.reply.spans[piece]
             position, remaining = span.position, span.length
+            while remaining and not zero_copy:
+                chunk = os.pread(span.fd, min(remaining, COPY_CHUNK_BYTES), position)
+                if not chunk:
+                    raise anyio.BrokenResourceError("log file shorter than its span")
+                await stream.send(chunk)
+                position += len(chunk)
+                remaining -= len(chunk)
             while remaining:
                 try:
                     sent = os.sendfile(sock.fileno(), span.fd, position, remaining)
@@ -859,6 +1071,17 @@ def _peer_host(stream: ByteStream) -> str:
         return canonical_host(host)
     except ValueError:
         return host
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only: a loopback address or name.
+    Anything else (a hostname, "", 0.0.0.0, ::) may be reached from other hosts."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _peer(stream: ByteStream) -> str:
