@@ -278,9 +278,15 @@ class BrokerConfig:
     """Every broker setting, declared once; SETTINGS, the CLI, topic overrides, LogConfig
     and docs/configuration.md all derive from these declarations."""
 
-    host: str = _setting("127.0.0.1", "Address the listener (minibroker's protocol) binds.")
+    host: str = _setting(
+        "127.0.0.1",
+        "Address the listener (minibroker's protocol) binds, when `listeners` is empty.",
+    )
     port: int = _setting(
-        9092, "Listener port; 0 picks a free one (logged at start).", min=0, max=65535
+        9092,
+        "Listener port, when `listeners` is empty; 0 picks a free one (logged at start).",
+        min=0,
+        max=65535,
     )
     listeners: tuple[Listener, ...] = _setting(
         (),

@@ -363,7 +363,7 @@ class Broker:
                 listener.name,
                 listener.host,
                 "plaintext without authentication on an address other hosts can reach: "
-                "anyone who reaches it may read, write and delete every topic; bind "
+                "anyone who reaches it may read and write every topic; bind "
                 "127.0.0.1, or use security tls, sasl_tls or sasl_plaintext",
             )
         return served
