@@ -130,6 +130,25 @@ def test_mtls_names_the_principal_from_the_certificate(
     )
 
 
+def test_requested_client_auth_takes_a_certificate_or_none(
+    tmp_path: Path, backend: str, pki: Pki
+) -> None:
+    proc = start(tmp_path, backend, pki, client_auth="requested")
+    try:
+        with WireClient(proc.address("secure"), ssl_context=pki.client_context()) as c:
+            assert c.call("ApiVersions")["error"] == 0
+        context = pki.client_context(certificate=pki.client_certificate("carol"))
+        with WireClient(proc.address("secure"), ssl_context=context) as c:
+            assert c.call("ApiVersions")["error"] == 0
+        assert proc.log_shows("mechanism='TLS' principal='User:carol'")
+        assert proc.log_text().count("event=authentication") == 1
+        # A certificate that is sent is checked all the same.
+        stranger = pki.client_certificate("mallory", ca=trustme.CA())
+        assert refused(proc, pki.client_context(certificate=stranger))
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize("case", ["no certificate", "another CA", "expired"])
 def test_mtls_refuses_a_client_without_a_valid_certificate(
     mtls_broker: BrokerProcess, pki: Pki, case: str
