@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 from broker.config import DEFAULT_LISTENER
 from broker.security.sasl import SaslState
-
-ANONYMOUS = "User:ANONYMOUS"
+from protocol.authorization import ANONYMOUS
 
 __all__ = ["ANONYMOUS", "DEFAULT_LISTENER", "Session"]
 
