@@ -132,7 +132,7 @@ class SplicedFrame:
 class Decoded:
     """A request decoded ahead of its turn, back in the backlog."""
 
-    request: Request | bytes | CloseConnection
+    request: Request | bytes | NoAnswer | CloseConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -736,7 +736,7 @@ class Broker:
                         if isinstance(first, CloseConnection):
                             close = first
                             break
-                        if isinstance(first, bytes):
+                        if isinstance(first, bytes | NoAnswer):
                             replies: list[Reply | NoAnswer] = [first]
                         else:
                             run = self._run_from(first, backlog, handlers, conn)
@@ -767,9 +767,9 @@ class Broker:
 
     def _decode(
         self, item: bytes | memoryview | Decoded, conn: Connection
-    ) -> Request | bytes | CloseConnection:
-        """The request in a frame body, or the error frame that answers it, or why the
-        connection must close."""
+    ) -> Request | bytes | NoAnswer | CloseConnection:
+        """The request in a frame body, or the error frame that answers it (or nothing,
+        for a refused acks=0 Produce), or why the connection must close."""
         if isinstance(item, Decoded):
             return item.request
         started = time.perf_counter()
@@ -790,7 +790,9 @@ class Broker:
             return frame(encode_response(error_response(code, message), exc.cid))
         refusal = self._admit(request.api, request.cid, conn, started)
         if refusal is not None:
-            return refusal
+            # A Produce with acks=0 gets no answer at all (section 4), a refusal neither.
+            acks_0 = isinstance(request, ProduceRequest) and request.acks == 0
+            return NoAnswer() if acks_0 and isinstance(refusal, bytes) else refusal
         limit = self.config.max_entries_per_request
         if request.entry_count() > limit and not self._unserved(request.api):
             code = ErrorCode.INVALID_REQUEST
