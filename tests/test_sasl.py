@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -329,3 +331,28 @@ def test_bootstrap_users_never_reach_the_log(broker: BrokerProcess) -> None:
     for password in USERS.values():
         assert password not in broker.log_text()
     assert wait_for(lambda: (broker.data_dir / "security" / "credentials.wal").exists())
+
+
+def test_bad_bootstrap_users_stop_the_start_without_showing_the_password(tmp_path: Path) -> None:
+    env = {**os.environ, "MINIBROKER_BOOTSTRAP_USERS": "admin:ok-pw,S3cret-nobody-named"}
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--metrics-port",
+            "-1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert r.returncode == 3, r.stderr
+    assert "entry 2 of MINIBROKER_BOOTSTRAP_USERS is not name:password" in r.stderr
+    assert "S3cret" not in r.stderr and "ok-pw" not in r.stderr
