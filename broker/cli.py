@@ -20,6 +20,7 @@ import anyio
 from broker import __version__, logs
 from broker import config as cfg
 from broker.producer_ids import ProducerIdStateError
+from broker.security import BootstrapError
 from broker.storage import DataDirError
 
 if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
@@ -33,6 +34,9 @@ log = logging.getLogger(f"minibroker.{__name__}")
 EXIT_CONFIG_ERROR = 2  # also argparse's, for a bad command line
 EXIT_REFUSED_TO_START = 3  # the data dir: locked, unwritable, foreign, unrecoverable
 EXIT_ADDRESS_IN_USE = 4  # another process listens on the port or the metrics port
+# What ends a start that cannot succeed as it is: a data dir that is locked, damaged or
+# foreign, producer-id state that cannot be trusted, bootstrap users that cannot be made.
+REFUSALS = (DataDirError, ProducerIdStateError, BootstrapError)
 
 # CLI flags that map one-to-one onto settings of the same name.
 SERVE_FLAGS = (
@@ -142,9 +146,15 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from broker.network import Broker, ListenError
 
-    broker = Broker(config, lambda: cfg.load(args.config, overrides))
+    try:
+        # Loads the TLS certificate and key: a file that does not load is a setting
+        # that cannot be used.
+        broker = Broker(config, lambda: cfg.load(args.config, overrides))
+    except cfg.ConfigError as exc:
+        print(f"minibroker: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
     backend_options = {"use_uvloop": True} if config.backend == "asyncio" else {}
-    refusals = (DataDirError, ProducerIdStateError, ListenError, cfg.ConfigError)
+    refusals = (*REFUSALS, ListenError, cfg.ConfigError)
     reasons: list[BaseException]
     try:
         anyio.run(broker.run, backend=config.backend, backend_options=backend_options)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -45,7 +45,11 @@ class Setting:
     """One setting as declared on BrokerConfig: what it is, what it allows, who may set it.
 
     `topic_key` is Kafka's dotted name when a topic may override the setting; a
-    `sensitive` one (a password, a key) is never shown: DescribeConfigs answers nil."""
+    `sensitive` one (a password, a key) is never shown: DescribeConfigs answers nil. A
+    list setting (a tuple default) takes a TOML array of strings: `min`/`max` bound its
+    length, `choices` and `pattern` each item, and no item may come twice. `parse`, when
+    given, is the whole check of a structured setting (`listeners`): it takes the raw
+    TOML value or an already parsed one and returns the parsed form."""
 
     name: str
     default: Any
@@ -57,6 +61,10 @@ class Setting:
     reloadable: bool
     topic_key: str | None
     sensitive: bool
+    pattern: str | None = None
+    parse: Callable[[Any], Any] | None = None
+    shape: str = ""
+    """What a structured setting allows, as the docs show it."""
 
     @property
     def kind(self) -> type:
@@ -64,10 +72,13 @@ class Setting:
 
     def allowed(self) -> str:
         """The allowed values, as error messages and the docs show them."""
-        if len(self.choices) > 1:
-            return ", ".join(self.choices[:-1]) + " or " + self.choices[-1]
+        if self.shape:
+            return self.shape
+        if self.kind is tuple:
+            items = _one_of(self.choices) if self.choices else f"strings matching {self.pattern}"
+            return f"a list of {self.min}..{self.max} of {items}, each once"
         if self.choices:
-            return self.choices[0]
+            return _one_of(self.choices)
         if self.kind is bool:
             return "true or false"
         if self.kind is int:
@@ -80,6 +91,10 @@ class Setting:
         The one validation of every source: TOML, flags, SIGHUP, CreateTopics, topic.meta.
         Strings are parsed (flags and Kafka clients send them); floats and bools are not
         integers even when they look like one."""
+        if self.parse is not None:
+            return self.parse(value)
+        if self.kind is tuple:
+            return self._check_list(value)
         if self.kind is bool and isinstance(value, str) and value.lower() in ("true", "false"):
             value = value.lower() == "true"
         elif self.kind is int and isinstance(value, str) and _INTEGER.fullmatch(value):
@@ -97,6 +112,33 @@ class Setting:
             raise ConfigError(f"setting {self.name}={shown} is invalid: expected {expected}")
         return value
 
+    def _check_list(self, value: Any) -> tuple[str, ...]:
+        assert self.min is not None and self.max is not None
+        items = tuple(value) if isinstance(value, list | tuple) else None
+        ok = (
+            items is not None
+            and self.min <= len(items) <= self.max
+            and len(set(items)) == len(items)
+            and all(
+                isinstance(item, str)
+                and (not self.choices or item in self.choices)
+                and (self.pattern is None or re.fullmatch(self.pattern, item) is not None)
+                for item in items
+            )
+        )
+        if not ok:
+            shown = repr(value)
+            shown = shown if len(shown) <= 120 else shown[:120] + "..."
+            raise ConfigError(f"setting {self.name}={shown} is invalid: expected {self.allowed()}")
+        assert items is not None
+        return items
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    if len(choices) > 1:
+        return ", ".join(choices[:-1]) + " or " + choices[-1]
+    return choices[0]
+
 
 def _setting(
     default: Any,
@@ -109,9 +151,12 @@ def _setting(
     reloadable: bool = False,
     topic_key: str | None = None,
     sensitive: bool = False,
+    pattern: str | None = None,
+    parse: Callable[[Any], Any] | None = None,
+    shape: str = "",
 ) -> Any:
-    if isinstance(default, int) and not isinstance(default, bool):
-        assert min is not None and max is not None, "every integer setting has bounds"
+    if isinstance(default, int | tuple) and not isinstance(default, bool) and parse is None:
+        assert min is not None and max is not None, "every integer and list setting has bounds"
     meta = {
         "doc": doc,
         "unit": unit,
@@ -121,11 +166,119 @@ def _setting(
         "reloadable": reloadable,
         "topic_key": topic_key,
         "sensitive": sensitive,
+        "pattern": pattern,
+        "parse": parse,
+        "shape": shape,
     }
     return field(default=default, metadata=meta)
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+SASL_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN")
+PRINCIPAL_PATTERN = r"User:[^\x00-\x1f]{1,255}"
+HOST_CHARS_MAX = 255  # a DNS name's limit
+DEFAULT_LISTENER = "default"
+"""The name of the one plaintext listener that `host`/`port` describe."""
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One `[[listeners]]` table: where the broker accepts connections and how they
+    secure themselves (docs/protocol.md section 7, "Listeners")."""
+
+    name: str
+    host: str
+    port: int
+    security: str = "plaintext"
+    advertised_host: str = ""
+    """What Metadata answers for this listener; "" = `host`."""
+    protocol: str = "minibroker"
+
+    @property
+    def tls(self) -> bool:
+        return self.security in ("tls", "sasl_tls")
+
+    @property
+    def sasl(self) -> bool:
+        return self.security in ("sasl_plaintext", "sasl_tls")
+
+
+SECURITY = ("plaintext", "tls", "sasl_plaintext", "sasl_tls")
+LISTENER_NAME = re.compile(r"[a-z0-9_]{1,32}")
+LISTENERS_MAX = 16
+_LISTENER_KEYS = tuple(f.name for f in fields(Listener))
+_PORT = range(0, 65536)
+
+
+def parse_listeners(value: Any) -> tuple[Listener, ...]:
+    """`[[listeners]]` as Listener objects (already parsed ones are checked again), or
+    ConfigError naming the listener by its place and name and what is wrong."""
+    if not isinstance(value, list | tuple) or len(value) > LISTENERS_MAX:
+        raise ConfigError(
+            f"setting listeners is invalid: expected an array of at most {LISTENERS_MAX} "
+            "tables ([[listeners]])"
+        )
+    out: list[Listener] = []
+    names: dict[str, int] = {}
+    addresses: dict[tuple[str, int], int] = {}
+    for place, raw in enumerate(value, 1):
+        entry = vars(raw) if isinstance(raw, Listener) else raw
+        where = f"listeners[{place}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where} is invalid: expected a table ([[listeners]])")
+        name = entry.get("name")
+        if isinstance(name, str) and LISTENER_NAME.fullmatch(name):
+            where = f"{where} ({name})"
+        for key in entry:
+            if key not in _LISTENER_KEYS:
+                # TOML puts every key after a [[listeners]] header into that table.
+                hint = (
+                    " (broker settings go before the first [[listeners]] table)"
+                    if key in SETTINGS
+                    else ""
+                )
+                raise ConfigError(
+                    f"{where}: unknown key {key!r}; known: {', '.join(_LISTENER_KEYS)}{hint}"
+                )
+        for key in ("name", "host", "port"):
+            if key not in entry:
+                raise ConfigError(f"{where}: missing key {key!r}")
+        listener = Listener(**entry)
+        if not isinstance(name, str) or not LISTENER_NAME.fullmatch(name):
+            raise ConfigError(f"{where}: name={name!r} is invalid: expected [a-z0-9_]{{1,32}}")
+        if name in names:
+            raise ConfigError(f"{where}: name {name!r} is taken by listeners[{names[name]}]")
+        names[name] = place
+        for key in ("host", "advertised_host"):
+            text = getattr(listener, key)
+            if not isinstance(text, str) or len(text) > HOST_CHARS_MAX:
+                raise ConfigError(
+                    f"{where}: {key}={text!r} is invalid: expected a string of at most "
+                    f"{HOST_CHARS_MAX} characters"
+                )
+        port = listener.port
+        if type(port) is not int or port not in _PORT:
+            raise ConfigError(f"{where}: port={port!r} is invalid: expected an integer in 0..65535")
+        if listener.security not in SECURITY:
+            raise ConfigError(
+                f"{where}: security={listener.security!r} is invalid: expected {_one_of(SECURITY)}"
+            )
+        if listener.protocol == "kafka":
+            raise ConfigError(f"{where}: protocol='kafka' is not supported yet: only 'minibroker'")
+        if listener.protocol != "minibroker":
+            raise ConfigError(
+                f"{where}: protocol={listener.protocol!r} is invalid: expected 'minibroker' "
+                "('kafka' is not supported yet)"
+            )
+        if port:  # port 0 picks a free port each time: never a clash
+            address = (listener.host, port)
+            if address in addresses:
+                raise ConfigError(
+                    f"{where}: {listener.host}:{port} is taken by listeners[{addresses[address]}]"
+                )
+            addresses[address] = place
+        out.append(listener)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -133,9 +286,102 @@ class BrokerConfig:
     """Every broker setting, declared once; SETTINGS, the CLI, topic overrides, LogConfig
     and docs/configuration.md all derive from these declarations."""
 
-    host: str = _setting("127.0.0.1", "Address the listener (minibroker's protocol) binds.")
+    host: str = _setting(
+        "127.0.0.1",
+        "Address the listener (minibroker's protocol) binds, when `listeners` is empty.",
+    )
     port: int = _setting(
-        9092, "Listener port; 0 picks a free one (logged at start).", min=0, max=65535
+        9092,
+        "Listener port, when `listeners` is empty; 0 picks a free one (logged at start).",
+        min=0,
+        max=65535,
+    )
+    listeners: tuple[Listener, ...] = _setting(
+        (),
+        "`[[listeners]]` tables, each with `name`, `host`, `port`, `security` and optionally "
+        '`advertised_host` and `protocol` (operations.md, "Listeners"); empty: one '
+        "plaintext listener at `host`:`port` (with listeners, leave those two unset).",
+        parse=parse_listeners,
+        shape=f"up to {LISTENERS_MAX} tables: name [a-z0-9_]{{1,32}}, unique; security "
+        f"{_one_of(SECURITY)}; protocol minibroker",
+    )
+    tls_certfile: str = _setting(
+        "",
+        "The broker's certificate chain (PEM) for `tls` and `sasl_tls` listeners; "
+        "SIGHUP re-reads it for new handshakes.",
+        reloadable=True,
+    )
+    tls_keyfile: str = _setting(
+        "", "The private key (PEM, unencrypted) of `tls_certfile`.", reloadable=True
+    )
+    tls_cafile: str = _setting(
+        "",
+        "CA bundle (PEM) that client certificates must chain to; needed when "
+        "`tls_client_auth` is not `none`.",
+        reloadable=True,
+    )
+    tls_client_auth: str = _setting(
+        "none",
+        "Client certificates (mTLS): `none` asks for none, `requested` checks one when "
+        "sent, `required` ends the handshake without one.",
+        choices=("none", "requested", "required"),
+        reloadable=True,
+    )
+    tls_handshake_timeout_ms: int = _setting(
+        10_000,
+        "A TLS handshake not finished within this long closes the connection.",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
+    )
+    sasl_mechanisms: tuple[str, ...] = _setting(
+        ("SCRAM-SHA-256", "SCRAM-SHA-512"),
+        "Mechanisms `sasl_*` listeners accept; PLAIN is on only when named here.",
+        min=1,
+        max=len(SASL_MECHANISMS),
+        choices=SASL_MECHANISMS,
+        reloadable=True,
+    )
+    allow_plain_without_tls: bool = _setting(
+        False,
+        "Accept PLAIN (a password in clear) on `sasl_plaintext` listeners.",
+        reloadable=True,
+    )
+    connections_max_reauth_ms: int = _setting(
+        0,
+        "Lifetime of a SASL session: the client authenticates again before it ends, else "
+        "its next request closes the connection (0: sessions do not expire).",
+        unit="ms",
+        min=0,
+        max=INT32_MAX,
+        reloadable=True,
+    )
+    authentication_failure_delay_ms: int = _setting(
+        100,
+        "A failed authentication is answered after this long, then the connection closes "
+        "(slows password guessing).",
+        unit="ms",
+        min=0,
+        max=60_000,
+        reloadable=True,
+    )
+    authorizer: bool = _setting(
+        False, 'Decide every request by the ACLs (protocol.md section 7, "Authorization").'
+    )
+    super_users: tuple[str, ...] = _setting(
+        (),
+        'Principals allowed everything when `authorizer` is on, e.g. `["User:admin"]`.',
+        min=0,
+        max=1000,
+        pattern=PRINCIPAL_PATTERN,
+        shape="a list of up to 1000 principals `User:<name>`, each once",
+        reloadable=True,
+    )
+    acls_max: int = _setting(
+        100_000,
+        "ACL bindings in force at most; a CreateAcls beyond it answers POLICY_VIOLATION(44).",
+        min=1,
+        max=1_000_000,
     )
     data_dir: str = _setting("./data", "Directory holding topics, logs and producer state.")
     backend: str = _setting(
@@ -475,7 +721,33 @@ class BrokerConfig:
                 f"invalid: expected less than group_session_timeout_ms "
                 f"({self.group_session_timeout_ms})"
             )
+        self._validate_security()
         return self
+
+    def _validate_security(self) -> None:
+        """The rules between the listeners and the security settings."""
+        if self.listeners and (self.host, self.port) != (
+            SETTINGS["host"].default,
+            SETTINGS["port"].default,
+        ):
+            raise ConfigError(
+                "settings host and port describe the one listener of a broker without "
+                "[[listeners]]: set either them or [[listeners]], not both"
+            )
+        tls = [listener.name for listener in self.listeners if listener.tls]
+        if tls and not (self.tls_certfile and self.tls_keyfile):
+            raise ConfigError(f"listener {tls[0]!r} uses TLS: set tls_certfile and tls_keyfile")
+        if self.tls_client_auth != "none" and not self.tls_cafile:
+            raise ConfigError(
+                f"setting tls_client_auth={self.tls_client_auth!r} needs tls_cafile, the CA "
+                "bundle client certificates are checked against"
+            )
+
+    def effective_listeners(self) -> tuple[Listener, ...]:
+        """The listeners served: `listeners`, or the one plaintext listener of host:port."""
+        if self.listeners:
+            return self.listeners
+        return (Listener(DEFAULT_LISTENER, self.host, self.port),)
 
     @property
     def data_path(self) -> Path:
@@ -630,9 +902,14 @@ def _described(name: str, s: Setting, value: Any, source: str, read_only: bool) 
 
 
 def _shown(value: Any) -> str:
-    """A setting's value as text, as the TOML file would spell it (`true`, not `True`)."""
+    """A setting's value as text, as the TOML file would spell it (`true`, not `True`); a
+    list comma-separated, a listener as Kafka writes one (`NAME:SECURITY://HOST:PORT`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(_shown(item) for item in value)
+    if isinstance(value, Listener):
+        return f"{value.name}:{value.security}://{value.host}:{value.port}"
     return str(value)
 
 
@@ -659,7 +936,10 @@ def markdown_table() -> str:
     ]
     for s in SETTINGS.values():
         default = s.default
-        shown = "true" if default is True else "false" if default is False else repr(default)
+        if isinstance(default, tuple):
+            shown = "[" + ", ".join(f'"{item}"' for item in default) + "]"
+        else:
+            shown = "true" if default is True else "false" if default is False else repr(default)
         topic = f"`{s.topic_key}`" if s.topic_key else ""
         rows.append(
             f"| `{s.name}` | `{shown}` | {s.allowed()} | {s.unit} | {topic} "

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import anyio
+import msgspec
 
 from broker import __version__ as BROKER_VERSION
 from broker.admin import Admin
@@ -27,6 +28,18 @@ from broker.groups import GroupCoordinator, OffsetStore
 from broker.metrics import BrokerMetrics
 from broker.partition import AppendResult, Partition
 from broker.producer_ids import ProducerIdManager
+from broker.security import (
+    Access,
+    AclBinding,
+    AclFilter,
+    AclStore,
+    Audit,
+    Denial,
+    Judgement,
+    ResourceType,
+    Session,
+    validate_filter,
+)
 from broker.storage import CorruptBatchError, FileSpan, OffsetOutOfRange
 from broker.topics import TopicError, TopicRegistry
 from broker.transactions import TransactionCoordinator, now_ms
@@ -63,18 +76,18 @@ class NoAnswer:
 class DurableReply:
     """An acks=-1 Produce reply that may only be sent once its batches are on disk."""
 
-    __slots__ = ("_committer", "_durable", "_results", "_timeout_ms", "_timeout_s")
+    __slots__ = ("_committer", "_durable", "_timeout_ms", "_timeout_s", "response")
 
     def __init__(
         self,
         committer: GroupCommitter,
-        results: list[m.ProduceTopicResponse],
+        response: m.ProduceResponse,
         durable: list[tuple[Partition, int]],
         timeout_ms: int,
         timeout_s: float,
     ) -> None:
         self._committer = committer
-        self._results = results
+        self.response = response
         self._durable = durable
         self._timeout_ms = timeout_ms
         self._timeout_s = timeout_s
@@ -86,7 +99,7 @@ class DurableReply:
     async def complete(self) -> m.ProduceResponse:
         if self.ready():
             # Most replies of a round find it done: no timeout scope to set up.
-            return m.ProduceResponse(topics=self._results)
+            return self.response
         failed: set[int] = set()
         with anyio.move_on_after(self._timeout_s) as scope:
             for partition, last_offset in self._durable:
@@ -103,7 +116,7 @@ class DurableReply:
                 if id(p) in failed or p.log.flushed_offset <= last
             }
             by_key = {(p.topic, p.index): id(p) for p, _ in self._durable}
-            for t in self._results:
+            for t in self.response.topics:
                 for r in t.partitions:
                     reason = late.get(by_key.get((t.topic, r.partition), 0))
                     if r.error or reason is None:
@@ -114,7 +127,7 @@ class DurableReply:
                         else ErrorCode.REQUEST_TIMED_OUT
                     )
                     r.message = reason
-        return m.ProduceResponse(topics=self._results)
+        return self.response
 
 
 class SplicedReply:
@@ -155,6 +168,16 @@ FetchLook = tuple[
 (topic, bytes, records) flows to count once this look is the reply sent)."""
 
 
+Handler = Callable[[Any, Session], Any]
+"""An API's function: the request and its connection's session in, a response (or an
+awaitable of one, or an outcome) out."""
+
+
+def _plain(handler: Callable[[Any], Any]) -> Handler:
+    """A handler that does not need to know who asks."""
+    return lambda request, _session: handler(request)
+
+
 class Handlers:
     def __init__(
         self,
@@ -167,7 +190,13 @@ class Handlers:
         metrics: BrokerMetrics,
         advertised: tuple[str, int],
         groups: GroupCoordinator,
+        *,
+        acls: AclStore | None = None,
+        extra_apis: Mapping[str, Handler] | None = None,
     ) -> None:
+        """`acls` is the ACL store when `authorizer` is on (None: everything is allowed);
+        `extra_apis` are the functions of APIs served elsewhere (SASL, SCRAM credentials),
+        authorized here like every other."""
         self.config = config
         self.topics = topics
         self.producer_ids = producer_ids
@@ -183,41 +212,90 @@ class Handlers:
         self._fetch_waiters = 0
         self._stopping = False
         admin = Admin(topics, offsets, coordinator, committer, BROKER_ID, self._wake_fetchers)
-        self._table: dict[str, Callable[[Any], Any]] = {
-            "ApiVersions": self.api_versions,
+        self.acls = acls
+        # None when `authorizer` is off: then a request costs one `is None` test more.
+        self._access = None if acls is None else Access(acls.authorizer, self._creates)
+        self._audit = Audit()
+        self._table: dict[str, Handler] = {
+            "ApiVersions": _plain(self.api_versions),
             "Metadata": self.metadata,
-            "CreateTopics": self.create_topics,
+            "CreateTopics": _plain(self.create_topics),
             "InitProducerId": self.init_producer_id,
             "Produce": self.produce,
-            "Fetch": self.fetch,
-            "ListOffsets": self.list_offsets,
-            "DeleteTopics": admin.delete_topics,
-            "DescribeConfigs": admin.describe_configs,
-            "IncrementalAlterConfigs": admin.incremental_alter_configs,
-            "EndTxn": coordinator.end_txn,
-            "PrepareTxn": coordinator.prepare_txn,
-            "CommitTxns": coordinator.commit_txns,
-            "ListTransactions": coordinator.list_transactions,
-            "DescribeTxnApps": coordinator.describe_apps,
-            "ConsumerGroupHeartbeat": groups.heartbeat,
-            "ListGroups": groups.list_groups,
-            "DescribeGroups": groups.describe_groups,
-            "OffsetCommit": offsets.offset_commit,
-            "OffsetFetch": offsets.offset_fetch,
+            "Fetch": _plain(self.fetch),
+            "ListOffsets": _plain(self.list_offsets),
+            "DeleteTopics": _plain(admin.delete_topics),
+            "DescribeConfigs": _plain(admin.describe_configs),
+            "IncrementalAlterConfigs": _plain(admin.incremental_alter_configs),
+            "EndTxn": lambda req, session: coordinator.end_txn(req, session.principal),
+            "PrepareTxn": lambda req, session: coordinator.prepare_txn(req, session.principal),
+            "CommitTxns": _plain(coordinator.commit_txns),
+            "ListTransactions": _plain(coordinator.list_transactions),
+            "DescribeTxnApps": _plain(coordinator.describe_apps),
+            "ConsumerGroupHeartbeat": _plain(groups.heartbeat),
+            "ListGroups": _plain(groups.list_groups),
+            "DescribeGroups": _plain(groups.describe_groups),
+            "OffsetCommit": _plain(offsets.offset_commit),
+            "OffsetFetch": _plain(offsets.offset_fetch),
             "TxnOffsetCommit": self.txn_offset_commit,
+            "CreateAcls": _plain(self.create_acls),
+            "DescribeAcls": _plain(self.describe_acls),
+            "DeleteAcls": _plain(self.delete_acls),
+            **(extra_apis or {}),
         }
         self.apis = frozenset(self._table)
 
-    async def handle(self, request: Any) -> Outcome:
-        """Run one parsed request and say how the connection answers it."""
+    def reconfigure(self, config: BrokerConfig) -> None:
+        """SIGHUP's new settings: the reloadable ones apply from the next request."""
+        self.config = config
+        self.coordinator.config = config
+        self.offsets.config = config
+        if self.acls is not None:
+            self.acls.authorizer.set_super_users(config.super_users)
+
+    async def handle(self, request: Any, session: Session) -> Outcome:
+        """Run one parsed request from `session`'s client and say how the connection
+        answers it: authorized first, when the authorizer is on."""
         handler = self._table.get(request.api)
         if handler is None:
             raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION, f"{request.api} is not served yet")
-        result = handler(request)
+        judged: Judgement | None = None
+        if self._access is not None:
+            judged = self._judge(request, session)
+            if judged.refused:
+                return _outcome(judged.refusal)
+            request = judged.request
+        result = handler(request, session)
         # What isinstance(result, Awaitable) checks, at a fifth of the cost.
         if hasattr(result, "__await__"):
             result = await result
+        if judged is not None:
+            _finish(judged, result)
         return _outcome(result)
+
+    # ----------------------------------------------------------------- authorization
+
+    def _judge(self, request: m.Request, session: Session) -> Judgement:
+        """What the request may do (docs/protocol.md section 7); its denials audited."""
+        assert self._access is not None
+        judged = self._access.judge(request, session.principal, session.peer_host)
+        if judged.denials:
+            self._report(request.api, session, judged.denials)
+        return judged
+
+    def _report(self, api: str, session: Session, denials: list[Denial]) -> None:
+        self._audit.denied(session.principal, session.peer_host, api, denials)
+        for denial in denials:
+            self.metrics.authorization_denied(api, denial.resource_type)
+
+    def _creates(self, resource_type: str, name: str) -> bool:
+        """Whether a request allowed to create resources (Metadata's auto-creation) would
+        create this one: a topic that does not exist, while auto-creation is on."""
+        return (
+            resource_type == ResourceType.TOPIC
+            and self.config.auto_create_topics
+            and name not in self.topics.topics
+        )
 
     # ----------------------------------------------------------------- simple APIs
 
@@ -228,7 +306,7 @@ class Handlers:
             max_frame_bytes=self.config.max_frame_bytes,
         )
 
-    async def metadata(self, req: m.MetadataRequest) -> m.MetadataResponse:
+    async def metadata(self, req: m.MetadataRequest, session: Session) -> m.MetadataResponse:
         registry = self.topics
         names = sorted(registry.topics) if req.topics is None else req.topics
         out: list[m.TopicMetadata] = []
@@ -257,7 +335,7 @@ class Handlers:
                     ],
                 )
             )
-        host, port = self.advertised
+        host, port = session.advertised or self.advertised
         return m.MetadataResponse(brokers=[m.BrokerMetadata(BROKER_ID, host, port)], topics=out)
 
     async def create_topics(self, req: m.CreateTopicsRequest) -> m.CreateTopicsResponse:
@@ -271,13 +349,23 @@ class Handlers:
             await anyio.lowlevel.checkpoint()  # as in metadata: creations take turns
         return m.CreateTopicsResponse(topics=results)
 
-    async def init_producer_id(self, req: m.InitProducerIdRequest) -> m.InitProducerIdResponse:
+    async def init_producer_id(
+        self, req: m.InitProducerIdRequest, session: Session
+    ) -> m.InitProducerIdResponse:
         ids = self.producer_ids
+        principal = session.principal
         if req.transactional_id is not None:
             pid, epoch = await self.coordinator.init_producer(
-                req.transactional_id, req.transaction_timeout_ms
+                req.transactional_id, req.transaction_timeout_ms, principal
             )
             return m.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+        issued = req.producer_id >= 0 and ids.is_issued(req.producer_id)
+        if issued and self._owner_of(req.producer_id) != principal:
+            # Bumping another principal's epoch would fence its producer.
+            return m.InitProducerIdResponse(
+                error=ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                message=f"producer id {req.producer_id} belongs to another principal",
+            )
         if req.producer_id >= 0:
             known = [
                 e
@@ -286,7 +374,7 @@ class Handlers:
             ]
             grant = ids.bump(req.producer_id, req.producer_epoch, max(known, default=None))
         else:
-            grant = ids.new_producer()
+            grant = ids.new_producer(principal)
         if grant.error == ErrorCode.INVALID_PRODUCER_EPOCH:
             self.metrics.producer_event("fenced")
         return m.InitProducerIdResponse(
@@ -324,14 +412,65 @@ class Handlers:
         return m.ListOffsetsResponse(topics=topics)
 
     def txn_offset_commit(
-        self, req: m.TxnOffsetCommitRequest
+        self, req: m.TxnOffsetCommitRequest, session: Session
     ) -> Awaitable[m.TxnOffsetCommitResponse]:
-        return self.offsets.txn_offset_commit(req, self.coordinator)
+        return self.offsets.txn_offset_commit(req, self.coordinator, session.principal)
+
+    def _owner_of(self, producer_id: int) -> str:
+        """The principal an issued producer id belongs to: the one that last initialized
+        its transactional id, else the one it was handed out to (docs/protocol.md section 7,
+        "Producer ids belong to principals")."""
+        owner = self.coordinator.principal_of(producer_id)
+        return self.producer_ids.owner(producer_id) if owner is None else owner
+
+    # ----------------------------------------------------------------- ACLs
+
+    async def create_acls(self, req: m.CreateAclsRequest) -> m.CreateAclsResponse:
+        if self.acls is None:
+            return m.CreateAclsResponse(
+                error=ErrorCode.SECURITY_DISABLED,
+                message=_SECURITY_DISABLED,
+                results=[
+                    m.AclCreationResult(ErrorCode.SECURITY_DISABLED, _SECURITY_DISABLED)
+                    for _ in req.creations
+                ],
+            )
+        results = await self.acls.create([_binding(b) for b in req.creations])
+        return m.CreateAclsResponse(
+            results=[m.AclCreationResult(r.error, r.message) for r in results]
+        )
+
+    def describe_acls(self, req: m.DescribeAclsRequest) -> m.DescribeAclsResponse:
+        if self.acls is None:
+            return m.DescribeAclsResponse(
+                error=ErrorCode.SECURITY_DISABLED, message=_SECURITY_DISABLED
+            )
+        acl_filter = _filter(req.filter)
+        invalid = validate_filter(acl_filter)
+        if invalid is not None:
+            return m.DescribeAclsResponse(error=ErrorCode.INVALID_REQUEST, message=invalid)
+        return m.DescribeAclsResponse(
+            bindings=[m.AclBinding(*b) for b in self.acls.authorizer.describe(acl_filter)]
+        )
+
+    async def delete_acls(self, req: m.DeleteAclsRequest) -> m.DeleteAclsResponse:
+        if self.acls is None:
+            return m.DeleteAclsResponse(
+                error=ErrorCode.SECURITY_DISABLED,
+                message=_SECURITY_DISABLED,
+                results=[m.AclDeletionResult(ErrorCode.SECURITY_DISABLED) for _ in req.filters],
+            )
+        results = await self.acls.delete([_filter(f) for f in req.filters])
+        return m.DeleteAclsResponse(
+            results=[
+                m.AclDeletionResult(r.error, [m.AclBinding(*b) for b in r.deleted]) for r in results
+            ]
+        )
 
     # ----------------------------------------------------------------- produce
 
     def produce(
-        self, req: m.ProduceRequest
+        self, req: m.ProduceRequest, session: Session
     ) -> (
         m.ProduceResponse | DurableReply | Awaitable[m.ProduceResponse | DurableReply | None] | None
     ):
@@ -351,7 +490,7 @@ class Handlers:
                     for t in req.topics
                 ]
             )
-        checked = self._check_request(req, set())
+        checked = self._check_request(req, set(), session.principal)
         if req.transactional_id is not None:
             return self._produce_transactional(req, req.transactional_id, checked)
         return self._append_checked([(req, checked)])[0]
@@ -365,22 +504,43 @@ class Handlers:
             and request.acks in (-1, 0, 1)
         )
 
-    def produce_many(self, reqs: list[m.ProduceRequest]) -> list[Outcome]:
-        """Produce requests read together (each `appends_together`), answered as one
-        after another would be, with each partition's batches appended in one write."""
+    def produce_many(self, reqs: list[m.ProduceRequest], session: Session) -> list[Outcome]:
+        """Produce requests read together from `session`'s client (each
+        `appends_together`), answered as one after another would be, with each
+        partition's batches appended in one write."""
         passed: set[tuple[int, int, str | None]] = set()
-        replies = self._append_checked([(req, self._check_request(req, passed)) for req in reqs])
-        return [_outcome(reply) for reply in replies]
+        principal = session.principal
+        if self._access is None:
+            replies = self._append_checked(
+                [(req, self._check_request(req, passed, principal)) for req in reqs]
+            )
+            return [_outcome(reply) for reply in replies]
+        judged = [self._judge(req, session) for req in reqs]
+        handled = [cast(m.ProduceRequest, j.request) for j in judged if not j.refused]
+        replies = self._append_checked(
+            [(req, self._check_request(req, passed, principal)) for req in handled]
+        )
+        results = iter(replies)
+        outcomes = []
+        for j in judged:
+            if j.refused:
+                outcomes.append(_outcome(j.refusal))
+                continue
+            reply = next(results)
+            _finish(j, reply)
+            outcomes.append(_outcome(reply))
+        return outcomes
 
     def _check_request(
-        self, req: m.ProduceRequest, passed: set[tuple[int, int, str | None]]
+        self, req: m.ProduceRequest, passed: set[tuple[int, int, str | None]], principal: str
     ) -> list[list[Checked]]:
         """Each batch's partition and header, or its refusal. `passed` holds the
-        producers (id, epoch, transactional id) found in good standing since the caller
-        last awaited: until then nothing can change their standing."""
+        producers (id, epoch, transactional id) found in good standing, for `principal`,
+        since the caller last awaited: until then nothing can change their standing."""
+        tid = req.transactional_id
         return [
             [
-                self._check_batch(t.topic, p.partition, p.records, req.transactional_id, passed)
+                self._check_batch(t.topic, p.partition, p.records, tid, passed, principal)
                 for p in t.partitions
             ]
             for t in req.topics
@@ -491,6 +651,7 @@ class Handlers:
         records: bytes,
         transactional_id: str | None,
         passed: set[tuple[int, int, str | None]],
+        principal: str,
     ) -> Checked:
         """The partition and header of a batch that may be appended, or the refusal."""
         partition = self.topics.partition(topic, index)
@@ -504,7 +665,7 @@ class Handlers:
             header = validate(records, max_bytes=self.config.message_max_bytes)
         except BatchError as exc:
             return m.ProducePartitionResponse(index, exc.code, message=exc.message)
-        error, message = self._refuse_batch(header, transactional_id, passed)
+        error, message = self._refuse_batch(header, transactional_id, passed, principal)
         if error:
             return m.ProducePartitionResponse(index, error, message=message)
         return partition, header
@@ -557,6 +718,7 @@ class Handlers:
         header: BatchHeader,
         transactional_id: str | None,
         passed: set[tuple[int, int, str | None]],
+        principal: str,
     ) -> tuple[ErrorCode, str | None]:
         """Broker-wide checks before the partition's producer state is consulted."""
         # The flags are read once as bits: this runs for every produced batch.
@@ -581,6 +743,11 @@ class Handlers:
         if not self.producer_ids.is_issued(pid):
             self.metrics.producer_event("unknown_producer_id")
             return ErrorCode.UNKNOWN_PRODUCER_ID, f"producer id {pid} was never issued"
+        if self._owner_of(pid) != principal:
+            return (
+                ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                f"producer id {pid} belongs to another principal",
+            )
         if self.producer_ids.fenced(pid, epoch):
             self.metrics.producer_event("fenced")
             return ErrorCode.INVALID_PRODUCER_EPOCH, f"epoch {epoch} of producer {pid} is fenced"
@@ -612,7 +779,9 @@ class Handlers:
         durable: list[tuple[Partition, int]],
     ) -> DurableReply:
         timeout_s = min(max(timeout_ms, 0), self.config.request_timeout_ms) / 1000
-        return DurableReply(self.committer, results, durable, timeout_ms, timeout_s)
+        return DurableReply(
+            self.committer, m.ProduceResponse(topics=results), durable, timeout_ms, timeout_s
+        )
 
     # ----------------------------------------------------------------- fetch
 
@@ -751,6 +920,24 @@ class Handlers:
                     p.log.log_start_offset,
                 )
             p.producers.expire(stamp)
+
+
+_SECURITY_DISABLED = "the authorizer is off (setting authorizer = false)"
+
+
+def _binding(wire: m.AclBinding) -> AclBinding:
+    return AclBinding(*msgspec.structs.astuple(wire))
+
+
+def _filter(wire: m.AclBindingFilter) -> AclFilter:
+    return AclFilter(*msgspec.structs.astuple(wire))
+
+
+def _finish(judged: Judgement, result: Any) -> None:
+    """Complete a handled request's response with what its judgement left out."""
+    response = result if isinstance(result, m.Response) else getattr(result, "response", None)
+    if response is not None:
+        judged.finish(response)
 
 
 def _outcome(result: Any) -> Outcome:

@@ -9,20 +9,24 @@ Naming follows the Prometheus conventions: every broker metric starts with
 ``minibroker_``, counters end in ``_total``, quantities are in base units
 (``_seconds``, ``_bytes``), and labels are only ones of bounded cardinality:
 
-=============  ===================================================================
-label          values
-=============  ===================================================================
-``api``        the API names of the wire contract; anything else is ``unknown``
-``error``      `ErrorCode` names (codes the broker itself answers with)
-``topic``      topic names (created by operators or by auto-creation)
-``partition``  partition numbers of those topics
-``kind``       the fixed producer-state event kinds (`PRODUCER_EVENT_KINDS`)
-``state``      the transaction states (`TXN_STATES`)
-``cause``      the causes of an abort (`TXN_ABORT_CAUSES`)
-``group``      consumer group ids: of groups with members (at most `max_groups`), and
-               on the lag family of groups with committed offsets (at most
-               `max_consumer_lag_series` series)
-=============  ===================================================================
+=================  ===============================================================
+label              values
+=================  ===============================================================
+``api``            the API names of the wire contract; anything else is ``unknown``
+``error``          `ErrorCode` names (codes the broker itself answers with)
+``topic``          topic names (created by operators or by auto-creation)
+``partition``      partition numbers of those topics
+``kind``           the fixed producer-state event kinds (`PRODUCER_EVENT_KINDS`)
+``state``          the transaction states (`TXN_STATES`)
+``cause``          the causes of an abort (`TXN_ABORT_CAUSES`)
+``group``          consumer group ids: of groups with members (at most `max_groups`), and
+                   on the lag family of groups with committed offsets (at most
+                   `max_consumer_lag_series` series)
+``resource_type``  what an ACL names: topic, group, transactional_id, cluster
+``listener``       the names of the configured listeners (at most 16)
+``mechanism``      `AUTHENTICATION_MECHANISMS`; a name a client made up is ``other``
+``result``         `AUTHENTICATION_RESULTS`
+=================  ===============================================================
 
 Producer ids, transactional ids, member ids, client ids and connection addresses
 are never labels: they are unbounded. Group ids are chosen by clients too, so the
@@ -88,6 +92,8 @@ from protocol.errors import ErrorCode
 from protocol.messages import REQUEST_TYPES, TXN_STATES
 
 __all__ = [
+    "AUTHENTICATION_MECHANISMS",
+    "AUTHENTICATION_RESULTS",
     "CONTENT_TYPE",
     "KNOWN_APIS",
     "PRODUCER_EVENT_KINDS",
@@ -173,6 +179,28 @@ FSYNC_BUCKETS: tuple[float, ...] = (
     5.0,
 )
 GROUP_COMMIT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+AUTHENTICATION_MECHANISMS: tuple[str, ...] = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "TLS")
+"""How a connection authenticated: a SASL mechanism, or a TLS client certificate."""
+AUTHENTICATION_RESULTS: tuple[str, ...] = (
+    "success",
+    "reauthenticated",  # the same principal again on the same connection (KIP-368)
+    "failure",  # answered SASL_AUTHENTICATION_FAILED, the connection closed
+    "unsupported_mechanism",  # UNSUPPORTED_SASL_MECHANISM, the connection kept
+)
+OTHER_MECHANISM = "other"
+
+
+class _Listener:
+    """The connections of one listener."""
+
+    __slots__ = ("accepted", "handshake_failures", "insecure", "open")
+
+    def __init__(self) -> None:
+        self.insecure = False
+        self.open = 0
+        self.accepted = 0
+        self.handshake_failures = 0
 
 
 class TxnStats(NamedTuple):
@@ -311,6 +339,11 @@ class BrokerMetrics:
         self._group_commit = _Histogram(GROUP_COMMIT_BUCKETS)
         self._connections_open = 0
         self._connections_accepted = 0
+        self._listeners: dict[str, _Listener] = {}
+        # (listener, mechanism, result) -> count
+        self._authentications: dict[tuple[str, str, str], int] = {}
+        # (api, resource type) -> operations denied; api already folded to its label value
+        self._authorization_denials: dict[tuple[str, str], int] = {}
         self._recovery_seconds = 0.0
         self._collect_errors = 0
 
@@ -423,12 +456,49 @@ class BrokerMetrics:
 
     # ------------------------------------------------------------------ sessions
 
-    def connection_opened(self) -> None:
+    def _listener(self, name: str) -> _Listener:
+        try:
+            return self._listeners[name]
+        except KeyError:
+            listener = self._listeners[name] = _Listener()
+            return listener
+
+    def set_listener(self, name: str, *, insecure: bool) -> None:
+        """A listener serves from now on; `insecure`: plaintext without authentication
+        on an address other hosts can reach (`minibroker_listener_insecure` is 1)."""
+        self._listener(name).insecure = insecure
+
+    def connection_opened(self, listener: str = "default") -> None:
         self._connections_accepted += 1
         self._connections_open += 1
+        counts = self._listener(listener)
+        counts.accepted += 1
+        counts.open += 1
 
-    def connection_closed(self) -> None:
+    def connection_closed(self, listener: str = "default") -> None:
         self._connections_open -= 1
+        self._listener(listener).open -= 1
+
+    def tls_handshake_failed(self, listener: str) -> None:
+        self._listener(listener).handshake_failures += 1
+
+    def authentication(self, listener: str, mechanism: str, result: str) -> None:
+        """One authentication attempt ended with `result` (`AUTHENTICATION_RESULTS`)."""
+        if mechanism not in AUTHENTICATION_MECHANISMS:
+            mechanism = OTHER_MECHANISM  # a client's string never becomes a series
+        if result not in AUTHENTICATION_RESULTS:
+            raise ValueError(f"unknown authentication result {result!r}")
+        key = (listener, mechanism, result)
+        self._authentications[key] = self._authentications.get(key, 0) + 1
+
+    # ------------------------------------------------------------------ authorization
+
+    def authorization_denied(self, api: str, resource_type: str) -> None:
+        """A request of `api` was refused an operation on a resource of `resource_type`
+        (one of the four an ACL names): once per resource denied."""
+        key = (api if api in KNOWN_APIS else UNKNOWN_API, resource_type)
+        denials = self._authorization_denials
+        denials[key] = denials.get(key, 0) + 1
 
     # ------------------------------------------------------------------ exposition
 
@@ -481,10 +551,22 @@ class _DisabledMetrics(BrokerMetrics):
     def set_partition_source(self, source: Callable[[], Iterable[PartitionStats]]) -> None:
         pass
 
-    def connection_opened(self) -> None:
+    def set_listener(self, name: str, *, insecure: bool) -> None:
         pass
 
-    def connection_closed(self) -> None:
+    def connection_opened(self, listener: str = "default") -> None:
+        pass
+
+    def connection_closed(self, listener: str = "default") -> None:
+        pass
+
+    def tls_handshake_failed(self, listener: str) -> None:
+        pass
+
+    def authentication(self, listener: str, mechanism: str, result: str) -> None:
+        pass
+
+    def authorization_denied(self, api: str, resource_type: str) -> None:
         pass
 
 
@@ -620,6 +702,60 @@ class _BrokerCollector(Collector):
             conns.add_metric([], m._connections_accepted)
         yield conns_open
         yield conns
+
+        # ---- listeners and authentication
+        listener_open = GaugeMetricFamily(
+            f"{ns}_listener_connections_open",
+            "Client connections open now, per listener.",
+            labels=["listener"],
+        )
+        listener_accepted = CounterMetricFamily(
+            f"{ns}_listener_connections_accepted",
+            "Client connections accepted since start, per listener.",
+            labels=["listener"],
+        )
+        insecure = GaugeMetricFamily(
+            f"{ns}_listener_insecure",
+            "1 for a plaintext listener without authentication on an address other hosts "
+            "can reach (anyone there may read and write every topic), else 0.",
+            labels=["listener"],
+        )
+        handshakes = CounterMetricFamily(
+            f"{ns}_tls_handshake_failures",
+            "TLS handshakes that failed or timed out (plaintext sent to a TLS port, a "
+            "client certificate refused), per listener.",
+            labels=["listener"],
+        )
+        authentications = CounterMetricFamily(
+            f"{ns}_authentications",
+            "Authentication attempts, per listener, mechanism and result.",
+            labels=["listener", "mechanism", "result"],
+        )
+        if samples:
+            for name, listener in list(m._listeners.items()):
+                listener_open.add_metric([name], listener.open)
+                listener_accepted.add_metric([name], listener.accepted)
+                insecure.add_metric([name], 1 if listener.insecure else 0)
+                handshakes.add_metric([name], listener.handshake_failures)
+            for (name, mechanism, result), n in list(m._authentications.items()):
+                authentications.add_metric([name, mechanism, result], n)
+        yield listener_open
+        yield listener_accepted
+        yield insecure
+        yield handshakes
+        yield authentications
+
+        # ---- authorization
+        denials = CounterMetricFamily(
+            f"{ns}_authorization_denials",
+            "Operations on resources refused to requests by the ACLs, per API and resource "
+            "type (a resource left out of a listing is not counted).",
+            labels=["api", "resource_type"],
+        )
+        if samples:
+            for (api, resource_type), n in list(m._authorization_denials.items()):
+                denials.add_metric([api, resource_type], n)
+        yield denials
 
         # ---- per topic-partition and transactions, asked for at scrape time
         yield from self._partition_families(samples)

@@ -3,6 +3,10 @@
 The broker binds port 0 and logs the port it got; the harness reads it from the
 log line `event=listening ... port=N` on stderr, so parallel tests never race
 for a port. Stderr is drained by a thread into a list so the pipe never fills.
+
+A broker may be given a settings file (`config`, TOML text). When it declares
+`[[listeners]]` (each on port 0), the harness learns every listener's port from its
+`event=listening listener=NAME ... port=N` line (`listener_ports`, `address`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
 START_TIMEOUT_S = 30.0
 _LISTENING = re.compile(r"event=listening .*host=(\S+) port=(\d+)")
+_LISTENER = re.compile(r"event=listening listener=(\S+) .*host=(\S+) port=(\d+)")
 _METRICS = re.compile(r"event=metrics_listening .*port=(\d+)")
 
 
@@ -30,11 +40,15 @@ class BrokerProcess:
     extra_args: Sequence[str] = ()
     env: dict[str, str] | None = None
     preexec_fn: Callable[[], object] | None = None
+    config: str | None = None
+    """TOML text of a settings file, written beside the data dir and passed with --config."""
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = None
     proc: subprocess.Popen[str] | None = None
     log_lines: list[str] = field(default_factory=list)
+    listener_ports: dict[str, int] = field(default_factory=dict)
+    """The port of each listener, by name, as the broker logged it."""
 
     @property
     def pid(self) -> int:
@@ -50,16 +64,32 @@ class BrokerProcess:
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def address(self, listener: str) -> str:
+        """host:port of the listener named `listener` (loopback: tests bind 127.0.0.1)."""
+        return f"127.0.0.1:{self.listener_ports[listener]}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.toml"
+
+    def _listener_names(self) -> list[str]:
+        """The listeners the settings file declares (none: the one of --host/--port)."""
+        if self.config is None:
+            return []
+        return [entry["name"] for entry in tomllib.loads(self.config).get("listeners", [])]
+
     def command(self, port: int) -> list[str]:
+        # With [[listeners]], --host and --port may not be given (they are the shorthand
+        # for the one listener of a broker without them).
+        address = [] if self._listener_names() else ["--host", "127.0.0.1", "--port", str(port)]
+        config = [] if self.config is None else ["--config", str(self.config_path)]
         return [
             sys.executable,
             "-m",
             "broker",
             "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
+            *address,
+            *config,
             "--data-dir",
             str(self.data_dir),
             "--backend",
@@ -77,7 +107,11 @@ class BrokerProcess:
         port = self.port if port is None else port
         env = dict(os.environ)
         env.update(self.env or {})
+        if self.config is not None:
+            self.config_path.write_text(self.config)
+        expected = set(self._listener_names())
         self.log_lines = []
+        self.listener_ports = {}
         self.proc = subprocess.Popen(
             self.command(port),
             stdin=subprocess.DEVNULL,
@@ -96,10 +130,15 @@ class BrokerProcess:
                 m = _METRICS.search(line)
                 if m:
                     self.metrics_port = int(m.group(1))
+                named = _LISTENER.search(line)
+                if named:
+                    self.listener_ports[named.group(1)] = int(named.group(3))
                 m = _LISTENING.search(line)
                 if m:
-                    self.port = int(m.group(2))
-                    listening.set()
+                    if len(self.listener_ports) <= 1:  # the first listener's line
+                        self.port = int(m.group(2))
+                    if expected <= self.listener_ports.keys():
+                        listening.set()
 
         threading.Thread(target=drain, daemon=True).start()
         deadline = time.monotonic() + START_TIMEOUT_S

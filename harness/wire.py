@@ -1,15 +1,20 @@
 """A raw-protocol client for tests and benchmarks: plain sockets, frames and maps, no SDK.
 
 Integration tests speak the wire contract directly so they prove the broker
-against docs/protocol.md, not against our own client's habits.
+against docs/protocol.md, not against our own client's habits. For the security
+listeners it speaks TLS (`ssl_context`) and SASL (`authenticate`, with `scramp`'s
+client for SCRAM).
 """
 
 from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 import struct
 from typing import Any
+
+from scramp import ScramClient
 
 from protocol.batch import build_batch, iter_records, scan_batches
 from protocol.framing import FrameDecoder, encode_frame
@@ -17,11 +22,32 @@ from protocol.framing import FrameDecoder, encode_frame
 TIMEOUT_S = 15.0
 
 
+class AuthenticationError(Exception):
+    """A SaslAuthenticate answered with an error; `response` is the answer."""
+
+    def __init__(self, response: dict[str, Any]) -> None:
+        super().__init__(f"error {response['error']}: {response.get('error_message')}")
+        self.response = response
+
+
 class WireClient:
-    def __init__(self, bootstrap: str, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        timeout_s: float = TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str = "localhost",
+    ) -> None:
         host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=server_hostname)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self.decoder = FrameDecoder(1 << 30)
         self._pending: list[Any] = []
         self._cids = itertools.count(1)
@@ -61,14 +87,45 @@ class WireClient:
         return response
 
     def is_closed_by_peer(self) -> bool:
-        """True when the broker closes this connection (EOF or reset) within the socket's
-        timeout; False when it stays open that long or sends something instead."""
+        """True when the broker closes this connection (EOF, reset, or a TLS alert that
+        ends it) within the socket's timeout; False when it stays open that long or sends
+        something instead."""
         try:
             return self.sock.recv(1) == b""
-        except ConnectionResetError:
+        except (ConnectionResetError, BrokenPipeError):
             return True
         except TimeoutError:
             return False
+        except ssl.SSLError as exc:
+            # A timeout on a TLS socket is an SSLError too on some versions.
+            return "timed out" not in str(exc)
+
+    # SASL -----------------------------------------------------------------
+
+    def sasl(self, mechanism: str, auth_bytes: bytes) -> dict[str, Any]:
+        """One SaslAuthenticate round, answered as it is."""
+        return self.call("SaslAuthenticate", mechanism=mechanism, auth_bytes=auth_bytes)
+
+    def authenticate(
+        self, user: str, password: str, mechanism: str = "SCRAM-SHA-256"
+    ) -> dict[str, Any]:
+        """Authenticate with PLAIN or SCRAM (scramp's client, which also checks the
+        broker's server-final); the last answer, or AuthenticationError."""
+        if mechanism == "PLAIN":
+            response = self.sasl(mechanism, f"\0{user}\0{password}".encode())
+            if response["error"]:
+                raise AuthenticationError(response)
+            return response
+        client = ScramClient([mechanism], user, password)
+        first = self.sasl(mechanism, client.get_client_first().encode())
+        if first["error"]:
+            raise AuthenticationError(first)
+        client.set_server_first(first["auth_bytes"].decode())
+        final = self.sasl(mechanism, client.get_client_final().encode())
+        if final["error"]:
+            raise AuthenticationError(final)
+        client.set_server_final(final["auth_bytes"].decode())
+        return final
 
     # Convenience wrappers ------------------------------------------------
 

@@ -67,7 +67,9 @@ and the client share a single codec and never touch raw maps.
 | DeleteAcls     | filters [filter]                          | results [{error, deleted      |
 |                |                                           | [binding]}]                   |
 
-The classes below are the whole truth; this table is their summary.
+The classes below are the whole truth; this table is their summary. Each request class
+also declares `requirements`: what it needs from the authorizer, section 7's table as
+data (protocol/authorization.py), which the broker enforces and docs/security.md shows.
 Every request also carries `api` (the struct's tag), `v` and `cid`, and may carry
 `client_id`; every response carries `cid`, `error` and, on failure, `message`.
 `decode_request` maps a body to its request or raises: `FrameError` where the
@@ -86,6 +88,18 @@ from typing import Annotated, Any, ClassVar, TypeVar, Union
 import msgpack
 import msgspec
 
+from protocol.authorization import (
+    NOTHING,
+    Entries,
+    EntryNeed,
+    Omission,
+    Path,
+    RequestNeed,
+    Requirements,
+    markdown_table,
+)
+from protocol.authorization import Operation as Op
+from protocol.authorization import ResourceType as Res
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameError
 
@@ -143,9 +157,12 @@ def _unique(names: list[Any], what: str, where: object = None) -> None:
 
 
 class Request(msgspec.Struct, tag_field="api", kw_only=True):
-    """The envelope every request shares; subclasses are tagged with their api name."""
+    """The envelope every request shares; subclasses are tagged with their api name and
+    declare their response and what they need from the authorizer (section 7's table,
+    in protocol/authorization.py's terms)."""
 
     response: ClassVar[type[Response]]
+    requirements: ClassVar[Requirements]
     cid: Cid = NO_CID
     v: int = ABSENT_VERSION
     client_id: ClientId | None = None
@@ -157,6 +174,10 @@ class Request(msgspec.Struct, tag_field="api", kw_only=True):
     def entry_count(self) -> int:
         """How many topics and partitions the request names: the work a broker bounds."""
         return 0
+
+    def expects_answer(self) -> bool:
+        """Whether the broker answers this request at all (not a Produce with acks=0)."""
+        return True
 
 
 class Response(msgspec.Struct, kw_only=True):
@@ -175,6 +196,7 @@ class ApiVersionsResponse(Response):
 
 class ApiVersionsRequest(Request, tag="ApiVersions"):
     response = ApiVersionsResponse
+    requirements = NOTHING
 
 
 class PartitionMetadata(msgspec.Struct):
@@ -205,6 +227,21 @@ class MetadataResponse(Response):
 
 class MetadataRequest(Request, tag="Metadata"):
     response = MetadataResponse
+    requirements = Requirements(
+        (
+            EntryNeed(Op.DESCRIBE, Res.TOPIC, ""),
+            EntryNeed(
+                Op.CREATE, Res.TOPIC, "", when="allow_auto_create", or_cluster=True, creating=True
+            ),
+            Omission(Op.DESCRIBE, Res.TOPIC, Path("topics[].name"), unless="topics"),
+        ),
+        Entries(
+            "topics",
+            "topics",
+            lambda name, code, _: TopicMetadata(name, code),
+            handled_when_none_left=True,
+        ),
+    )
     topics: list[str] | None = None
     allow_auto_create: bool = False
 
@@ -234,6 +271,10 @@ class CreateTopicsResponse(Response):
 
 class CreateTopicsRequest(Request, tag="CreateTopics"):
     response = CreateTopicsResponse
+    requirements = Requirements(
+        (EntryNeed(Op.CREATE, Res.TOPIC, "name", or_cluster=True),),
+        Entries("topics", "topics", lambda t, code, why: CreateTopicResult(t.name, code, why)),
+    )
     topics: list[CreatableTopic]
 
     def __post_init__(self) -> None:
@@ -250,6 +291,19 @@ class InitProducerIdResponse(Response):
 
 class InitProducerIdRequest(Request, tag="InitProducerId"):
     response = InitProducerIdResponse
+    requirements = Requirements(
+        (
+            RequestNeed(
+                Op.WRITE, Res.TRANSACTIONAL_ID, Path("transactional_id"), when="transactional_id"
+            ),
+            RequestNeed(
+                Op.IDEMPOTENT_WRITE,
+                Res.CLUSTER,
+                unless="transactional_id",
+                or_any=(Op.WRITE, Res.TOPIC),
+            ),
+        )
+    )
     transactional_id: TransactionalId | None = None
     transaction_timeout_ms: int | None = None
     producer_id: int = -1
@@ -290,6 +344,22 @@ class ProduceResponse(Response):
 
 class ProduceRequest(Request, tag="Produce"):
     response = ProduceResponse
+    requirements = Requirements(
+        (
+            RequestNeed(
+                Op.WRITE, Res.TRANSACTIONAL_ID, Path("transactional_id"), when="transactional_id"
+            ),
+            EntryNeed(Op.WRITE, Res.TOPIC, "topic"),
+        ),
+        Entries(
+            "topics",
+            "topics",
+            lambda t, code, why: ProduceTopicResponse(
+                t.topic,
+                [ProducePartitionResponse(p.partition, code, message=why) for p in t.partitions],
+            ),
+        ),
+    )
     acks: int
     topics: list[ProduceTopic]
     timeout_ms: int = 30_000
@@ -300,6 +370,9 @@ class ProduceRequest(Request, tag="Produce"):
 
     def entry_count(self) -> int:
         return len(self.topics) + sum(len(t.partitions) for t in self.topics)
+
+    def expects_answer(self) -> bool:
+        return self.acks != 0
 
 
 class FetchPartition(msgspec.Struct):
@@ -342,6 +415,16 @@ class FetchResponse(Response):
 
 class FetchRequest(Request, tag="Fetch"):
     response = FetchResponse
+    requirements = Requirements(
+        (EntryNeed(Op.READ, Res.TOPIC, "topic"),),
+        Entries(
+            "topics",
+            "topics",
+            lambda t, code, _: FetchTopicResponse(
+                t.topic, [FetchPartitionResponse(p.partition, code) for p in t.partitions]
+            ),
+        ),
+    )
     topics: list[FetchTopic]
     max_wait_ms: int = 500
     min_bytes: int = 1
@@ -388,6 +471,16 @@ class ListOffsetsRequest(Request, tag="ListOffsets"):
     """Per partition a timestamp: -1 latest, -2 earliest, else the first offset at or after it."""
 
     response = ListOffsetsResponse
+    requirements = Requirements(
+        (EntryNeed(Op.DESCRIBE, Res.TOPIC, "topic"),),
+        Entries(
+            "topics",
+            "topics",
+            lambda t, code, _: ListOffsetsTopicResponse(
+                t.topic, [ListOffsetsPartitionResponse(p.partition, code) for p in t.partitions]
+            ),
+        ),
+    )
     topics: list[ListOffsetsTopic]
     isolation_level: Isolation = ISOLATION_READ_UNCOMMITTED
 
@@ -426,6 +519,10 @@ class DeleteTopicsRequest(Request, tag="DeleteTopics"):
     """Delete topics, each whole or not at all; not while an open transaction holds data."""
 
     response = DeleteTopicsResponse
+    requirements = Requirements(
+        (EntryNeed(Op.DELETE, Res.TOPIC, ""),),
+        Entries("topics", "topics", lambda name, code, why: DeleteTopicResult(name, code, why)),
+    )
     topics: list[str]
 
     def __post_init__(self) -> None:
@@ -463,6 +560,15 @@ class DescribeConfigsRequest(Request, tag="DescribeConfigs"):
     """The settings of topics and of the broker; sensitive values are answered nil."""
 
     response = DescribeConfigsResponse
+    requirements = Requirements(
+        (
+            EntryNeed(Op.DESCRIBE_CONFIGS, Res.TOPIC, "name", where=("type", "topic")),
+            EntryNeed(Op.DESCRIBE_CONFIGS, Res.CLUSTER, where=("type", "broker")),
+        ),
+        Entries(
+            "resources", "results", lambda r, code, _: DescribeConfigsResult(r.type, r.name, code)
+        ),
+    )
     resources: list[ConfigResource]
 
     def __post_init__(self) -> None:
@@ -506,6 +612,14 @@ class IncrementalAlterConfigsRequest(Request, tag="IncrementalAlterConfigs"):
     """Set or delete topic settings, durably, each resource all or nothing."""
 
     response = IncrementalAlterConfigsResponse
+    requirements = Requirements(
+        (EntryNeed(Op.ALTER_CONFIGS, Res.TOPIC, "name"),),
+        Entries(
+            "resources",
+            "results",
+            lambda r, code, why: AlterConfigsResult(r.type, r.name, code, why),
+        ),
+    )
     resources: list[AlterableConfigResource]
     validate_only: bool = False
 
@@ -541,6 +655,9 @@ class EndTxnRequest(Request, tag="EndTxn"):
     """Commit or abort the producer's transaction; answered with the next pid and epoch."""
 
     response = EndTxnResponse
+    requirements = Requirements(
+        (RequestNeed(Op.WRITE, Res.TRANSACTIONAL_ID, Path("transactional_id")),)
+    )
     transactional_id: TransactionalId
     producer_id: int
     producer_epoch: int
@@ -567,6 +684,9 @@ class PrepareTxnRequest(Request, tag="PrepareTxn"):
     prepare is refused and the transaction aborted (a late task of a finished write)."""
 
     response = PrepareTxnResponse
+    requirements = Requirements(
+        (RequestNeed(Op.WRITE, Res.TRANSACTIONAL_ID, Path("transactional_id")),)
+    )
     transactional_id: TransactionalId
     producer_id: int
     producer_epoch: int
@@ -600,6 +720,14 @@ class CommitTxnsRequest(Request, tag="CommitTxns"):
     """End many transactions with one durable decision, optionally recording an app version."""
 
     response = CommitTxnsResponse
+    requirements = Requirements(
+        (RequestNeed(Op.WRITE, Res.TRANSACTIONAL_ID, Path("transactions[].transactional_id")),),
+        Entries(
+            "transactions",
+            "transactions",
+            lambda t, code, why: TxnResult(t.transactional_id, code, why),
+        ),
+    )
     transactions: list[TxnRef]
     committed: bool
     txn_app_id: TransactionalId | None = None
@@ -634,6 +762,9 @@ class ListTransactionsResponse(Response):
 
 class ListTransactionsRequest(Request, tag="ListTransactions"):
     response = ListTransactionsResponse
+    requirements = Requirements(
+        (Omission(Op.DESCRIBE, Res.TRANSACTIONAL_ID, Path("transactions[].transactional_id")),)
+    )
     transactional_id_prefix: str | None = None
     states: list[TxnState] | None = None
 
@@ -650,6 +781,7 @@ class DescribeTxnAppsResponse(Response):
 
 class DescribeTxnAppsRequest(Request, tag="DescribeTxnApps"):
     response = DescribeTxnAppsResponse
+    requirements = Requirements((RequestNeed(Op.DESCRIBE, Res.CLUSTER),))
     txn_app_ids: list[str] | None = None
 
     def entry_count(self) -> int:
@@ -695,6 +827,15 @@ class ConsumerGroupHeartbeatRequest(Request, tag="ConsumerGroupHeartbeat"):
     heartbeat. A static member sends its `instance_id` with every heartbeat."""
 
     response = ConsumerGroupHeartbeatResponse
+    # Subscribed topics are judged when the member sends them (on joining and on every
+    # change), as Kafka does: a heartbeat with nil `subscribed_topics` keeps what was
+    # judged then (docs/protocol.md section 9).
+    requirements = Requirements(
+        (
+            RequestNeed(Op.READ, Res.GROUP, Path("group_id")),
+            Omission(Op.DESCRIBE, Res.TOPIC, Path("subscribed_topics[]"), in_response=False),
+        )
+    )
     group_id: GroupId
     member_id: MemberId
     member_epoch: int
@@ -739,6 +880,12 @@ class TopicPartitionErrors(msgspec.Struct):
     partitions: list[PartitionError]
 
 
+def _partition_errors(topic: OffsetCommitTopic, code: ErrorCode) -> TopicPartitionErrors:
+    return TopicPartitionErrors(
+        topic.topic, [PartitionError(p.partition, code) for p in topic.partitions]
+    )
+
+
 class OffsetCommitResponse(Response):
     topics: list[TopicPartitionErrors] = []
 
@@ -752,6 +899,10 @@ class OffsetCommitRequest(Request, tag="OffsetCommit"):
     """Commit a group's offsets, durably; member_id "" and epoch -1 for a group with no members."""
 
     response = OffsetCommitResponse
+    requirements = Requirements(
+        (RequestNeed(Op.READ, Res.GROUP, Path("group_id")), EntryNeed(Op.READ, Res.TOPIC, "topic")),
+        Entries("topics", "topics", lambda t, code, _: _partition_errors(t, code)),
+    )
     group_id: GroupId
     topics: list[OffsetCommitTopic]
     member_id: MemberId = ""
@@ -772,6 +923,14 @@ class TxnOffsetCommitRequest(Request, tag="TxnOffsetCommit"):
     """Offsets that join the producer's transaction: visible on commit, dropped on abort."""
 
     response = TxnOffsetCommitResponse
+    requirements = Requirements(
+        (
+            RequestNeed(Op.WRITE, Res.TRANSACTIONAL_ID, Path("transactional_id")),
+            RequestNeed(Op.READ, Res.GROUP, Path("group_id")),
+            EntryNeed(Op.READ, Res.TOPIC, "topic"),
+        ),
+        Entries("topics", "topics", lambda t, code, _: _partition_errors(t, code)),
+    )
     transactional_id: TransactionalId
     producer_id: int
     producer_epoch: int
@@ -807,6 +966,19 @@ class OffsetFetchRequest(Request, tag="OffsetFetch"):
     """A group's committed offsets (nil topics: all of them); offset -1 where none."""
 
     response = OffsetFetchResponse
+    requirements = Requirements(
+        (
+            RequestNeed(Op.DESCRIBE, Res.GROUP, Path("group_id")),
+            Omission(Op.DESCRIBE, Res.TOPIC, Path("topics[].topic")),
+        ),
+        Entries(
+            "topics",
+            "topics",
+            lambda t, code, _: OffsetFetchTopic(
+                t.topic, [OffsetFetchPartition(p, error=code) for p in t.partitions]
+            ),
+        ),
+    )
     group_id: GroupId
     topics: list[GroupTopicPartitions] | None = None
     require_stable: bool = False
@@ -832,6 +1004,7 @@ class ListGroupsResponse(Response):
 
 class ListGroupsRequest(Request, tag="ListGroups"):
     response = ListGroupsResponse
+    requirements = Requirements((Omission(Op.DESCRIBE, Res.GROUP, Path("groups[].group_id")),))
 
 
 class GroupMemberDescription(msgspec.Struct):
@@ -857,6 +1030,10 @@ class DescribeGroupsResponse(Response):
 
 class DescribeGroupsRequest(Request, tag="DescribeGroups"):
     response = DescribeGroupsResponse
+    requirements = Requirements(
+        (EntryNeed(Op.DESCRIBE, Res.GROUP, ""),),
+        Entries("group_ids", "groups", lambda group_id, code, _: GroupDescription(group_id, code)),
+    )
     group_ids: list[GroupId]
 
     def __post_init__(self) -> None:
@@ -903,6 +1080,7 @@ class SaslAuthenticateRequest(Request, tag="SaslAuthenticate"):
     message 58 (section 7), not 42; the SASL code bounds what it parses."""
 
     response = SaslAuthenticateResponse
+    requirements = NOTHING
     mechanism: str
     auth_bytes: bytes
 
@@ -929,6 +1107,15 @@ class DescribeUserScramCredentialsRequest(Request, tag="DescribeUserScramCredent
     """Each user's SCRAM mechanisms and iterations (nil: every user), never a key."""
 
     response = DescribeUserScramCredentialsResponse
+    requirements = Requirements(
+        (RequestNeed(Op.DESCRIBE, Res.CLUSTER),),
+        Entries(
+            "users",
+            "results",
+            lambda user, code, _: DescribeUserScramCredentialsResult(user, code),
+            of=lambda r: list(dict.fromkeys(r.users or ())),
+        ),
+    )
     users: list[UserName] | None = None
 
     def entry_count(self) -> int:
@@ -967,6 +1154,17 @@ class AlterUserScramCredentialsRequest(Request, tag="AlterUserScramCredentials")
     """Delete and upsert SCRAM credentials; each user's result stands alone."""
 
     response = AlterUserScramCredentialsResponse
+    requirements = Requirements(
+        (RequestNeed(Op.ALTER, Res.CLUSTER),),
+        Entries(
+            "deletions",
+            "results",
+            lambda user, code, why: AlterUserScramCredentialsResult(user, code, why),
+            of=lambda r: list(
+                dict.fromkeys([*(d.user for d in r.deletions), *(u.user for u in r.upsertions)])
+            ),
+        ),
+    )
     deletions: list[ScramCredentialDeletion]
     upsertions: list[ScramCredentialUpsertion]
 
@@ -1007,6 +1205,10 @@ class CreateAclsResponse(Response):
 
 class CreateAclsRequest(Request, tag="CreateAcls"):
     response = CreateAclsResponse
+    requirements = Requirements(
+        (RequestNeed(Op.ALTER, Res.CLUSTER),),
+        Entries("creations", "results", lambda _, code, why: AclCreationResult(code, why)),
+    )
     creations: list[AclBinding]
 
     def entry_count(self) -> int:
@@ -1019,6 +1221,7 @@ class DescribeAclsResponse(Response):
 
 class DescribeAclsRequest(Request, tag="DescribeAcls"):
     response = DescribeAclsResponse
+    requirements = Requirements((RequestNeed(Op.DESCRIBE, Res.CLUSTER),))
     filter: AclBindingFilter
 
 
@@ -1033,6 +1236,10 @@ class DeleteAclsResponse(Response):
 
 class DeleteAclsRequest(Request, tag="DeleteAcls"):
     response = DeleteAclsResponse
+    requirements = Requirements(
+        (RequestNeed(Op.ALTER, Res.CLUSTER),),
+        Entries("filters", "results", lambda _, code, __: AclDeletionResult(code)),
+    )
     filters: list[AclBindingFilter]
 
     def entry_count(self) -> int:
@@ -1074,6 +1281,12 @@ REQUEST_TYPES: dict[str, type[Request]] = {
     str(cls.__struct_config__.tag): cls for cls in REQUEST_CLASSES
 }
 APIS: tuple[str, ...] = tuple(REQUEST_TYPES)
+
+
+def requirements_table() -> str:
+    """What every API needs from the authorizer, as docs/security.md's table shows it."""
+    return markdown_table((api, cls.requirements) for api, cls in REQUEST_TYPES.items())
+
 
 # What a typed decode raises for hostile bytes: bad types, bad msgpack, too deep,
 # invalid UTF-8 in a str.

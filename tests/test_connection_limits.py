@@ -20,6 +20,7 @@ import anyio
 
 from broker.handlers import DurableReply
 from broker.network.server import AwaitingDurability, Connection, Reply, _send_now
+from broker.security import Session
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode
@@ -423,7 +424,9 @@ async def _reader_sends_itself() -> None:
         left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
         frames = [bytes([i]) * 300_000 for i in range(3)]
         answers: list[Reply] = list(frames)
-        conn = Connection("peer", inflight_max=10, unsent_bytes_max=10 * MIB)
+        conn = Connection(
+            "peer", inflight_max=10, unsent_bytes_max=10 * MIB, session=Session("default", "")
+        )
         conn.inflight, conn.unsent_bytes = 3, 900_000
 
         rest = cast(list[bytes], _send_now(left, answers, conn))

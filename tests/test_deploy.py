@@ -65,6 +65,10 @@ def exercised_metrics(data_dir: Path) -> BrokerMetrics:
     m.connection_opened()
     m.connection_closed()
     m.connection_opened()
+    m.set_listener("default", insecure=False)
+    m.tls_handshake_failed("default")
+    m.authentication("default", "SCRAM-SHA-256", "success")
+    m.authorization_denied("Produce", "topic")
     m.set_recovery_seconds(0.75)
     m.set_data_dir(data_dir)
     m.set_partition_source(

@@ -68,6 +68,10 @@ def exercise(m: BrokerMetrics) -> None:
     m.connection_opened()
     m.connection_opened()
     m.connection_closed()
+    m.authorization_denied("Produce", "topic")
+    m.authorization_denied("Produce", "topic")
+    m.authorization_denied("Produce", "transactional_id")
+    m.authorization_denied("Hostile", "cluster")
     m.set_recovery_seconds(1.25)
     m.set_partition_source(
         lambda: [
@@ -151,6 +155,12 @@ def test_every_metric_has_the_expected_value(tmp_path) -> None:
     assert s[("minibroker_connections_open", ())] == 1
     assert s[("minibroker_connections_accepted_total", ())] == 2
     assert s[("minibroker_recovery_duration_seconds", ())] == 1.25
+    denials = "minibroker_authorization_denials_total"
+    assert {labels: v for (name, labels), v in s.items() if name == denials} == {
+        (("api", "Produce"), ("resource_type", "topic")): 2,
+        (("api", "Produce"), ("resource_type", "transactional_id")): 1,
+        (("api", "unknown"), ("resource_type", "cluster")): 1,
+    }
 
     # Transactions: every state and cause has a series, 0 when nothing is in it.
     assert {
@@ -234,7 +244,8 @@ def test_names_follow_prometheus_conventions() -> None:
         for s in family.samples:
             assert set(s.labels) <= {
                 *("api", "error", "topic", "partition", "kind", "version", "le"),
-                *("state", "cause", "group"),
+                *("state", "cause", "group", "resource_type"),
+                *("listener", "mechanism", "result"),
             }
 
 

@@ -104,7 +104,9 @@ class TxnJoin(Protocol):
 
     def locked(self, transactional_id: str) -> AbstractAsyncContextManager[None]: ...
 
-    def judge_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int) -> None:
+    def judge_offsets(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, principal: str
+    ) -> None:
         """Raise ProtocolError unless this producer may add offsets to its transaction."""
         ...
 
@@ -275,13 +277,15 @@ class OffsetStore:
     # ------------------------------------------------------------------ TxnOffsetCommit
 
     async def txn_offset_commit(
-        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin
+        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin, principal: str
     ) -> m.TxnOffsetCommitResponse:
-        """The producer is judged, then the member, then the partitions; the group joins
-        the transaction (durably) before the pending offsets are written (durably)."""
+        """`principal`'s producer is judged, then the member, then the partitions; the group
+        joins the transaction (durably) before the pending offsets are written (durably)."""
         async with txn.locked(req.transactional_id):
             try:
-                txn.judge_offsets(req.transactional_id, req.producer_id, req.producer_epoch)
+                txn.judge_offsets(
+                    req.transactional_id, req.producer_id, req.producer_epoch, principal
+                )
             except ProtocolError as exc:
                 return _txn_refused(req, exc.code, exc.message)
             async with self.members.locked(req.group_id):

@@ -68,7 +68,9 @@ class Endpoint:
 
 
 def _setting(name: str) -> str:
-    return f"{name} (--{name.replace('_', '-')})"
+    """A setting as a message names it: with its flag where it has one (a listener's
+    host and port, in a `[[listeners]]` table, have none)."""
+    return name if " " in name else f"{name} (--{name.replace('_', '-')})"
 
 
 def bind(endpoint: Endpoint) -> list[socket.socket]:

@@ -14,6 +14,12 @@ itself with one non-blocking send, and leaves the writer only what the socket
 did not take: it saves a task switch per read. On asyncio, connections are
 `asyncio_stream.ReadAheadStream`s, whose transport keeps reading while the
 reader works.
+
+The broker serves each of its listeners (config `listeners`, or the one plaintext
+listener at host:port). A `tls`/`sasl_tls` connection is handshaken first
+(`tls.py`) and never sent from files with sendfile; on a `sasl_*` listener every
+request passes the session's SASL state before it runs (`authentication.py`,
+broker/security/sasl.py).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import ipaddress
 import logging
 import os
 import signal
@@ -33,12 +40,12 @@ from pathlib import Path
 from typing import cast
 
 import anyio
-from anyio.abc import ByteStream, SocketStream, TaskStatus
+from anyio.abc import ByteStream, SocketListener, SocketStream, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.stapled import MultiListener
 
 from broker.admin import finish_deletions
-from broker.config import RELOADABLE, BrokerConfig, ConfigError
+from broker.config import DEFAULT_LISTENER, RELOADABLE, BrokerConfig, ConfigError, Listener
 from broker.group_commit import GroupCommitter
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
 from broker.handlers import (
@@ -51,11 +58,20 @@ from broker.handlers import (
     now_ms,
 )
 from broker.metrics import BrokerMetrics, PartitionStats
-from broker.network import asyncio_stream
+from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
+from broker.network.authentication import Authentication, monotonic_ms
 from broker.network.http_endpoints import serve_http
 from broker.network.ports import Endpoint, bind, listen
 from broker.producer_ids import ProducerIdManager
+from broker.security import (
+    AclLog,
+    AclStore,
+    Admission,
+    CredentialStore,
+    Session,
+    canonical_host,
+)
 from broker.storage import DataDir, PreviousShutdown, StorageError, cannot_use
 from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
@@ -74,6 +90,9 @@ from protocol.messages import (
 log = logging.getLogger(f"minibroker.{__name__}")
 
 RECEIVE_BYTES = 256 * 1024
+# A Fetch answer's record bytes read from a log file at a time, where they cannot go
+# with sendfile (TLS): one TLS send's worth of memory, not the whole answer.
+COPY_CHUNK_BYTES = 256 * 1024
 # Accept failures that mean "not now" (out of descriptors or memory, a peer gone before
 # its accept): the listener logs, waits and accepts again instead of ending the broker.
 ACCEPT_RETRY_ERRNOS = frozenset(
@@ -116,7 +135,7 @@ class SplicedFrame:
 class Decoded:
     """A request decoded ahead of its turn, back in the backlog."""
 
-    request: Request | bytes | CloseConnection
+    request: Request | bytes | NoAnswer | CloseConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +157,10 @@ class Connection:
     peer: str
     inflight_max: int
     unsent_bytes_max: int
+    session: Session
+    tls: bool = False
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    handshake_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     inflight: int = 0  # requests read whose answers are not yet sent
     unsent_bytes: int = 0  # bytes of those answers, as far as they are built
     room: anyio.Event = field(default_factory=anyio.Event)
@@ -153,12 +175,33 @@ class Connection:
         self.room.set()
 
 
+@dataclass(eq=False)
+class Served:
+    """A listener and the sockets it accepts on."""
+
+    listener: Listener
+    sockets: MultiListener[SocketStream]
+    port: int
+    """The port bound (the configured one, or the one port 0 picked)."""
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """What Metadata answers on this listener."""
+        return (self.listener.advertised_host or self.listener.host, self.port)
+
+    @property
+    def insecure(self) -> bool:
+        """Plaintext without authentication where others than this host can reach it."""
+        return self.listener.security == "plaintext" and not _loopback(self.listener.host)
+
+
 class Broker:
     """Everything one broker process owns, from start to clean shutdown."""
 
     def __init__(
         self, config: BrokerConfig, reload_config: Callable[[], BrokerConfig] | None = None
     ):
+        """ConfigError when a TLS listener's certificate, key or CA cannot be loaded."""
         self.config = config
         self.reload_config = reload_config
         self.metrics = BrokerMetrics(enabled=config.metrics_port >= 0)
@@ -169,7 +212,15 @@ class Broker:
         self.coordinator: TransactionCoordinator | None = None
         self.offsets: OffsetStore | None = None
         self.topics: TopicRegistry | None = None
+        self.credentials: CredentialStore | None = None
+        self.acls: AclStore | None = None
+        self.authentication: Authentication | None = None
+        self.served: list[Served] = []
         self.port = config.port
+        self._tls = any(listener.tls for listener in config.effective_listeners())
+        # Read at the start of each handshake: SIGHUP replaces it, open connections keep
+        # the one they shook hands with.
+        self.tls_context = tls.server_context(config) if self._tls else None
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -199,7 +250,7 @@ class Broker:
         # Signals are caught from here on, before any line that tells a supervisor
         # the broker is up, so an early SIGTERM is a graceful stop, not a kill.
         signals = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        listen_at = Endpoint("listen", config.host, config.port, "host", "port")
+        listen_at = [_endpoint(listener) for listener in config.effective_listeners()]
         metrics_at = Endpoint(
             "serve metrics",
             config.metrics_host,
@@ -212,9 +263,9 @@ class Broker:
         try:
             # Both ports are bound before recovery, so that a port another process holds
             # ends the start now rather than after recovering every partition.
-            listen_sockets = bind(listen_at)
-            bound += listen_sockets
-            self.port = listen_sockets[0].getsockname()[1]
+            listen_sockets = [bind(endpoint) for endpoint in listen_at]
+            bound += [sock for sockets in listen_sockets for sock in sockets]
+            self.port = listen_sockets[0][0].getsockname()[1]
             metrics_sockets = bind(metrics_at) if config.metrics_port >= 0 else []
             bound += metrics_sockets
             with signals as signal_stream:
@@ -232,7 +283,13 @@ class Broker:
                             metrics_port,
                         )
                     await self._recover(previous)
-                    listener = await listen(listen_at, listen_sockets)
+                    authentication = await self._open_security()
+                    self.served = [
+                        self._served(listener, await listen(endpoint, sockets))
+                        for listener, endpoint, sockets in zip(
+                            config.effective_listeners(), listen_at, listen_sockets, strict=True
+                        )
+                    ]
                     committer = GroupCommitter(self.metrics)
                     assert self.topics is not None
                     self.topics.set_on_rolled(committer.request_flush)
@@ -252,8 +309,10 @@ class Broker:
                         coordinator,
                         self.offsets,
                         self.metrics,
-                        (config.host, self.port),
+                        self.served[0].advertised,
                         groups,
+                        acls=self.acls,
+                        extra_apis=authentication.apis(),
                     )
                     with _refusing_start(config.data_path):
                         self.data_dir.begin_run()
@@ -267,13 +326,8 @@ class Broker:
                     # Connections run outside the listener's scope: stopping accepting
                     # must not cancel a reply that is waiting for its fsync.
                     async with anyio.create_task_group() as connections:
-                        tg.start_soon(self._serve, listener, serve_scope, connections)
-                        log.info(
-                            "event=listening host=%s port=%d data_dir=%s",
-                            config.host,
-                            self.port,
-                            config.data_path.resolve(),
-                        )
+                        tg.start_soon(self._serve, serve_scope, connections)
+                        self._log_listening()
                         task_status.started(self.port)
                         await self._wait_for_stop_signal(signal_stream)
                         try:
@@ -315,6 +369,58 @@ class Broker:
             seconds,
             previous.value,
         )
+
+    async def _open_security(self) -> Authentication:
+        """Open the SCRAM credentials (security/credentials.wal), creating the bootstrap
+        users when it holds none, and with the authorizer on the ACLs
+        (security/acls.wal): before any listener opens (Hi and fdatasync, in a worker
+        thread)."""
+        config = self.config
+        store = CredentialStore(config.data_path)
+        self.credentials = store
+        await anyio.to_thread.run_sync(store.open)
+        await anyio.to_thread.run_sync(store.bootstrap, os.environ)
+        if config.authorizer:
+            acls = AclStore(AclLog(config.data_path), config.super_users, config.acls_max)
+            self.acls = acls
+            await anyio.to_thread.run_sync(acls.load)
+        self.authentication = Authentication(config, store, self.metrics)
+        return self.authentication
+
+    def _served(self, listener: Listener, sockets: MultiListener[SocketStream]) -> Served:
+        served = Served(listener, sockets, sockets.extra(anyio.abc.SocketAttribute.local_port))
+        self.metrics.set_listener(listener.name, insecure=served.insecure)
+        if served.insecure:
+            log.warning(
+                "event=listener_insecure listener=%s host=%s reason=%r",
+                listener.name,
+                listener.host,
+                "plaintext without authentication on an address other hosts can reach: "
+                "anyone who reaches it may read and write every topic; bind "
+                "127.0.0.1, or use security tls, sasl_tls or sasl_plaintext",
+            )
+        return served
+
+    def _log_listening(self) -> None:
+        """One `event=listening` line per listener; the first keeps the format that tools
+        and the test harness read (host, port and data_dir)."""
+        first, *others = self.served
+        log.info(
+            "event=listening listener=%s security=%s host=%s port=%d data_dir=%s",
+            first.listener.name,
+            first.listener.security,
+            first.listener.host,
+            first.port,
+            self.config.data_path.resolve(),
+        )
+        for served in others:
+            log.info(
+                "event=listening listener=%s security=%s host=%s port=%d",
+                served.listener.name,
+                served.listener.security,
+                served.listener.host,
+                served.port,
+            )
 
     async def _recover_transactions(
         self, producer_ids: ProducerIdManager, committer: GroupCommitter
@@ -409,14 +515,32 @@ class Broker:
             logging.getLogger("minibroker").setLevel(self.config.log_level.upper())
         assert self.topics is not None and self.handlers is not None
         self.topics.apply_settings(self.config)
-        self.handlers.config = self.config
-        self.handlers.coordinator.config = self.config
-        self.handlers.offsets.config = self.config
+        self.handlers.reconfigure(self.config)
+        if self.authentication is not None:
+            self.authentication.config = self.config
+        self._reload_tls()
         self.handlers.housekeeping()
         log.info(
             "event=reloaded applied=%s needs_restart=%s",
             ",".join(f"{k}={v}" for k, v in sorted(applied.items())) or "none",
             ",".join(ignored) or "none",
+        )
+
+    def _reload_tls(self) -> None:
+        """Read the certificate, key and CA files again for the handshakes to come; when
+        they do not load, the running ones stay."""
+        if not self._tls:
+            return
+        try:
+            self.tls_context = tls.server_context(self.config)
+        except ConfigError as exc:
+            log.error("event=tls_reload_failed error=%r", str(exc))
+            return
+        log.info(
+            "event=tls_reloaded certfile=%s cafile=%s client_auth=%s",
+            self.config.tls_certfile,
+            self.config.tls_cafile or "none",
+            self.config.tls_client_auth,
         )
 
     async def _housekeeping(self) -> None:
@@ -432,6 +556,7 @@ class Broker:
         if self.handlers is not None:
             self.handlers.stop_waiting()
         for conn in list(self.connections):
+            conn.handshake_scope.cancel()
             conn.read_scope.cancel()
         with anyio.move_on_after(self.config.shutdown_timeout_ms / 1000 * 0.8):
             while self.connections:
@@ -440,10 +565,14 @@ class Broker:
             log.warning("event=drain_timeout connections=%d", len(self.connections))
 
     def _close_storage(self) -> bool:
-        """Close the logs (each partition leaves a snapshot) and mark the data dir cleanly
-        shut down. When a write this needs fails (a full disk), say so in one line and
-        leave the marker out: the next start recovers as after a crash."""
+        """Close the stores and logs (each partition leaves a snapshot) and mark the data
+        dir cleanly shut down. When a write this needs fails (a full disk), say so in one
+        line and leave the marker out: the next start recovers as after a crash."""
         try:
+            if self.credentials is not None:
+                self.credentials.close()
+            if self.acls is not None:
+                self.acls.close()
             if self.coordinator is not None:
                 self.coordinator.close()
             if self.offsets is not None:
@@ -462,27 +591,30 @@ class Broker:
 
     # ------------------------------------------------------------------ connections
 
-    async def _serve(
-        self,
-        listener: MultiListener[SocketStream],
-        scope: anyio.CancelScope,
-        connections: anyio.abc.TaskGroup,
-    ) -> None:
+    async def _serve(self, scope: anyio.CancelScope, connections: anyio.abc.TaskGroup) -> None:
         with scope:
-            async with listener, anyio.create_task_group() as accepting:
-                for sub in cast(list[anyio.abc.SocketListener], listener.listeners):
-                    if self.config.backend == "asyncio":
-                        accept: Callable[[], Awaitable[ByteStream]] = functools.partial(
-                            asyncio_stream.accept,
-                            sub.extra(anyio.abc.SocketAttribute.raw_socket),
-                            self.config.read_ahead_max_bytes,
-                        )
-                    else:
-                        accept = sub.accept
-                    accepting.start_soon(self._accept_forever, accept, connections)
+            async with contextlib.AsyncExitStack() as stack:
+                for served in self.served:
+                    await stack.enter_async_context(served.sockets)
+                # The sockets close once every accept has ended.
+                accepting = await stack.enter_async_context(anyio.create_task_group())
+                for served in self.served:
+                    for sub in cast(list[SocketListener], served.sockets.listeners):
+                        if self.config.backend == "asyncio":
+                            accept: Callable[[], Awaitable[ByteStream]] = functools.partial(
+                                asyncio_stream.accept,
+                                sub.extra(anyio.abc.SocketAttribute.raw_socket),
+                                self.config.read_ahead_max_bytes,
+                            )
+                        else:
+                            accept = sub.accept
+                        accepting.start_soon(self._accept_forever, accept, served, connections)
 
     async def _accept_forever(
-        self, accept: Callable[[], Awaitable[ByteStream]], connections: anyio.abc.TaskGroup
+        self,
+        accept: Callable[[], Awaitable[ByteStream]],
+        served: Served,
+        connections: anyio.abc.TaskGroup,
     ) -> None:
         while True:
             try:
@@ -497,13 +629,15 @@ class Broker:
                 )
                 await anyio.sleep(ACCEPT_RETRY_MS / 1000)
                 continue
-            connections.start_soon(self._connection, stream)
+            connections.start_soon(self._connection, stream, served)
 
-    async def _connection(self, stream: ByteStream) -> None:
+    async def _connection(self, stream: ByteStream, served: Served) -> None:
         peer = _peer(stream)
+        listener = served.listener
         if self._stopping or len(self.connections) >= self.config.max_connections:
             log.warning(
-                "event=connection_refused peer=%s reason=%s",
+                "event=connection_refused listener=%s peer=%s reason=%s",
+                listener.name,
                 peer,
                 "shutting_down"
                 if self._stopping
@@ -511,16 +645,25 @@ class Broker:
             )
             await stream.aclose()
             return
+        assert self.authentication is not None
+        session = self.authentication.session(listener, _peer_host(stream), served.advertised)
         conn = Connection(
             peer,
             self.config.max_inflight_requests_per_connection,
             self.config.queued_max_response_bytes,
+            session,
+            tls=listener.tls,
         )
         self.connections.add(conn)
-        self.metrics.connection_opened()
-        # Bounded by conn.full() in the reader, in requests and bytes rather than items.
-        send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
+        self.metrics.connection_opened(listener.name)
         try:
+            if listener.tls:
+                secured = await self._handshake(stream, conn)
+                if secured is None:
+                    return
+                stream = secured
+            # Bounded by conn.full() in the reader, in requests and bytes rather than items.
+            send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
             async with stream, anyio.create_task_group() as tg:
                 tg.start_soon(self._writer, stream, receive, conn, tg.cancel_scope)
                 async with send:
@@ -531,7 +674,37 @@ class Broker:
             log.exception("event=connection_failed peer=%s", peer)
         finally:
             self.connections.discard(conn)
-            self.metrics.connection_closed()
+            self.metrics.connection_closed(listener.name)
+
+    async def _handshake(self, raw: ByteStream, conn: Connection) -> ByteStream | None:
+        """`raw` secured by TLS, its principal taken from a client certificate on a
+        listener without SASL; None, with `raw` closed, when the handshake failed or the
+        broker began to stop first."""
+        assert self.tls_context is not None and self.authentication is not None
+        listener = conn.session.listener
+        secured: ByteStream | None = None
+        try:
+            with conn.handshake_scope:
+                secured = await tls.handshake(
+                    raw, self.tls_context, self.config.tls_handshake_timeout_ms
+                )
+        except tls.HandshakeFailed as exc:
+            # Plaintext sent to a TLS port, a certificate refused, a client that stalls.
+            log.warning(
+                "event=tls_handshake_failed listener=%s peer=%s reason=%r",
+                listener,
+                conn.peer,
+                str(exc),
+            )
+            self.metrics.tls_handshake_failed(listener)
+        finally:
+            if secured is None:
+                await anyio.aclose_forcefully(raw)
+        if secured is not None and conn.session.sasl is None:
+            principal = tls.certificate_principal(secured)
+            if principal is not None:
+                self.authentication.certificate_authenticated(conn.session, principal)
+        return secured
 
     async def _reader(
         self, stream: ByteStream, send: MemoryObjectSendStream[list[Reply]], conn: Connection
@@ -612,11 +785,11 @@ class Broker:
                         if time.perf_counter() > turn_end_s:
                             await anyio.lowlevel.checkpoint()
                             turn_end_s = time.perf_counter() + TURN_S
-                        first = self._decode(backlog.popleft())
+                        first = self._decode(backlog.popleft(), conn)
                         if isinstance(first, CloseConnection):
                             close = first
                             break
-                        if isinstance(first, bytes):
+                        if isinstance(first, bytes | NoAnswer):
                             replies: list[Reply | NoAnswer] = [first]
                         else:
                             run = self._run_from(first, backlog, handlers, conn)
@@ -626,6 +799,11 @@ class Broker:
                                 group.append(reply)
                                 conn.inflight += 1
                                 conn.unsent_bytes += _size_bytes(reply)
+                        sasl = conn.session.sasl
+                        if sasl is not None and sasl.closed:
+                            # Its answer (58) goes out first; nothing after it is run.
+                            close = CloseConnection("authentication failed")
+                            break
                     if group and sock is not None and send.statistics().tasks_waiting_receive:
                         group = _send_now(sock, group, conn)
                     if group:
@@ -640,9 +818,11 @@ class Broker:
                         )
                         return
 
-    def _decode(self, item: bytes | memoryview | Decoded) -> Request | bytes | CloseConnection:
-        """The request in a frame body, or the error frame that answers it, or why the
-        connection must close."""
+    def _decode(
+        self, item: bytes | memoryview | Decoded, conn: Connection
+    ) -> Request | bytes | NoAnswer | CloseConnection:
+        """The request in a frame body, or the error frame that answers it (or nothing,
+        for a refused acks=0 Produce), or why the connection must close."""
         if isinstance(item, Decoded):
             return item.request
         started = time.perf_counter()
@@ -652,12 +832,20 @@ class Broker:
             return CloseConnection(str(exc))
         except RequestRefused as exc:
             code, message = exc.code, exc.message
-            if self._unserved(exc.api):
-                code, message = ErrorCode.UNSUPPORTED_VERSION, f"{exc.api} is not served yet"
+            if exc.api in REQUEST_TYPES:
+                # Before authentication, even a malformed request learns only that.
+                refusal = self._admit(exc.api, exc.cid, conn, started)
+                if refusal is not None:
+                    return refusal
             self.metrics.observe_request(exc.api, code, time.perf_counter() - started)
             return frame(encode_response(error_response(code, message), exc.cid))
+        refusal = self._admit(request.api, request.cid, conn, started)
+        if refusal is not None:
+            # A Produce with acks=0 gets no answer at all (section 4), a refusal neither.
+            acks_0 = isinstance(request, ProduceRequest) and request.acks == 0
+            return NoAnswer() if acks_0 and isinstance(refusal, bytes) else refusal
         limit = self.config.max_entries_per_request
-        if request.entry_count() > limit and not self._unserved(request.api):
+        if request.entry_count() > limit:
             code = ErrorCode.INVALID_REQUEST
             self.metrics.observe_request(request.api, code, time.perf_counter() - started)
             message = (
@@ -666,10 +854,26 @@ class Broker:
             return frame(encode_response(error_response(code, message), request.cid))
         return request
 
-    def _unserved(self, api: str) -> bool:
-        """An api declared in protocol/messages.py that this broker does not answer yet:
-        refused as an unknown api is, whatever its fields (docs/protocol.md section 10)."""
-        return api in REQUEST_TYPES and self.handlers is not None and api not in self.handlers.apis
+    def _admit(
+        self, api: str, cid: int, conn: Connection, started: float
+    ) -> bytes | CloseConnection | None:
+        """None when the connection's session lets the request run; else its refusal
+        (SASL_AUTHENTICATION_FAILED before authentication) or the close after the
+        session's end (docs/protocol.md section 7)."""
+        sasl = conn.session.sasl
+        if sasl is None:
+            return None
+        admission = sasl.admit(api, monotonic_ms())
+        if admission is Admission.ANSWER:
+            return None
+        if admission is Admission.CLOSE:
+            return CloseConnection(
+                "SASL session ended (connections_max_reauth_ms) without re-authentication"
+            )
+        code = ErrorCode.SASL_AUTHENTICATION_FAILED
+        self.metrics.observe_request(api, code, time.perf_counter() - started)
+        message = f"authenticate first: listener {conn.session.listener!r} takes SaslAuthenticate"
+        return frame(encode_response(error_response(code, message), cid))
 
     def _run_from(
         self,
@@ -687,7 +891,7 @@ class Broker:
         entries = first.entry_count()
         room = conn.inflight_max - conn.inflight
         while backlog and len(run) < room and entries < RUN_ENTRIES_MAX:
-            item = self._decode(backlog.popleft())
+            item = self._decode(backlog.popleft(), conn)
             if not isinstance(item, Request) or not handlers.appends_together(item):
                 backlog.appendleft(item if isinstance(item, Decoded) else Decoded(item))
                 break
@@ -703,10 +907,10 @@ class Broker:
         started = time.perf_counter()
         try:
             if len(requests) == 1:
-                outcomes = [await handlers.handle(requests[0])]
+                outcomes = [await handlers.handle(requests[0], conn.session)]
             else:
                 # A run holds only requests that append together: Produce requests.
-                outcomes = handlers.produce_many(cast(list[ProduceRequest], requests))
+                outcomes = handlers.produce_many(cast(list[ProduceRequest], requests), conn.session)
         except ProtocolError as exc:
             return [self._refusal(r, exc.code, exc.message, started) for r in requests]
         except (OSError, StorageError) as exc:
@@ -785,7 +989,7 @@ class Broker:
                     if pending:
                         await self._flush(stream, pending, conn)
                     try:
-                        await _send_spliced(stream, reply)
+                        await _send_spliced(stream, reply, zero_copy=not conn.tls)
                     except BaseException:
                         _close_unsent([group[i + 1 :]])
                         raise
@@ -813,6 +1017,16 @@ class Broker:
         pending.clear()
 
 
+def _endpoint(listener: Listener) -> Endpoint:
+    """Where `listener` binds, and the settings a message about it names."""
+    if listener.name == DEFAULT_LISTENER:
+        return Endpoint("listen", listener.host, listener.port, "host", "port")
+    where = f"of [[listeners]] {listener.name!r}"
+    return Endpoint(
+        f"listen ({listener.name})", listener.host, listener.port, f"host {where}", f"port {where}"
+    )
+
+
 @contextlib.contextmanager
 def _refusing_start(data_path: Path) -> Iterator[None]:
     """An OS or storage error while the broker starts (recovery cuts tails, rebuilds
@@ -824,10 +1038,11 @@ def _refusing_start(data_path: Path) -> Iterator[None]:
         raise cannot_use(data_path, exc) from exc
 
 
-async def _send_spliced(stream: ByteStream, frame: SplicedFrame) -> None:
+async def _send_spliced(stream: ByteStream, frame: SplicedFrame, *, zero_copy: bool) -> None:
     """Send a Fetch reply: msgpack pieces through the stream, record bytes straight
     from the log files with os.sendfile (zero-copy; trio sends unbuffered, so the
-    two never overtake each other)."""
+    two never overtake each other). Without `zero_copy` (TLS, which must encrypt
+    them) the record bytes are read from the files and sent through the stream."""
     sock = stream.extra(anyio.abc.SocketAttribute.raw_socket)
     try:
         for piece in frame.pieces:
@@ -836,6 +1051,13 @@ async def _send_spliced(stream: ByteStream, frame: SplicedFrame) -> None:
                 continue
             span = frame.reply.spans[piece]
             position, remaining = span.position, span.length
+            while remaining and not zero_copy:
+                chunk = os.pread(span.fd, min(remaining, COPY_CHUNK_BYTES), position)
+                if not chunk:
+                    raise anyio.BrokenResourceError("log file shorter than its span")
+                await stream.send(chunk)
+                position += len(chunk)
+                remaining -= len(chunk)
             while remaining:
                 try:
                     sent = os.sendfile(sock.fileno(), span.fd, position, remaining)
@@ -904,6 +1126,31 @@ async def _receive(stream: ByteStream, max_bytes: int) -> bytes | None:
         return await stream.receive(max_bytes)
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         return None
+
+
+def _peer_host(stream: ByteStream) -> str:
+    """The client's address alone, as ACLs name hosts: an IP address in the one spelling
+    decisions compare (canonical_host), anything else as it is."""
+    try:
+        address = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except Exception:
+        return "unknown"
+    host = str(address[0]) if isinstance(address, tuple) else str(address)
+    try:
+        return canonical_host(host)
+    except ValueError:
+        return host
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only: a loopback address or name.
+    Anything else (a hostname, "", 0.0.0.0, ::) may be reached from other hosts."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _peer(stream: ByteStream) -> str:

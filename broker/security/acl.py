@@ -41,16 +41,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
+# The request declarations' terms, which bindings name too.
+from protocol.authorization import CLUSTER_NAME as CLUSTER_NAME
+from protocol.authorization import Operation as Operation
+from protocol.authorization import ResourceType as ResourceType
 from protocol.messages import IDENTIFIER_CHARS_MAX
-
-
-class ResourceType:
-    """What a binding names (the wire's strings)."""
-
-    TOPIC: Final = "topic"
-    GROUP: Final = "group"
-    TRANSACTIONAL_ID: Final = "transactional_id"
-    CLUSTER: Final = "cluster"
 
 
 class PatternType:
@@ -60,21 +55,6 @@ class PatternType:
     PREFIXED: Final = "prefixed"
     ANY: Final = "any"
     MATCH: Final = "match"
-
-
-class Operation:
-    """What a binding allows or denies; `all` covers every other one."""
-
-    ALL: Final = "all"
-    READ: Final = "read"
-    WRITE: Final = "write"
-    CREATE: Final = "create"
-    DELETE: Final = "delete"
-    ALTER: Final = "alter"
-    DESCRIBE: Final = "describe"
-    DESCRIBE_CONFIGS: Final = "describe_configs"
-    ALTER_CONFIGS: Final = "alter_configs"
-    IDEMPOTENT_WRITE: Final = "idempotent_write"
 
 
 class Permission:
@@ -87,7 +67,6 @@ class Permission:
 RESOURCE_TYPES: Final = frozenset(
     {ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID, ResourceType.CLUSTER}
 )
-CLUSTER_NAME: Final = "cluster"
 PATTERN_TYPES: Final = frozenset({PatternType.LITERAL, PatternType.PREFIXED})
 FILTER_PATTERN_TYPES: Final = PATTERN_TYPES | {PatternType.ANY, PatternType.MATCH}
 # What a request may be asked to have: `all` is only ever granted or denied.
@@ -366,11 +345,17 @@ class Authorizer:
     directly (`add`, `remove`). Bindings keep the order they were created in."""
 
     def __init__(self, super_users: Iterable[str] = ()) -> None:
-        self.super_users = frozenset(super_users)
-        assert all(u.startswith(USER_PREFIX) for u in self.super_users), self.super_users
+        self.super_users: frozenset[str] = frozenset()
+        self.set_super_users(super_users)
         self._bindings: dict[AclBinding, None] = {}
         # (resource type, principal, operation decided) -> its patterns
         self._patterns: dict[tuple[str, str, str], _Patterns] = {}
+
+    def set_super_users(self, super_users: Iterable[str]) -> None:
+        """The principals allowed everything from now on (the setting, at start and reload)."""
+        users = frozenset(super_users)
+        assert all(u.startswith(USER_PREFIX) for u in users), users
+        self.super_users = users
 
     def __len__(self) -> int:
         return len(self._bindings)

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import anyio
 import msgpack
 
+from broker.crash_points import crash_point
 from broker.security.acl import (
     AclBinding,
     AclFilter,
@@ -185,12 +186,14 @@ class AclStore:
                 end = self.log.write(record)
             except OSError as exc:
                 return f"acl log: {exc}"  # the file is as it was
+            crash_point("acl_record_written")
             try:
                 await self.log.durable(end)
             except OSError as exc:
                 self._failed = exc
                 log.error("event=acl_log_sync_failed path=%s error=%r", self.log.path, str(exc))
                 return f"acl log: {exc}"
+            crash_point("acl_record_durable")
             self.authorizer.apply(record)
             self._live_bytes += sum(map(_binding_bytes, created))
             self._live_bytes -= sum(map(_binding_bytes, deleted))

@@ -175,6 +175,23 @@ class TransactionCoordinator:
         transactional, or they would slip past the last stable offset."""
         return self._pids.get(producer_id)
 
+    def principal_of(self, producer_id: int) -> str | None:
+        """The principal `producer_id` belongs to when it is bound to a transactional id:
+        the one that initialized that id last (None when it is bound to none)."""
+        tid = self._pids.get(producer_id)
+        return None if tid is None else self.entries[tid].principal
+
+    @staticmethod
+    def _check_principal(entry: TxnEntry, principal: str) -> None:
+        """Refuse a request carrying the id's producer from another principal than the one
+        it belongs to: INVALID_PRODUCER_ID_MAPPING, as for an unknown producer id."""
+        if entry.principal != principal:
+            raise CoordinatorError(
+                ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                f"the producer of transactional id {entry.transactional_id!r} belongs to "
+                "another principal",
+            )
+
     async def _persist(
         self,
         entries: Iterable[TxnEntry],
@@ -223,14 +240,20 @@ class TransactionCoordinator:
         if lock.statistics().tasks_waiting == 0 and self._locks.get(key) is lock:
             del self._locks[key]
 
-    def _next_ids(self, entry: TxnEntry) -> tuple[int, int]:
+    def _next_ids(self, entry: TxnEntry, principal: str) -> tuple[int, int]:
+        """The pid and epoch after `entry`'s: a new pid, `principal`'s, when the epoch
+        would pass its maximum."""
         if entry.producer_epoch >= PRODUCER_EPOCH_MAX:
-            return self.producer_ids.allocate(), 0
+            return self.producer_ids.allocate(principal), 0
         return entry.producer_id, entry.producer_epoch + 1
 
     # ------------------------------------------------------------------ InitProducerId
 
-    async def init_producer(self, transactional_id: str, timeout_ms: int | None) -> tuple[int, int]:
+    async def init_producer(
+        self, transactional_id: str, timeout_ms: int | None, principal: str
+    ) -> tuple[int, int]:
+        """InitProducerId for `transactional_id` by `principal` (allowed to write it), whose
+        producer the id's becomes."""
         timeout = DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms
         limit = self.config.transaction_max_timeout_ms
         if not 1 <= timeout <= limit:
@@ -248,10 +271,10 @@ class TransactionCoordinator:
             removed: list[str] = []
             if entry is None:
                 removed = self._make_room()
-                pid, epoch = self.producer_ids.allocate(), 0
+                pid, epoch = self.producer_ids.allocate(principal), 0
             else:
-                pid, epoch = self._next_ids(entry)
-            new = initialized(entry, transactional_id, pid, epoch, timeout, now_ms())
+                pid, epoch = self._next_ids(entry, principal)
+            new = initialized(entry, transactional_id, pid, epoch, timeout, now_ms(), principal)
             await self._persist([new], removed=removed)
             return pid, epoch
 
@@ -348,12 +371,16 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ TxnOffsetCommit
 
-    def judge_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int) -> None:
-        """Raise CoordinatorError unless the producer may add offsets to its transaction:
-        the fencing verdicts of EndTxn, and the states a transactional batch is refused in."""
+    def judge_offsets(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, principal: str
+    ) -> None:
+        """Raise CoordinatorError unless `principal`'s producer may add offsets to its
+        transaction: the fencing verdicts of EndTxn, and the states a transactional batch
+        is refused in."""
         entry = self.entries.get(transactional_id)
         who = self._identify(transactional_id, entry, producer_id, producer_epoch)
         assert entry is not None
+        self._check_principal(entry, principal)
         if who is Identity.LAST_ENDED:
             raise CoordinatorError(
                 ErrorCode.INVALID_PRODUCER_EPOCH,
@@ -394,11 +421,12 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ ending
 
-    async def end_txn(self, req: m.EndTxnRequest) -> m.EndTxnResponse:
+    async def end_txn(self, req: m.EndTxnRequest, principal: str) -> m.EndTxnResponse:
         async with self._locked([req.transactional_id]):
             entry = self.entries.get(req.transactional_id)
             who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
             assert entry is not None
+            self._check_principal(entry, principal)
             if who is Identity.LAST_ENDED:
                 last = entry.last_ended
                 assert last is not None
@@ -415,7 +443,7 @@ class TransactionCoordinator:
                 producer_id=ended.producer_id, producer_epoch=ended.producer_epoch
             )
 
-    async def prepare_txn(self, req: m.PrepareTxnRequest) -> m.PrepareTxnResponse:
+    async def prepare_txn(self, req: m.PrepareTxnRequest, principal: str) -> m.PrepareTxnResponse:
         limit = self.config.transaction_max_prepared_ms
         if not 1 <= req.prepared_timeout_ms <= limit:
             raise CoordinatorError(
@@ -428,6 +456,7 @@ class TransactionCoordinator:
             entry = self.entries.get(req.transactional_id)
             who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
             assert entry is not None
+            self._check_principal(entry, principal)
             if who is Identity.LAST_ENDED:
                 assert entry.last_ended is not None
                 _same_end_or_raise(entry.last_ended, None)
@@ -565,7 +594,9 @@ class TransactionCoordinator:
         """Decide `entries` in one durable record (with `app`), then complete them."""
         stamp = now_ms()
         decisions = [
-            decided(e, committed, self._next_ids(e), stamp, by_client=cause == "client")
+            decided(
+                e, committed, self._next_ids(e, e.principal), stamp, by_client=cause == "client"
+            )
             for e in entries
         ]
         await self._persist(decisions, [] if app is None else [app])

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from protocol.authorization import ANONYMOUS
 from protocol.errors import ErrorCode
 from protocol.messages import TXN_STATES
 
@@ -72,6 +73,11 @@ class TxnEntry:
     last_ended: Ended | None = None
     groups: frozenset[str] = field(default_factory=frozenset)
     """Consumer groups whose offsets joined the transaction (TxnOffsetCommit)."""
+    principal: str = ANONYMOUS
+    """Who initialized the id last: its producer id is theirs (docs/protocol.md section 7,
+    "Producer ids belong to principals"); recorded here, durably, since the id outlives
+    restarts and can change hands (InitProducerId by another principal allowed to write
+    the transactional id)."""
 
     def __post_init__(self) -> None:
         assert self.state in STATES, self.state
@@ -120,14 +126,20 @@ class TxnEntry:
                 last.by_client,
             ],
             sorted(self.groups),
+            # Only when not anonymous: with security off the records stay as they were.
+            *([] if self.principal == ANONYMOUS else [self.principal]),
         ]
 
     @classmethod
     def decode(cls, item: Any) -> TxnEntry:
         try:
-            # Entries written before TxnOffsetCommit have no groups.
+            # Entries written before TxnOffsetCommit have no groups; anonymous ones no
+            # principal.
             (tid, pid, epoch, state, timeout, updated, started, deadline, parts, last, *rest) = item
-            (groups,) = rest or ([],)
+            if len(rest) > 2:
+                raise ValueError("too many fields")
+            groups: Any = rest[0] if rest else []
+            principal: Any = rest[1] if len(rest) > 1 else ANONYMOUS
             entry = cls(
                 transactional_id=tid,
                 producer_id=pid,
@@ -140,6 +152,7 @@ class TxnEntry:
                 partitions=frozenset((t, p) for t, p in parts),
                 last_ended=None if last is None else Ended(*last),
                 groups=frozenset(groups),
+                principal=principal,
             )
         except (TypeError, ValueError, AssertionError) as exc:
             raise TxnStateError(f"transaction entry {item!r}: {exc}") from exc
@@ -149,6 +162,7 @@ class TxnEntry:
             or state not in STATES
             or not all(type(v) is int for v in ints)
             or not all(isinstance(g, str) for g in groups)
+            or not isinstance(principal, str)
         ):
             raise TxnStateError(f"transaction entry {item!r} is malformed")
         return entry
@@ -191,8 +205,9 @@ def initialized(
     producer_epoch: int,
     timeout_ms: int,
     now_ms: int,
+    principal: str = ANONYMOUS,
 ) -> TxnEntry:
-    """The entry after InitProducerId, once any open transaction was aborted."""
+    """The entry after `principal`'s InitProducerId, once any open transaction was aborted."""
     assert entry is None or entry.state in ENDED, entry
     return TxnEntry(
         transactional_id,
@@ -202,6 +217,7 @@ def initialized(
         timeout_ms,
         now_ms,
         last_ended=None if entry is None else entry.last_ended,
+        principal=principal,
     )
 
 

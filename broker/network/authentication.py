@@ -1,0 +1,183 @@
+"""Authentication as the listeners run it: each connection's Session, SaslAuthenticate,
+the SCRAM credential APIs, and the audit trail (docs/protocol.md section 7).
+
+`broker/security/sasl.py` decides (pure); this module does what the decisions need
+of the world: PLAIN's password check (a PBKDF2) in a worker thread, the delay
+before a failure is answered, the credential store, the clock, one audit line per
+authentication on the `minibroker.audit` logger and the metrics. The server asks,
+after each request, whether the session's authentication failed, and closes the
+connection once the answer is out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from broker.config import BrokerConfig, Listener
+from broker.crash_points import crash_point
+from broker.metrics import BrokerMetrics
+from broker.security import (
+    FAILURE_MESSAGE,
+    Authenticated,
+    AuthenticationFailed,
+    Challenge,
+    CheckPlain,
+    CredentialStore,
+    Failed,
+    SaslPolicy,
+    SaslState,
+    Session,
+    Unsupported,
+    authenticate_plain,
+)
+from protocol import messages as m
+from protocol.errors import ErrorCode
+
+AUDIT_LOGGER = "minibroker.audit"
+"""One line per authentication, for the people who watch who logs in. A logger of its
+own (under `minibroker`, so the format and level apply) so it can be routed apart."""
+PLAIN_CHECKS_MAX = 4
+"""PLAIN checks running at once: each is a PBKDF2 of thousands of HMACs, and a flood
+of attempts must not take every worker thread (and core) from the rest."""
+MECHANISM_SHOWN_CHARS = 32  # of a mechanism name a client made up, in the audit line
+
+
+def monotonic_ms() -> int:
+    """Session lifetimes count on the monotonic clock: a wall-clock step must not end or
+    extend them."""
+    return int(time.monotonic() * 1000)
+
+
+class Authentication:
+    """The broker's side of authentication for every listener."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        credentials: CredentialStore,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self.config = config
+        """The settings in force: SIGHUP replaces it (the SASL settings are reloadable)."""
+        self.credentials = credentials
+        self.metrics = metrics
+        self.audit = logging.getLogger(AUDIT_LOGGER)
+        self._listeners = {listener.name: listener for listener in config.effective_listeners()}
+        self._plain_checks = anyio.CapacityLimiter(PLAIN_CHECKS_MAX)
+
+    def session(self, listener: Listener, peer_host: str, advertised: tuple[str, int]) -> Session:
+        """A new connection's session: anonymous, with a SASL state on sasl_* listeners."""
+        sasl = (
+            SaslState(self.credentials.lookup, self.credentials.mock_secret)
+            if listener.sasl
+            else None
+        )
+        return Session(listener.name, peer_host, advertised=advertised, sasl=sasl)
+
+    def apis(self) -> dict[str, Callable[[Any, Session], Any]]:
+        """The handlers of the APIs answered here, for Handlers' table."""
+        return {
+            "SaslAuthenticate": self.sasl_authenticate,
+            "DescribeUserScramCredentials": self.describe_credentials,
+            "AlterUserScramCredentials": self.alter_credentials,
+        }
+
+    # ---------------------------------------------------------------- SaslAuthenticate
+
+    async def sasl_authenticate(
+        self, request: m.SaslAuthenticateRequest, session: Session
+    ) -> m.SaslAuthenticateResponse:
+        """One SaslAuthenticate from `session`'s connection; on failure the answer comes
+        after authentication_failure_delay_ms and `session.sasl.closed` is set."""
+        listener = self._listeners[session.listener]
+        state = session.sasl
+        if state is None:
+            self._audit(session, request.mechanism, None, "unsupported_mechanism", "no SASL")
+            return m.SaslAuthenticateResponse(
+                error=ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                error_message=f"listener {listener.name!r} (security={listener.security}) "
+                "does not take SASL",
+            )
+        policy = SaslPolicy.of(self.config, listener)
+        step = state.authenticate(request.mechanism, request.auth_bytes, policy, monotonic_ms())
+        if isinstance(step, CheckPlain):
+            step = await self._check_plain(state, step, policy)
+        if isinstance(step, Challenge):
+            return m.SaslAuthenticateResponse(auth_bytes=step.auth_bytes)
+        if isinstance(step, Authenticated):
+            session.principal = step.principal
+            result = "reauthenticated" if step.reauthenticated else "success"
+            self._audit(session, request.mechanism, step.principal, result, "")
+            return m.SaslAuthenticateResponse(
+                auth_bytes=step.auth_bytes, session_lifetime_ms=step.session_lifetime_ms
+            )
+        if isinstance(step, Unsupported):
+            self._audit(session, request.mechanism, None, "unsupported_mechanism", step.message)
+            return m.SaslAuthenticateResponse(
+                error=ErrorCode.UNSUPPORTED_SASL_MECHANISM, error_message=step.message
+            )
+        claimed = None if step.user is None else f"User:{step.user}"
+        self._audit(session, request.mechanism, claimed, "failure", step.reason)
+        await anyio.sleep(self.config.authentication_failure_delay_ms / 1000)
+        return m.SaslAuthenticateResponse(
+            error=ErrorCode.SASL_AUTHENTICATION_FAILED, error_message=FAILURE_MESSAGE
+        )
+
+    async def _check_plain(
+        self, state: SaslState, step: CheckPlain, policy: SaslPolicy
+    ) -> Authenticated | Failed:
+        store = self.credentials
+        try:
+            user: str | None = await anyio.to_thread.run_sync(
+                authenticate_plain,
+                step.message,
+                store.lookup,
+                store.mock_secret,
+                limiter=self._plain_checks,
+            )
+            reason = ""
+        except AuthenticationFailed as exc:
+            user, reason = None, exc.reason
+        return state.plain_checked(user, reason, policy, monotonic_ms())
+
+    def certificate_authenticated(self, session: Session, principal: str) -> None:
+        """A TLS client certificate named the session's principal."""
+        session.principal = principal
+        self._audit(session, "TLS", principal, "success", "")
+
+    def _audit(
+        self, session: Session, mechanism: str, principal: str | None, result: str, reason: str
+    ) -> None:
+        self.metrics.authentication(session.listener, mechanism, result)
+        shown = mechanism[:MECHANISM_SHOWN_CHARS]
+        # Client-chosen text (a mechanism, a user name) is quoted: it cannot forge fields.
+        self.audit.info(
+            "event=authentication listener=%s mechanism=%r principal=%r peer=%s result=%s "
+            "reason=%r",
+            session.listener,
+            shown,
+            principal or "",
+            session.peer_host,
+            result,
+            reason,
+        )
+
+    # ---------------------------------------------------------------- SCRAM credentials
+
+    def describe_credentials(
+        self, request: m.DescribeUserScramCredentialsRequest, _session: Session
+    ) -> m.DescribeUserScramCredentialsResponse:
+        return self.credentials.describe(request)
+
+    async def alter_credentials(
+        self, request: m.AlterUserScramCredentialsRequest, _session: Session
+    ) -> m.AlterUserScramCredentialsResponse:
+        """Durable before the answer; a crash point sits between the two."""
+        response = await self.credentials.alter(request)
+        crash_point("credentials_altered")
+        return response

@@ -1,0 +1,104 @@
+"""TLS on the `tls` and `sasl_tls` listeners: the server's context from the settings, the
+handshake with its deadline, and the principal a client certificate names
+(docs/protocol.md section 7).
+
+The protocol work is the standard library's `ssl` through AnyIO's `TLSStream`, which
+runs over any byte stream: trio's sockets and asyncio's read-ahead connections alike.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from anyio.abc import ByteStream
+from anyio.streams.tls import TLSAttribute, TLSStream
+
+from broker.config import BrokerConfig, ConfigError
+
+CLIENT_AUTH = {
+    "none": ssl.CERT_NONE,
+    "requested": ssl.CERT_OPTIONAL,
+    "required": ssl.CERT_REQUIRED,
+}
+
+
+class HandshakeFailed(Exception):
+    """The TLS handshake did not finish: its message says why, for the log."""
+
+
+class _EncryptedKey(Exception):
+    """The key file asks for a password the broker does not have."""
+
+
+def _no_password() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal for it.
+    raise _EncryptedKey
+
+
+def server_context(config: BrokerConfig) -> ssl.SSLContext:
+    """A server context from tls_certfile, tls_keyfile, tls_cafile and tls_client_auth,
+    TLS 1.2 or later; the files are read now. ConfigError says which file failed and why.
+
+    Client certificates are checked against tls_cafile alone, never the system's CAs:
+    any certificate a public CA issued would otherwise be a principal here."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A renegotiation would make a send wait for a receive, which the connection's
+    # writer and reader do in separate tasks.
+    context.options |= ssl.OP_NO_RENEGOTIATION
+    files = f"tls_certfile={config.tls_certfile!r} with tls_keyfile={config.tls_keyfile!r}"
+    try:
+        context.load_cert_chain(config.tls_certfile, config.tls_keyfile, password=_no_password)
+    except _EncryptedKey:
+        raise ConfigError(f"{files}: the key is encrypted; give an unencrypted key") from None
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{files} cannot be loaded: {_reason(exc)}") from None
+    context.verify_mode = CLIENT_AUTH[config.tls_client_auth]
+    if config.tls_cafile:
+        try:
+            context.load_verify_locations(cafile=config.tls_cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"tls_cafile={config.tls_cafile!r} cannot be loaded: {_reason(exc)}"
+            ) from None
+    return context
+
+
+def _reason(exc: OSError | ssl.SSLError) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"{exc.reason}: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        return str(exc.reason or exc)
+    return exc.strerror or str(exc)
+
+
+async def handshake(stream: ByteStream, context: ssl.SSLContext, timeout_ms: int) -> TLSStream:
+    """The server side of a TLS handshake on `stream`, within `timeout_ms`; HandshakeFailed
+    when the peer does not finish it in time, sends what is not TLS, or presents a
+    certificate `context` refuses. The caller closes `stream` then."""
+    with anyio.move_on_after(timeout_ms / 1000):
+        try:
+            # Not standard_compatible: a client that closes without close_notify is
+            # simply gone (as Kafka treats it), not an error.
+            return await TLSStream.wrap(
+                stream, server_side=True, ssl_context=context, standard_compatible=False
+            )
+        except ssl.SSLError as exc:
+            raise HandshakeFailed(_reason(exc)) from None
+        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
+            raise HandshakeFailed(f"connection ended during the handshake ({exc!r})") from None
+    raise HandshakeFailed(f"not finished within tls_handshake_timeout_ms={timeout_ms}")
+
+
+def certificate_principal(stream: ByteStream) -> str | None:
+    """`User:<CN>` of the client certificate the handshake verified, or None when the
+    client sent none (or its subject has no common name)."""
+    certificate: Mapping[str, Any] | None = stream.extra(TLSAttribute.peer_certificate, None)
+    for rdn in (certificate or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and value:
+                return f"User:{value}"
+    return None
