@@ -29,6 +29,7 @@ from client.config import ProducerConfig
 from client.connection import Connection, Reconnector, ResponseCallback
 from client.errors import (
     FENCING_CODES,
+    AuthenticationFailedError,
     ConnectionLostError,
     MinibrokerError,
     MinibrokerTimeoutError,
@@ -62,6 +63,7 @@ class Sender:
             max_response_bytes=DEFAULT_FRAME_BYTES_MAX,
             backoff_ms=config.reconnect_backoff_ms,
             backoff_max_ms=config.reconnect_backoff_max_ms,
+            security=config.security,
         )
         self._conn: Connection | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -214,7 +216,14 @@ class Sender:
             self.finish(acc.expire(now, self.connect_error()))
             if acc.closed and acc.unfinished == 0:
                 return
-            conn = await self.connection(block=False)
+            try:
+                conn = await self.connection(block=False)
+            except AuthenticationFailedError as exc:
+                # Fatal, as in Kafka's producer: every record fails with it, and so does
+                # every later send; nothing is left to do until the producer is closed.
+                self.finish(acc.fail_all(exc, fatal=True))
+                await self._wakeup_event.wait()
+                continue
             can_send = False
             if conn is not None:
                 request = acc.producer_id_request()
