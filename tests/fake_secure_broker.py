@@ -9,8 +9,10 @@ The SCRAM and PLAIN checks are the broker's own (`broker.security.scram`), so
 the client's exchange is tested against the real server side. With `tls`, the
 listener wraps connections in TLS (certificates from trustme).
 
-Tests read what happened in `seen` (api names per connection) and `connections`,
-and can spoil the server-final signature (`forge_server_final`).
+Tests read what happened in `seen` (api names per connection), `bodies` (every
+request's bytes) and `connections`, and can spoil the server-final signature
+(`forge_server_final`). AlterUserScramCredentials is answered as done for every
+user, so that what the client sends can be checked.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from protocol.errors import ErrorCode
 from protocol.framing import FrameDecoder, FrameError, frame
 from protocol.messages import (
     APIS,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
+    AlterUserScramCredentialsResult,
     ApiVersionsResponse,
     MetadataResponse,
     Request,
@@ -59,6 +64,7 @@ class FakeSecureBroker:
     forge_server_final: bool = False
     connections: int = 0
     seen: list[list[str]] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
     authentications: list[float] = field(default_factory=list)  # monotonic times
     port: int = 0
     _credentials: dict[tuple[str, str], ScramCredential] = field(default_factory=dict)
@@ -88,6 +94,7 @@ class FakeSecureBroker:
                     for body in decoder.feed_bodies(data):
                         request = decode_request(body)
                         seen.append(request.api)
+                        self.bodies.append(body)
                         if expires_at is not None and time.monotonic() >= expires_at:
                             return  # the session ran out: closed, unanswered
                         if request.api != "SaslAuthenticate":
@@ -157,6 +164,11 @@ class FakeSecureBroker:
             return ApiVersionsResponse(apis={api: [1, 1] for api in APIS})
         if not authenticated and self.users:
             return Response(error=ErrorCode.SASL_AUTHENTICATION_FAILED)
+        if isinstance(request, AlterUserScramCredentialsRequest):
+            users = [a.user for a in [*request.deletions, *request.upsertions]]
+            return AlterUserScramCredentialsResponse(
+                results=[AlterUserScramCredentialsResult(user) for user in dict.fromkeys(users)]
+            )
         return MetadataResponse(brokers=[], topics=[])
 
 
