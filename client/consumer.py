@@ -453,7 +453,8 @@ class AsyncConsumer:
                         self._auto_commit(self._consumed_positions())
                 elif coordinator.rebalance_due:
                     return {}
-                self._check_running()
+            # A fatal error may have come while waiting (the fetcher's too, without a group).
+            self._check_running()
             with gc_paused():
                 records = self._collect(limit, partitions)
             if records:

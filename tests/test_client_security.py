@@ -13,6 +13,7 @@ from itertools import pairwise
 import anyio
 import pytest
 import trustme
+from anyio.from_thread import start_blocking_portal
 
 from broker.security.scram import (
     FAILURE_MESSAGE,
@@ -22,6 +23,7 @@ from broker.security.scram import (
     credential_from_password,
     credential_from_salted_password,
 )
+from client import Consumer, Producer, TopicPartition
 from client.config import AdminConfig, ConsumerConfig, ProducerConfig
 from client.connection import Reconnector
 from client.errors import AuthenticationFailedError, ConnectionLostError, NoBrokersAvailable
@@ -475,3 +477,43 @@ async def test_tls_client_at_a_plaintext_listener_says_so(tls_files: dict[str, s
             await connector(
                 bootstrap, security_protocol="SSL", ssl_cafile=tls_files["ssl_cafile"]
             ).get(tg, fail_unreached=True)
+
+
+# --------------------------------------------------------------------------- the clients
+
+
+@pytest.fixture
+def fake_in_thread() -> Iterator[tuple[FakeSecureBroker, str]]:
+    """A SASL fake with user alice, on its own event loop thread, for the sync clients."""
+    with start_blocking_portal() as portal:
+        broker = portal.call(lambda: FakeSecureBroker(users={"alice": SECRET}))
+        with portal.wrap_async_context_manager(running(broker)) as bootstrap:
+            yield broker, bootstrap
+
+
+def test_a_refused_producer_fails_its_sends_at_once_and_for_good(
+    fake_in_thread: tuple[FakeSecureBroker, str],
+) -> None:
+    broker, bootstrap = fake_in_thread
+    started = time.monotonic()
+    with Producer(bootstrap, max_block_ms=60_000, **sasl(password="wrong")) as producer:
+        for _ in range(2):
+            with pytest.raises(AuthenticationFailedError, match="'alice' with SCRAM-SHA-512"):
+                producer.send("t", b"x")
+    assert time.monotonic() - started < 5
+    assert broker.connections == 1
+
+
+def test_a_refused_consumer_raises_from_its_polls(
+    fake_in_thread: tuple[FakeSecureBroker, str],
+) -> None:
+    _, bootstrap = fake_in_thread
+    with Consumer(
+        TopicPartition("t", 0), bootstrap_servers=bootstrap, **sasl(password="wrong")
+    ) as consumer:
+        with pytest.raises(AuthenticationFailedError):
+            consumer.poll(timeout_ms=5000)
+        with pytest.raises(AuthenticationFailedError):
+            consumer.poll(timeout_ms=100)
+    with pytest.raises(AuthenticationFailedError):
+        Consumer("t", bootstrap_servers=bootstrap, **sasl(password="wrong"))
