@@ -7,6 +7,8 @@ longer than its request's timeout, a cid that does not match, or a broken
 socket closes the connection and fails every pending request with
 ConnectionLostError: the outcome of those requests is unknown, and retrying
 them is the caller's business (the producer's sequence numbers make that safe).
+A connection closed by an authentication failure fails them with that
+AuthenticationFailedError instead, which no caller retries.
 
 A secured connection (client/security.py) is opened with TLS, then SASL right
 after ApiVersions; when the broker gives the session a lifetime, the
@@ -193,7 +195,7 @@ class Connection:
         return True
 
     def _refuse(self, items: Sequence[tuple[Request, ResponseCallback | None]]) -> None:
-        error = ConnectionLostError(f"{self.address}: {self._close_reason}")
+        error = self._failure()
         for _, callback in items:
             if callback is not None:
                 callback(None, error)
@@ -364,9 +366,16 @@ class Connection:
             log.info("connection to %s closed: %s", self.address, reason)
         self._run_scope.cancel()
         self._reauth_scope.cancel()
-        error = ConnectionLostError(f"{self.address}: {reason}")
+        error = self._failure()
         while self._pending:
             self._pending.popleft().callback(None, error)
+
+    def _failure(self) -> MinibrokerError:
+        """What the requests of this closed connection fail with: the authentication failure
+        that closed it (fatal, so no caller retries), else ConnectionLostError."""
+        if self.auth_error is not None:
+            return self.auth_error
+        return ConnectionLostError(f"{self.address}: {self._close_reason}")
 
     async def aclose(self) -> None:
         self._shutdown("closed by the client")
@@ -491,8 +500,6 @@ def _opening_failed(
             broker=address,
             mechanism="TLS",
         )
-    if conn.auth_error is not None:
-        return conn.auth_error
     reason = str(lost).removeprefix(address + ": ")
     if stage != "ApiVersions":
         return ConnectionLostError(f"cannot connect to {address} ({reason} during {stage})")

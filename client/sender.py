@@ -197,6 +197,10 @@ class Sender:
         # Never raise: this task shares the caller's task group, whose code a crash would cancel.
         try:
             await self._loop()
+        except AuthenticationFailedError as exc:
+            # Fatal, as in Kafka's producer: every record fails with it, and so does every
+            # later send (the Reconnector keeps it); nothing is left to send.
+            self.finish(self.acc.fail_all(exc, fatal=True))
         except Exception as exc:
             log.exception("producer sender failed")
             error = MinibrokerError(f"producer sender failed: {exc!r}")
@@ -216,14 +220,7 @@ class Sender:
             self.finish(acc.expire(now, self.connect_error()))
             if acc.closed and acc.unfinished == 0:
                 return
-            try:
-                conn = await self.connection(block=False)
-            except AuthenticationFailedError as exc:
-                # Fatal, as in Kafka's producer: every record fails with it, and so does
-                # every later send; nothing is left to do until the producer is closed.
-                self.finish(acc.fail_all(exc, fatal=True))
-                await self._wakeup_event.wait()
-                continue
+            conn = await self.connection(block=False)
             can_send = False
             if conn is not None:
                 request = acc.producer_id_request()

@@ -26,7 +26,7 @@ from broker.security.scram import (
 from client import Consumer, Producer, TopicPartition
 from client.config import AdminConfig, ConsumerConfig, ProducerConfig
 from client.connection import Reconnector
-from client.errors import AuthenticationFailedError, ConnectionLostError, NoBrokersAvailable
+from client.errors import AuthenticationFailedError, NoBrokersAvailable
 from client.security import SaslSettings, salted_password
 from protocol.messages import MetadataRequest
 from tests.fake_secure_broker import MOCK_SECRET, FakeSecureBroker, running
@@ -321,7 +321,7 @@ async def test_a_client_without_sasl_at_a_sasl_listener_learns_it_from_the_first
         reconnector = connector(bootstrap)
         conn = await reconnector.get(tg)
         assert conn is not None
-        with pytest.raises(ConnectionLostError, match="requires SASL authentication"):
+        with pytest.raises(AuthenticationFailedError, match="requires SASL authentication"):
             await conn.request(MetadataRequest(topics=[]), 5)
         with pytest.raises(AuthenticationFailedError, match="set security_protocol SASL_"):
             await reconnector.get(tg)
