@@ -25,6 +25,7 @@ from client import (
     AuthorizationFailedError,
     Consumer,
     MinibrokerError,
+    NoBrokersAvailable,
     Producer,
     TopicPartition,
     admin,
@@ -247,6 +248,55 @@ def test_a_certificate_for_another_name_is_refused(secured: Secured) -> None:
     assert time.monotonic() - started < 5 and caught.value.mechanism == "TLS"
     unchecked = secured.tls_settings(ssl_check_hostname=False)
     assert admin.list_topics(AdminConfig(bootstrap_servers=address, **unchecked)) == []
+
+
+def test_mtls_client_certificate_names_the_principal(
+    tmp_path: Path, backend: str, ca: trustme.CA
+) -> None:
+    """tls_client_auth = "required": without a certificate the client says what it
+    suspects; with one (its key encrypted, ssl_password) it is User:<CN>, which the
+    ACLs then allow."""
+    from cryptography.hazmat.primitives import serialization
+
+    key_secret = "client-Key-Secret"
+    client = ca.issue_cert("app-client.example.com", common_name="app-client")
+    client.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    key = serialization.load_pem_private_key(client.private_key_pem.bytes(), None)
+    (tmp_path / "client.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(key_secret.encode()),
+        )
+    )
+    ca.cert_pem.write_to_path(str(tmp_path / "clients-ca.pem"))
+    s = start(
+        tmp_path,
+        backend,
+        ca,
+        tls_cafile=f'"{tmp_path / "clients-ca.pem"}"',
+        tls_client_auth='"required"',
+    )
+    try:
+        address = s.by_name("tls")
+        with pytest.raises(MinibrokerError, match="want a client certificate"):
+            admin.list_topics(AdminConfig(bootstrap_servers=address, **s.tls_settings()))
+        with (
+            Producer(address, **s.tls_settings()) as p,
+            pytest.raises(NoBrokersAvailable, match="want a client certificate"),
+        ):
+            p.send("mtls", b"x")
+        admin.create_topic(s.admin(), "mtls", 1)
+        admin.create_acls(s.admin(), [allow("User:app-client", "all", "topic", "mtls")])
+        with_cert = s.tls_settings(
+            ssl_certfile=str(tmp_path / "client.pem"),
+            ssl_keyfile=str(tmp_path / "client.key"),
+            ssl_password=key_secret,
+        )
+        assert round_trip(address, "mtls", **with_cert) == [b"v0", b"v1", b"v2"]
+        assert "principal='User:app-client'" in s.broker.log_text()
+    finally:
+        s.broker.kill()
 
 
 def test_reauthentication_is_invisible(
