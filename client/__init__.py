@@ -14,8 +14,11 @@
 Settings use Kafka's names and defaults (see `client.config`).
 """
 
+from client.config import AdminConfig
 from client.consumer import AsyncConsumer, Consumer, ConsumerRebalanceListener
 from client.errors import (
+    AuthenticationFailedError,
+    AuthorizationFailedError,
     CommitFailedError,
     CommitTxnsError,
     CorruptRecordError,
@@ -51,8 +54,11 @@ from client.types import (
 )
 
 __all__ = [
+    "AdminConfig",
     "AsyncConsumer",
     "AsyncProducer",
+    "AuthenticationFailedError",
+    "AuthorizationFailedError",
     "BatchMetadata",
     "CommitFailedError",
     "CommitTxnsError",

@@ -21,22 +21,32 @@ The group helpers are Kafka's Admin calls: `list_groups`, `describe_groups`,
 `list_group_offsets` (OffsetFetch) and `alter_group_offsets` (OffsetCommit from
 outside the group, member "" and epoch -1, which the broker refuses while the
 group has members).
+
+The security helpers are Kafka's too: `create_acls`, `describe_acls`,
+`delete_acls`, `describe_user_scram_credentials` and
+`alter_user_scram_credentials` (the password stays here: KIP-554's salted
+password is what is sent).
+
+Every helper's first argument says where to connect: a bootstrap string (or
+list) for a plaintext broker, or an `AdminConfig` with the security settings
+(TLS, SASL) of client/config.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import anyio
 from anyio.from_thread import start_blocking_portal
 
-from client.config import DEFAULT_BOOTSTRAP, parse_bootstrap
+from client.config import DEFAULT_BOOTSTRAP, AdminConfig
 from client.connection import Connection, open_connection
 from client.coordinator import commit_errors, commit_topics, normalize_offsets
 from client.errors import (
     CommitTxnsError,
     ConnectionLostError,
+    MinibrokerError,
     MinibrokerTimeoutError,
     NonEmptyGroupError,
     TopicAlreadyExistsError,
@@ -45,18 +55,35 @@ from client.errors import (
 )
 from client.group_membership import to_wire
 from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
+from client.security import new_salt, salted_password
 from client.types import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
     AlterConfigOp,
+    AlterUserScramCredentialsResult,
     CommitTxnsResult,
     ConfigDescription,
     ConfigEntry,
     ConfigResource,
+    CreateAclsResult,
+    DeleteAclsResult,
     OffsetAndMetadata,
     PartitionDescription,
+    PatternType,
+    ResourcePattern,
+    ResourcePatternFilter,
+    ResourceType,
+    ScramCredentialInfo,
     TopicDescription,
     TopicPartition,
     TxnHandle,
+    UserScramCredentialDeletion,
+    UserScramCredentialsDescription,
+    UserScramCredentialUpsertion,
 )
+from protocol import messages as m
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.framing import DEFAULT_FRAME_BYTES_MAX
 from protocol.messages import (
@@ -94,11 +121,20 @@ OPEN_TXN_STATES = ("ONGOING", "PREPARED")
 T = TypeVar("T")
 TIMEOUT_S = 30.0
 
+Bootstrap: TypeAlias = "str | Sequence[str] | AdminConfig"
+"""Where an admin helper connects: bootstrap servers, or an AdminConfig (with security)."""
 
-async def _with_connection(
-    bootstrap: str | Sequence[str], work: Callable[[Connection], Awaitable[T]]
-) -> T:
-    host, port = parse_bootstrap(bootstrap)[0]
+
+def admin_config(bootstrap: Bootstrap) -> AdminConfig:
+    """`bootstrap` as an AdminConfig (a plaintext one for a bootstrap string)."""
+    if isinstance(bootstrap, AdminConfig):
+        return bootstrap
+    return AdminConfig(bootstrap_servers=bootstrap)
+
+
+async def _with_connection(bootstrap: Bootstrap, work: Callable[[Connection], Awaitable[T]]) -> T:
+    config = admin_config(bootstrap)
+    host, port = config.servers[0]
     outcome: list[Any] = []
     with anyio.fail_after(TIMEOUT_S):
         async with anyio.create_task_group() as tg:
@@ -109,9 +145,10 @@ async def _with_connection(
                     tg,
                     host,
                     port,
-                    client_id="minibroker-admin",
+                    client_id=config.client_id,
                     timeout_s=TIMEOUT_S,
                     max_response_bytes=DEFAULT_FRAME_BYTES_MAX,
+                    security=config.security,
                 )
             except Exception as exc:
                 outcome.append(exc)
@@ -134,7 +171,7 @@ async def _request(conn: Connection, request: Request) -> Any:
 
 
 async def create_topic_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     name: str = "",
     partitions: int = 1,
     config: dict[str, Any] | None = None,
@@ -157,7 +194,7 @@ async def create_topic_async(
     await _with_connection(bootstrap, work)
 
 
-async def list_topics_async(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) -> list[str]:
+async def list_topics_async(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> list[str]:
     """Names of every topic, sorted."""
 
     async def work(conn: Connection) -> list[str]:
@@ -168,7 +205,7 @@ async def list_topics_async(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) 
 
 
 async def describe_topic_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, name: str = ""
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, name: str = ""
 ) -> TopicDescription:
     """Each partition of `name` with its leader and its beginning and end offsets."""
 
@@ -204,7 +241,7 @@ async def describe_topic_async(
 
 
 async def delete_topics_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, topics: Iterable[str] = ()
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, topics: Iterable[str] = ()
 ) -> None:
     """Delete `topics`, each whole, with its records and every group's committed offsets
     of it; a topic of the same name created later starts empty at offset 0.
@@ -222,7 +259,7 @@ async def delete_topics_async(
 
 
 async def describe_configs_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     resources: Iterable[ConfigResource] = (),
 ) -> list[ConfigDescription]:
     """Every setting of each resource (a topic: its overrides and the broker's values it
@@ -254,7 +291,7 @@ async def describe_configs_async(
 
 
 async def incremental_alter_configs_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     alterations: Mapping[ConfigResource, Iterable[AlterConfigOp]] | None = None,
     *,
     validate_only: bool = False,
@@ -310,7 +347,7 @@ def _raise_refused(verb: str, results: list[tuple[str, int, str | None]]) -> Non
 
 
 async def _end_transactions(
-    bootstrap: str | Sequence[str],
+    bootstrap: Bootstrap,
     handles: Iterable[TxnHandle],
     *,
     committed: bool,
@@ -356,7 +393,7 @@ async def _end_transactions(
 
 
 async def commit_transactions_async(
-    bootstrap: str | Sequence[str],
+    bootstrap: Bootstrap,
     handles: Iterable[TxnHandle],
     *,
     app_id: str | None = None,
@@ -376,7 +413,7 @@ async def commit_transactions_async(
 
 
 async def abort_transactions_async(
-    bootstrap: str | Sequence[str],
+    bootstrap: Bootstrap,
     handles: Iterable[TxnHandle],
     *,
     app_id: str | None = None,
@@ -393,7 +430,7 @@ async def abort_transactions_async(
 
 
 async def list_transactions_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     prefix: str | None = None,
     states: Sequence[str] | None = None,
 ) -> list[TransactionListing]:
@@ -411,7 +448,7 @@ async def list_transactions_async(
 
 
 async def describe_txn_apps_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, app_ids: Sequence[str] | None = None
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, app_ids: Sequence[str] | None = None
 ) -> list[TxnApp]:
     """The committed version of each app (`app_ids`, or every app the broker knows)."""
 
@@ -424,7 +461,7 @@ async def describe_txn_apps_async(
 
 
 async def abort_transaction_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, transactional_id: str = ""
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, transactional_id: str = ""
 ) -> TransactionListing | None:
     """Abort the open (ONGOING or PREPARED) transaction of `transactional_id`, for an
     operator clearing one that holds back read_committed consumers; returns what it
@@ -445,7 +482,7 @@ async def abort_transaction_async(
 
 
 async def list_groups_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
 ) -> list[GroupListing]:
     """Every consumer group the broker knows: id, state and member count, sorted by id."""
 
@@ -457,7 +494,7 @@ async def list_groups_async(
 
 
 async def describe_groups_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, group_ids: Sequence[str] = ()
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, group_ids: Sequence[str] = ()
 ) -> list[GroupDescription]:
     """State, epoch and members (id, epoch, client id, subscription, assignment) of each
     group; a group the broker does not know comes back with its error code set."""
@@ -470,7 +507,7 @@ async def describe_groups_async(
 
 
 async def list_group_offsets_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     group_id: str = "",
     partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
 ) -> dict[TopicPartition, OffsetAndMetadata]:
@@ -497,7 +534,7 @@ async def list_group_offsets_async(
 
 
 async def alter_group_offsets_async(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     group_id: str = "",
     offsets: Mapping[Any, int | OffsetAndMetadata] | None = None,
 ) -> None:
@@ -524,13 +561,240 @@ async def alter_group_offsets_async(
     await _with_connection(bootstrap, work)
 
 
+# --------------------------------------------------------------------------- ACLs
+
+
+def _security_error(code: int, context: str, message: str | None = None) -> MinibrokerError:
+    """error_for, with what SECURITY_DISABLED means for an operator."""
+    if code == ErrorCode.SECURITY_DISABLED:
+        return error_for(
+            code, context, message or "the broker's authorizer is off (authorizer = false)"
+        )
+    return error_for(code, context, message)
+
+
+async def _security_request(conn: Connection, request: Request, context: str) -> Any:
+    response = await conn.request(request, TIMEOUT_S)
+    if response.error:
+        raise _security_error(response.error, context, response.message)
+    return response
+
+
+def _pattern_filter_to_wire(
+    pattern: ResourcePatternFilter,
+) -> tuple[str | None, str | None, str | None]:
+    return (
+        None if pattern.resource_type is None else pattern.resource_type.value,
+        pattern.resource_name,
+        None if pattern.pattern_type is None else pattern.pattern_type.value,
+    )
+
+
+def _binding_to_wire(binding: AclBinding) -> m.AclBinding:
+    p = binding.resource_pattern
+    return m.AclBinding(
+        resource_type=p.resource_type.value,
+        resource_name=p.resource_name,
+        pattern_type=p.pattern_type.value,
+        principal=binding.principal,
+        host=binding.host,
+        operation=binding.operation.value,
+        permission=binding.permission_type.value,
+    )
+
+
+def _binding_from_wire(wire: m.AclBinding) -> AclBinding:
+    return AclBinding(
+        principal=wire.principal,
+        host=wire.host,
+        operation=AclOperation(wire.operation),
+        permission_type=AclPermissionType(wire.permission),
+        resource_pattern=ResourcePattern(
+            ResourceType(wire.resource_type), wire.resource_name, PatternType(wire.pattern_type)
+        ),
+    )
+
+
+def _filter_to_wire(acl_filter: AclBindingFilter) -> m.AclBindingFilter:
+    resource_type, resource_name, pattern_type = _pattern_filter_to_wire(
+        acl_filter.resource_pattern
+    )
+    return m.AclBindingFilter(
+        resource_type=resource_type,
+        resource_name=resource_name,
+        pattern_type=pattern_type,
+        principal=acl_filter.principal,
+        host=acl_filter.host,
+        operation=None if acl_filter.operation is None else acl_filter.operation.value,
+        permission=None if acl_filter.permission_type is None else acl_filter.permission_type.value,
+    )
+
+
+async def create_acls_async(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, bindings: Sequence[AclBinding] = ()
+) -> CreateAclsResult:
+    """Create ACLs (durable before the answer); each binding is created or refused on its
+    own (`failed` pairs it with its error). Raises AuthorizationFailedError without alter
+    on the cluster, MinibrokerError (SECURITY_DISABLED) when the broker's authorizer is
+    off."""
+    chosen = list(bindings)
+
+    async def work(conn: Connection) -> CreateAclsResult:
+        request = m.CreateAclsRequest(creations=[_binding_to_wire(b) for b in chosen])
+        response = await _security_request(conn, request, "create ACLs")
+        created: list[AclBinding] = []
+        failed: list[tuple[AclBinding, MinibrokerError]] = []
+        for binding, result in zip(chosen, response.results, strict=True):
+            if result.error:
+                failed.append(
+                    (
+                        binding,
+                        _security_error(result.error, f"create ACL {binding}", result.message),
+                    )
+                )
+            else:
+                created.append(binding)
+        return CreateAclsResult(created, failed)
+
+    if not chosen:
+        return CreateAclsResult([], [])
+    return await _with_connection(bootstrap, work)
+
+
+async def describe_acls_async(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, acl_filter: AclBindingFilter | None = None
+) -> list[AclBinding]:
+    """The ACLs that `acl_filter` matches (default: every ACL)."""
+    wire = _filter_to_wire(acl_filter or AclBindingFilter())
+
+    async def work(conn: Connection) -> list[AclBinding]:
+        response = await _security_request(
+            conn, m.DescribeAclsRequest(filter=wire), "describe ACLs"
+        )
+        return [_binding_from_wire(b) for b in response.bindings]
+
+    return await _with_connection(bootstrap, work)
+
+
+async def delete_acls_async(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, filters: Sequence[AclBindingFilter] = ()
+) -> list[DeleteAclsResult]:
+    """Delete every ACL each filter matches; one result per filter, in order, with what it
+    deleted or its error (an invalid filter is refused on its own)."""
+    chosen = list(filters)
+
+    async def work(conn: Connection) -> list[DeleteAclsResult]:
+        request = m.DeleteAclsRequest(filters=[_filter_to_wire(f) for f in chosen])
+        response = await _security_request(conn, request, "delete ACLs")
+        return [
+            DeleteAclsResult(
+                acl_filter,
+                [_binding_from_wire(b) for b in result.deleted],
+                _security_error(result.error, "delete ACLs") if result.error else None,
+            )
+            for acl_filter, result in zip(chosen, response.results, strict=True)
+        ]
+
+    if not chosen:
+        return []
+    return await _with_connection(bootstrap, work)
+
+
+# --------------------------------------------------------------------------- SCRAM users
+
+
+async def describe_user_scram_credentials_async(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, users: Sequence[str] | None = None
+) -> list[UserScramCredentialsDescription]:
+    """The SCRAM mechanisms and iterations of `users` (default: every user), sorted by user;
+    a named user without credentials is left out."""
+
+    async def work(conn: Connection) -> list[UserScramCredentialsDescription]:
+        request = m.DescribeUserScramCredentialsRequest(
+            users=None if users is None else list(users)
+        )
+        response = await _security_request(conn, request, "describe SCRAM credentials")
+        found = []
+        for result in response.results:
+            if result.error == ErrorCode.RESOURCE_NOT_FOUND:
+                continue
+            if result.error:
+                raise _security_error(
+                    result.error, f"describe SCRAM credentials of {result.user!r}"
+                )
+            found.append(
+                UserScramCredentialsDescription(
+                    result.user,
+                    [ScramCredentialInfo(c.mechanism, c.iterations) for c in result.credentials],
+                )
+            )
+        return sorted(found, key=lambda d: d.user)
+
+    return await _with_connection(bootstrap, work)
+
+
+async def alter_user_scram_credentials_async(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    alterations: Sequence[UserScramCredentialUpsertion | UserScramCredentialDeletion] = (),
+) -> list[AlterUserScramCredentialsResult]:
+    """Set (upsert) or delete SCRAM credentials; one result per user, in the order users are
+    first named, each all or nothing. An upsertion's password never leaves the client:
+    the request carries KIP-554's Hi(password, salt, iterations) (computed in a worker
+    thread: thousands of HMACs)."""
+    chosen = list(alterations)
+    upsertions: list[m.ScramCredentialUpsertion] = []
+    for alteration in chosen:
+        if isinstance(alteration, UserScramCredentialUpsertion):
+            salt = alteration.salt or new_salt()
+            salted = await anyio.to_thread.run_sync(
+                salted_password,
+                alteration.mechanism,
+                alteration.password,
+                salt,
+                alteration.iterations,
+            )
+            upsertions.append(
+                m.ScramCredentialUpsertion(
+                    user=alteration.user,
+                    mechanism=alteration.mechanism,
+                    iterations=alteration.iterations,
+                    salt=salt,
+                    salted_password=salted,
+                )
+            )
+    request = m.AlterUserScramCredentialsRequest(
+        deletions=[
+            m.ScramCredentialDeletion(user=a.user, mechanism=a.mechanism)
+            for a in chosen
+            if isinstance(a, UserScramCredentialDeletion)
+        ],
+        upsertions=upsertions,
+    )
+
+    async def work(conn: Connection) -> list[AlterUserScramCredentialsResult]:
+        response = await _security_request(conn, request, "alter SCRAM credentials")
+        return [
+            AlterUserScramCredentialsResult(
+                r.user,
+                _security_error(r.error, f"alter SCRAM credentials of {r.user!r}", r.message)
+                if r.error
+                else None,
+            )
+            for r in response.results
+        ]
+
+    if not chosen:
+        return []
+    return await _with_connection(bootstrap, work)
+
+
 def _run(func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
     with start_blocking_portal() as portal:
         return portal.call(lambda: func(*args, **kwargs))
 
 
 def create_topic(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     name: str = "",
     partitions: int = 1,
     config: dict[str, Any] | None = None,
@@ -540,31 +804,27 @@ def create_topic(
     _run(create_topic_async, bootstrap, name, partitions, config, exist_ok=exist_ok)
 
 
-def list_topics(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) -> list[str]:
+def list_topics(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> list[str]:
     return _run(list_topics_async, bootstrap)
 
 
-def describe_topic(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, name: str = ""
-) -> TopicDescription:
+def describe_topic(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, name: str = "") -> TopicDescription:
     return _run(describe_topic_async, bootstrap, name)
 
 
-def delete_topics(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, topics: Iterable[str] = ()
-) -> None:
+def delete_topics(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, topics: Iterable[str] = ()) -> None:
     _run(delete_topics_async, bootstrap, list(topics))
 
 
 def describe_configs(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     resources: Iterable[ConfigResource] = (),
 ) -> list[ConfigDescription]:
     return _run(describe_configs_async, bootstrap, list(resources))
 
 
 def incremental_alter_configs(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     alterations: Mapping[ConfigResource, Iterable[AlterConfigOp]] | None = None,
     *,
     validate_only: bool = False,
@@ -578,7 +838,7 @@ def incremental_alter_configs(
 
 
 def commit_transactions(
-    bootstrap: str | Sequence[str],
+    bootstrap: Bootstrap,
     handles: Iterable[TxnHandle],
     *,
     app_id: str | None = None,
@@ -590,7 +850,7 @@ def commit_transactions(
 
 
 def abort_transactions(
-    bootstrap: str | Sequence[str],
+    bootstrap: Bootstrap,
     handles: Iterable[TxnHandle],
     *,
     app_id: str | None = None,
@@ -602,7 +862,7 @@ def abort_transactions(
 
 
 def list_transactions(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     prefix: str | None = None,
     states: Sequence[str] | None = None,
 ) -> list[TransactionListing]:
@@ -610,29 +870,29 @@ def list_transactions(
 
 
 def describe_txn_apps(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, app_ids: Sequence[str] | None = None
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, app_ids: Sequence[str] | None = None
 ) -> list[TxnApp]:
     return _run(describe_txn_apps_async, bootstrap, app_ids)
 
 
 def abort_transaction(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, transactional_id: str = ""
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, transactional_id: str = ""
 ) -> TransactionListing | None:
     return _run(abort_transaction_async, bootstrap, transactional_id)
 
 
-def list_groups(bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP) -> list[GroupListing]:
+def list_groups(bootstrap: Bootstrap = DEFAULT_BOOTSTRAP) -> list[GroupListing]:
     return _run(list_groups_async, bootstrap)
 
 
 def describe_groups(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP, group_ids: Sequence[str] = ()
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, group_ids: Sequence[str] = ()
 ) -> list[GroupDescription]:
     return _run(describe_groups_async, bootstrap, list(group_ids))
 
 
 def list_group_offsets(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     group_id: str = "",
     partitions: Iterable[TopicPartition | tuple[str, int]] | None = None,
 ) -> dict[TopicPartition, OffsetAndMetadata]:
@@ -645,8 +905,39 @@ def list_group_offsets(
 
 
 def alter_group_offsets(
-    bootstrap: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
     group_id: str = "",
     offsets: Mapping[Any, int | OffsetAndMetadata] | None = None,
 ) -> None:
     _run(alter_group_offsets_async, bootstrap, group_id, dict(offsets or {}))
+
+
+def create_acls(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, bindings: Sequence[AclBinding] = ()
+) -> CreateAclsResult:
+    return _run(create_acls_async, bootstrap, list(bindings))
+
+
+def describe_acls(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, acl_filter: AclBindingFilter | None = None
+) -> list[AclBinding]:
+    return _run(describe_acls_async, bootstrap, acl_filter)
+
+
+def delete_acls(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, filters: Sequence[AclBindingFilter] = ()
+) -> list[DeleteAclsResult]:
+    return _run(delete_acls_async, bootstrap, list(filters))
+
+
+def describe_user_scram_credentials(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP, users: Sequence[str] | None = None
+) -> list[UserScramCredentialsDescription]:
+    return _run(describe_user_scram_credentials_async, bootstrap, users)
+
+
+def alter_user_scram_credentials(
+    bootstrap: Bootstrap = DEFAULT_BOOTSTRAP,
+    alterations: Sequence[UserScramCredentialUpsertion | UserScramCredentialDeletion] = (),
+) -> list[AlterUserScramCredentialsResult]:
+    return _run(alter_user_scram_credentials_async, bootstrap, list(alterations))

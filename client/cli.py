@@ -13,17 +13,24 @@
     minibroker txn apps [APP_ID...]
     minibroker groups list | describe GROUP
     minibroker groups reset-offsets GROUP --topic T --to-earliest | --to-latest | --to-offset N
+    minibroker acls add --allow-principal User:alice --operation read --topic orders
+    minibroker acls list [--topic orders] | remove ...
+    minibroker users add alice [--password-stdin] | list | remove alice
 
 `register(subparsers)` adds them to the parser `minibroker_cli` builds; each subcommand sets
-`func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092). Errors
-and the SDK's warnings are `minibroker: ...` lines on stderr; long commands show their
-progress (client/progress.py), and Ctrl-C prints what was done and exits 130.
+`func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092) and
+`--client-config FILE`, a TOML file of the SDK's security settings (security_protocol,
+ssl_*, sasl_*) for the command's own connections. Errors and the SDK's warnings are
+`minibroker: ...` lines on stderr; long commands show their progress
+(client/progress.py), and Ctrl-C prints what was done and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import getpass
+import itertools
 import json
 import logging
 import sys
@@ -32,29 +39,56 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 from client import perf
 from client.admin import (
     OPEN_TXN_STATES,
     abort_transaction,
     alter_group_offsets,
+    alter_user_scram_credentials,
+    create_acls,
     create_topic,
+    delete_acls,
     delete_topics,
+    describe_acls,
     describe_configs,
     describe_groups,
     describe_topic,
     describe_txn_apps,
+    describe_user_scram_credentials,
     incremental_alter_configs,
     list_group_offsets,
     list_groups,
     list_topics,
     list_transactions,
 )
-from client.config import DEFAULT_BOOTSTRAP
+from client.config import DEFAULT_BOOTSTRAP, SECURITY_SETTINGS, AdminConfig
 from client.consumer import Consumer
 from client.errors import MinibrokerError, NonEmptyGroupError, UnknownPartitionError
 from client.producer import Producer
 from client.progress import Progress
-from client.types import AlterConfigOp, ConfigResource, ConsumerRecord, TopicPartition
+from client.security import DEFAULT_ITERATIONS, ITERATIONS_MAX, ITERATIONS_MIN, SCRAM_MECHANISMS
+from client.types import (
+    CLUSTER_NAME,
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AlterConfigOp,
+    ConfigResource,
+    ConsumerRecord,
+    PatternType,
+    ResourcePattern,
+    ResourcePatternFilter,
+    ResourceType,
+    TopicPartition,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
 from protocol.errors import ErrorCode
 from protocol.messages import TXN_STATES, GroupDescription, GroupMemberDescription
 
@@ -66,8 +100,8 @@ EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `topics`, `configs`, `produce`, `consume`, `perf-produce`, `perf-consume`, `txn`
-    and `groups`."""
+    """Add `topics`, `configs`, `produce`, `consume`, `perf-produce`, `perf-consume`, `txn`,
+    `groups`, `acls` and `users`."""
     topics = subparsers.add_parser("topics", help="create, list, describe and delete topics")
     verbs = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
 
@@ -169,6 +203,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--to-offset", type=int, metavar="N", help="clamped to the log's range")
     reset.add_argument("--dry-run", action="store_true", help="show the new offsets, change none")
 
+    _register_acls(subparsers)
+    _register_users(subparsers)
+
     perf.add_produce_arguments(
         _command(
             subparsers,
@@ -197,8 +234,35 @@ def _command(
     parser.add_argument(
         "--bootstrap-server", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="the broker"
     )
+    parser.add_argument(
+        "--client-config",
+        metavar="FILE",
+        help="TOML file of the SDK's security settings for this command's connections "
+        "(security_protocol, ssl_cafile, sasl_mechanism, sasl_plain_username, ...)",
+    )
     parser.set_defaults(func=_reporting(func))
     return parser
+
+
+def _load_client_config(path: str | None) -> dict[str, Any]:
+    """The security settings of a --client-config TOML file (the SDK's names). Only those:
+    a file that sets anything else is refused, naming it, as a mistyped name would
+    otherwise be ignored. ssl_context cannot come from a file."""
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            settings = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"--client-config {path}: not TOML ({exc})") from None
+    allowed = [name for name in SECURITY_SETTINGS if name != "ssl_context"]
+    unknown = sorted(set(settings) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"--client-config {path}: {', '.join(unknown)} is not a client security setting; "
+            f"known: {', '.join(allowed)}"
+        )
+    return settings
 
 
 def _reporting(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -211,6 +275,10 @@ def _reporting(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         handler.setFormatter(logging.Formatter("minibroker: %(message)s"))
         logging.getLogger("minibroker.client").addHandler(handler)
         try:
+            # The command's connections: `security` for its producers and consumers,
+            # `admin` (the same settings and the bootstrap) for its admin calls.
+            args.security = _load_client_config(args.client_config)
+            args.admin = AdminConfig(bootstrap_servers=args.bootstrap_server, **args.security)
             return func(args)
         except (MinibrokerError, ValueError, OSError) as exc:
             print(f"minibroker: {exc}", file=sys.stderr)
@@ -233,7 +301,7 @@ def _topics_create(args: argparse.Namespace) -> int:
             raise ValueError(f"--config expects KEY=VALUE, got {item!r}")
         config[key] = _setting(value)
     create_topic(
-        args.bootstrap_server,
+        args.admin,
         args.name,
         args.partitions,
         config or None,
@@ -252,13 +320,13 @@ def _setting(value: str) -> Any:
 
 
 def _topics_list(args: argparse.Namespace) -> int:
-    for name in list_topics(args.bootstrap_server):
+    for name in list_topics(args.admin):
         print(name)
     return 0
 
 
 def _topics_describe(args: argparse.Namespace) -> int:
-    description = describe_topic(args.bootstrap_server, args.name)
+    description = describe_topic(args.admin, args.name)
     partitions = description.partitions
     print(f"Topic: {args.name}\tPartitionCount: {len(partitions)}")
     for p in partitions:
@@ -274,7 +342,7 @@ def _topics_delete(args: argparse.Namespace) -> int:
     failed = 0
     for name in args.names:
         try:
-            delete_topics(args.bootstrap_server, [name])
+            delete_topics(args.admin, [name])
         except MinibrokerError as exc:
             print(f"minibroker: {exc}", file=sys.stderr)
             failed += 1
@@ -330,7 +398,7 @@ def _configs_describe(args: argparse.Namespace) -> int:
         if args.topic is not None
         else ConfigResource("broker", args.broker)
     )
-    (description,) = describe_configs(args.bootstrap_server, [resource])
+    (description,) = describe_configs(args.admin, [resource])
     print(f"All configs for {resource.type} {resource.name} are:")
     for e in description.entries:
         value = "null" if e.value is None else e.value
@@ -352,9 +420,7 @@ def _configs_alter(args: argparse.Namespace) -> int:
     if not ops:
         raise ValueError("name settings with --add-config and/or --delete-config")
     resource = ConfigResource("topic", args.topic)
-    incremental_alter_configs(
-        args.bootstrap_server, {resource: ops}, validate_only=args.validate_only
-    )
+    incremental_alter_configs(args.admin, {resource: ops}, validate_only=args.validate_only)
     if args.validate_only:
         print(f"Validated the config change for topic {args.topic} (nothing changed).")
     else:
@@ -385,7 +451,7 @@ def _produce(args: argparse.Namespace) -> int:
             failures.append(error)
 
     sent = 0
-    with Producer(args.bootstrap_server, **config) as producer:
+    with Producer(args.bootstrap_server, **config, **args.security) as producer:
         for key, value in _inputs(args.files, separator, fixed_key, sys.stdin.buffer):
             producer.send(
                 args.topic, value, key=key, partition=args.partition, on_delivery=delivered
@@ -434,6 +500,7 @@ def _consume(args: argparse.Namespace) -> int:
         bootstrap_servers=args.bootstrap_server,
         auto_offset_reset=reset,
         isolation_level=args.isolation_level,
+        **args.security,
     ) as consumer:
         available = consumer.partitions_for_topic(args.topic)
         for partition in args.partition or ():
@@ -515,7 +582,7 @@ def _json_bytes(data: bytes | None) -> str | None:
 
 
 def _txn_list(args: argparse.Namespace) -> int:
-    listings = list_transactions(args.bootstrap_server, args.prefix, args.state)
+    listings = list_transactions(args.admin, args.prefix, args.state)
     print("TransactionalId\tProducerId\tEpoch\tState\tStartedMs\tTimeoutMs\tPartitions")
     for t in listings:
         partitions = ",".join(
@@ -529,7 +596,7 @@ def _txn_list(args: argparse.Namespace) -> int:
 
 
 def _txn_abort(args: argparse.Namespace) -> int:
-    aborted = abort_transaction(args.bootstrap_server, args.transactional_id)
+    aborted = abort_transaction(args.admin, args.transactional_id)
     if aborted is None:
         print(f"minibroker: {args.transactional_id!r} has no open transaction", file=sys.stderr)
         return EXIT_ERROR
@@ -542,7 +609,7 @@ def _txn_abort(args: argparse.Namespace) -> int:
 
 def _txn_apps(args: argparse.Namespace) -> int:
     print("TxnAppId\tVersion\tCommittedMs")
-    for app in describe_txn_apps(args.bootstrap_server, args.app_ids or None):
+    for app in describe_txn_apps(args.admin, args.app_ids or None):
         print(f"{app.txn_app_id}\t{app.txn_app_version}\t{app.committed_ms}")
     return 0
 
@@ -552,12 +619,12 @@ def _txn_apps(args: argparse.Namespace) -> int:
 
 def _groups_list(args: argparse.Namespace) -> int:
     print("GROUP\tSTATE\tMEMBERS")
-    for group in list_groups(args.bootstrap_server):
+    for group in list_groups(args.admin):
         print(f"{group.group_id}\t{group.state}\t{group.members}")
     return 0
 
 
-def _describe_group(bootstrap: str, group_id: str) -> GroupDescription:
+def _describe_group(bootstrap: AdminConfig, group_id: str) -> GroupDescription:
     """The group's description (GROUP_ID_NOT_FOUND: no members, state DEAD); other errors
     raise."""
     (description,) = describe_groups(bootstrap, [group_id])
@@ -570,7 +637,7 @@ def _describe_group(bootstrap: str, group_id: str) -> GroupDescription:
 
 
 def _groups_describe(args: argparse.Namespace) -> int:
-    bootstrap, group_id = args.bootstrap_server, args.group
+    bootstrap, group_id = args.admin, args.group
     description = _describe_group(bootstrap, group_id)
     committed = list_group_offsets(bootstrap, group_id)
     if description.error and not committed:
@@ -629,7 +696,7 @@ def _groups_describe(args: argparse.Namespace) -> int:
 
 
 def _groups_reset_offsets(args: argparse.Namespace) -> int:
-    bootstrap, group_id = args.bootstrap_server, args.group
+    bootstrap, group_id = args.admin, args.group
     description = _describe_group(bootstrap, group_id)
     if description.members:
         raise NonEmptyGroupError(
@@ -675,3 +742,297 @@ def _perf_produce(args: argparse.Namespace) -> int:
 def _perf_consume(args: argparse.Namespace) -> int:
     result = perf.perf_consume(args)
     return 0 if result["records"] >= args.messages else EXIT_ERROR
+
+
+# --------------------------------------------------------------------------- ACLs
+
+_RESOURCE_OPTIONS = (
+    ("topic", ResourceType.TOPIC),
+    ("group", ResourceType.GROUP),
+    ("transactional_id", ResourceType.TRANSACTIONAL_ID),
+)
+
+
+def _register_acls(subparsers: argparse._SubParsersAction) -> None:
+    """`acls add|list|remove`, with kafka-acls' options."""
+    acls = subparsers.add_parser("acls", help="add, list and remove ACLs (like kafka-acls)")
+    verbs = acls.add_subparsers(dest="acls_command", required=True, metavar="ACTION")
+    add = _command(verbs, "add", "allow or deny principals operations on resources", _acls_add)
+    _acl_arguments(add, pattern_types=("literal", "prefixed"), default_pattern="literal")
+    listing = _command(verbs, "list", "the ACLs, or those of a resource", _acls_list)
+    _resource_arguments(listing)
+    listing.add_argument("--principal", help="only the ACLs of this principal (User:NAME)")
+    listing.add_argument(
+        "--resource-pattern-type",
+        choices=["any", "match", "literal", "prefixed"],
+        default="any",
+        help="any: the resource name as given, either type (default); match: every ACL "
+        "that applies to the resource (literal, * and prefixes)",
+    )
+    remove = _command(
+        verbs, "remove", "remove the ACLs that match (exactly, as kafka-acls)", _acls_remove
+    )
+    _acl_arguments(remove, pattern_types=("literal", "prefixed"), default_pattern="literal")
+    remove.add_argument(
+        "--force",
+        action="store_true",
+        help="remove every ACL of the resource when no principal or operation is named",
+    )
+
+
+def _resource_arguments(parser: argparse.ArgumentParser) -> None:
+    for name, kind in _RESOURCE_OPTIONS:
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            action="append",
+            metavar="NAME",
+            help=f"a {kind.value.replace('_', ' ')} (repeatable; * for every one)",
+        )
+    parser.add_argument("--cluster", action="store_true", help="the cluster")
+
+
+def _acl_arguments(
+    parser: argparse.ArgumentParser, *, pattern_types: tuple[str, ...], default_pattern: str
+) -> None:
+    parser.add_argument(
+        "--allow-principal", action="append", default=[], metavar="PRINCIPAL", help="User:NAME"
+    )
+    parser.add_argument(
+        "--deny-principal", action="append", default=[], metavar="PRINCIPAL", help="User:NAME"
+    )
+    parser.add_argument(
+        "--operation",
+        action="append",
+        default=[],
+        type=_operation,
+        metavar="OPERATION",
+        help=f"repeatable: {', '.join(o.value for o in AclOperation)}",
+    )
+    parser.add_argument("--host", default="*", help="the client's IP address (default: *)")
+    _resource_arguments(parser)
+    parser.add_argument("--resource-pattern-type", choices=pattern_types, default=default_pattern)
+
+
+def _operation(text: str) -> AclOperation:
+    """An operation as kafka-acls spells it (Read, IdempotentWrite) or as the wire does."""
+    squashed = text.replace("_", "").replace("-", "").lower()
+    for operation in AclOperation:
+        if operation.value.replace("_", "") == squashed:
+            return operation
+    raise argparse.ArgumentTypeError(
+        f"unknown operation {text!r} (one of {', '.join(o.value for o in AclOperation)})"
+    )
+
+
+def _resources(args: argparse.Namespace) -> list[tuple[ResourceType, str]]:
+    named = [
+        (kind, name) for option, kind in _RESOURCE_OPTIONS for name in getattr(args, option) or ()
+    ]
+    if args.cluster:
+        named.append((ResourceType.CLUSTER, CLUSTER_NAME))
+    return named
+
+
+def _principals(args: argparse.Namespace) -> list[tuple[AclPermissionType, str]]:
+    return [(AclPermissionType.ALLOW, p) for p in args.allow_principal] + [
+        (AclPermissionType.DENY, p) for p in args.deny_principal
+    ]
+
+
+def _print_acls(bindings: list[AclBinding]) -> None:
+    print("PRINCIPAL\tHOST\tOPERATION\tPERMISSION\tRESOURCE_TYPE\tNAME\tPATTERN")
+    for b in bindings:
+        p = b.resource_pattern
+        print(
+            f"{b.principal}\t{b.host}\t{b.operation.value}\t{b.permission_type.value}\t"
+            f"{p.resource_type.value}\t{p.resource_name}\t{p.pattern_type.value}"
+        )
+
+
+def _acls_add(args: argparse.Namespace) -> int:
+    resources, principals = _resources(args), _principals(args)
+    if not resources or not principals or not args.operation:
+        raise ValueError(
+            "acls add needs a resource (--topic, --group, --transactional-id or --cluster), "
+            "a principal (--allow-principal or --deny-principal) and an --operation"
+        )
+    bindings = [
+        AclBinding(
+            principal,
+            args.host,
+            operation,
+            permission,
+            ResourcePattern(kind, name, PatternType(args.resource_pattern_type)),
+        )
+        for (kind, name), (permission, principal), operation in itertools.product(
+            resources, principals, args.operation
+        )
+    ]
+    result = create_acls(args.admin, bindings)
+    if result.created:
+        print(f"Added {len(result.created)} ACL(s):")
+        _print_acls(result.created)
+    for _, error in result.failed:
+        print(f"minibroker: {error}", file=sys.stderr)
+    return EXIT_ERROR if result.failed else 0
+
+
+def _acls_list(args: argparse.Namespace) -> int:
+    resources: list[tuple[ResourceType | None, str | None]] = [*_resources(args)] or [(None, None)]
+    pattern = PatternType(args.resource_pattern_type)
+    found: list[AclBinding] = []
+    for kind, name in resources:
+        acl_filter = AclBindingFilter(
+            principal=args.principal,
+            resource_pattern=ResourcePatternFilter(kind, name, pattern),
+        )
+        found += [b for b in describe_acls(args.admin, acl_filter) if b not in found]
+    _print_acls(found)
+    return 0
+
+
+def _acls_remove(args: argparse.Namespace) -> int:
+    resources, principals = _resources(args), _principals(args)
+    if not resources:
+        raise ValueError(
+            "acls remove needs a resource (--topic, --group, --transactional-id or --cluster)"
+        )
+    if not principals and not args.operation and not args.force:
+        raise ValueError(
+            "no --allow-principal, --deny-principal or --operation: that removes every ACL of "
+            "the resource; say --force to do so"
+        )
+    pattern = PatternType(args.resource_pattern_type)
+    who: list[tuple[AclPermissionType | None, str | None]] = [*principals] or [(None, None)]
+    filters = [
+        AclBindingFilter(
+            principal=principal,
+            host=args.host,
+            operation=operation,
+            permission_type=permission,
+            resource_pattern=ResourcePatternFilter(kind, name, pattern),
+        )
+        for (kind, name), (permission, principal), operation in itertools.product(
+            resources, who, args.operation or [None]
+        )
+    ]
+    deleted: list[AclBinding] = []
+    failed = 0
+    for result in delete_acls(args.admin, filters):
+        deleted += result.deleted
+        if result.error is not None:
+            failed += 1
+            print(f"minibroker: {result.error}", file=sys.stderr)
+    print(f"Removed {len(deleted)} ACL(s):")
+    _print_acls(deleted)
+    return EXIT_ERROR if failed else 0
+
+
+# --------------------------------------------------------------------------- SCRAM users
+
+
+def _register_users(subparsers: argparse._SubParsersAction) -> None:
+    """`users add|list|remove`: SCRAM credentials, as kafka-configs --entity-type users."""
+    users = subparsers.add_parser(
+        "users", help="add, list and remove SCRAM users (like kafka-configs --entity-type users)"
+    )
+    verbs = users.add_subparsers(dest="users_command", required=True, metavar="ACTION")
+    add = _command(
+        verbs,
+        "add",
+        "set a user's SCRAM credentials (the password is asked for, never an argument)",
+        _users_add,
+    )
+    add.add_argument("user")
+    add.add_argument(
+        "--mechanism",
+        action="append",
+        choices=SCRAM_MECHANISMS,
+        help="repeatable (default: both)",
+    )
+    add.add_argument(
+        "--iterations",
+        type=int,
+        default=DEFAULT_ITERATIONS,
+        help=f"{ITERATIONS_MIN} to {ITERATIONS_MAX} (default {DEFAULT_ITERATIONS})",
+    )
+    add.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from the first line of stdin instead of asking for it",
+    )
+    listing = _command(verbs, "list", "users and their SCRAM mechanisms", _users_list)
+    listing.add_argument("users", nargs="*", metavar="USER", help="default: every user")
+    remove = _command(verbs, "remove", "delete a user's SCRAM credentials", _users_remove)
+    remove.add_argument("user")
+    remove.add_argument(
+        "--mechanism",
+        action="append",
+        choices=SCRAM_MECHANISMS,
+        help="repeatable (default: every one the user has)",
+    )
+
+
+def _password(args: argparse.Namespace) -> str:
+    """From stdin's first line (--password-stdin), else asked twice on the terminal."""
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"Password for {args.user}: ")
+        if getpass.getpass("Again: ") != password:
+            raise ValueError("the two passwords differ")
+    if not password:
+        raise ValueError("the password must not be empty")
+    return password
+
+
+def _users_add(args: argparse.Namespace) -> int:
+    mechanisms = args.mechanism or list(SCRAM_MECHANISMS)
+    password = _password(args)
+    upsertions = [
+        UserScramCredentialUpsertion(args.user, password, mechanism, args.iterations)
+        for mechanism in mechanisms
+    ]
+    return _report_alterations(
+        alter_user_scram_credentials(args.admin, upsertions),
+        f"Set the {', '.join(mechanisms)} credentials of {args.user} "
+        f"({args.iterations} iterations).",
+    )
+
+
+def _users_list(args: argparse.Namespace) -> int:
+    described = describe_user_scram_credentials(args.admin, args.users or None)
+    print("USER\tMECHANISM\tITERATIONS")
+    for user in described:
+        for credential in user.credentials:
+            print(f"{user.user}\t{credential.mechanism}\t{credential.iterations}")
+    missing = sorted(set(args.users) - {d.user for d in described})
+    for user in missing:
+        print(f"minibroker: user {user!r} has no SCRAM credentials", file=sys.stderr)
+    return EXIT_ERROR if missing else 0
+
+
+def _users_remove(args: argparse.Namespace) -> int:
+    mechanisms = args.mechanism
+    if not mechanisms:
+        described = describe_user_scram_credentials(args.admin, [args.user])
+        mechanisms = [c.mechanism for d in described for c in d.credentials]
+        if not mechanisms:
+            print(f"minibroker: user {args.user!r} has no SCRAM credentials", file=sys.stderr)
+            return EXIT_ERROR
+    deletions = [UserScramCredentialDeletion(args.user, mechanism) for mechanism in mechanisms]
+    return _report_alterations(
+        alter_user_scram_credentials(args.admin, deletions),
+        f"Deleted the {', '.join(mechanisms)} credentials of {args.user}.",
+    )
+
+
+def _report_alterations(results: list[Any], done: str) -> int:
+    failed = [r for r in results if r.error is not None]
+    for result in failed:
+        print(f"minibroker: {result.error}", file=sys.stderr)
+    if failed:
+        return EXIT_ERROR
+    print(done)
+    return 0

@@ -8,9 +8,20 @@ equivalent of Kafka's ConfigException, so mistakes surface before any I/O.
 from __future__ import annotations
 
 import math
+import ssl
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
+from client.security import (
+    PLAINTEXT,
+    SASL_MECHANISMS,
+    SASL_PROTOCOLS,
+    SECURITY_PROTOCOLS,
+    TLS_PROTOCOLS,
+    ConnectionSecurity,
+    SaslSettings,
+    tls_context,
+)
 from protocol.compression import Compression
 from protocol.messages import IDENTIFIER_CHARS_MAX
 
@@ -58,8 +69,139 @@ def _non_negative(name: str, value: float) -> None:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
+# The TLS settings that only mean something with security_protocol SSL or SASL_SSL, and the
+# SASL ones with SASL_PLAINTEXT or SASL_SSL. Naming one with another protocol is an error:
+# a forgotten security_protocol would otherwise connect in plaintext, without a word.
+_TLS_SETTINGS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_context")
+_SASL_SETTINGS = ("sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
+SECRET_SETTINGS = frozenset({"ssl_password", "sasl_plain_password"})
+"""Settings whose values must never be shown: hidden from reprs here and in the Spark
+connector's options."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SecurityConfig:
+    """How a client's connections are secured: kafka-python's names, shared by the
+    producer, the consumer and the admin helpers (`AdminConfig`).
+
+    security_protocol: PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL.
+    TLS (SSL, SASL_SSL): the broker's certificate is checked against ssl_cafile (else
+    the system's CAs) and, with ssl_check_hostname, must name the host connected to;
+    ssl_certfile and ssl_keyfile (decrypted with ssl_password) are the client's own
+    certificate for mTLS. Or ssl_context: the caller's `ssl.SSLContext`, used as is.
+    SASL (SASL_*): sasl_mechanism PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 with
+    sasl_plain_username and sasl_plain_password (Kafka's names for every mechanism).
+
+    The TLS context is built here, so a missing file or a wrong key password is a
+    ValueError at construction. Passwords are left out of the repr."""
+
+    security_protocol: str = PLAINTEXT
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: str | None = field(default=None, repr=False)
+    ssl_check_hostname: bool = True
+    ssl_context: ssl.SSLContext | None = None
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = field(default=None, repr=False)
+    security: ConnectionSecurity = field(init=False, repr=False)
+
+    def _check_security(self) -> None:
+        """Validate the settings and build `security`; subclasses call it first thing in
+        their __post_init__ (slots dataclasses cannot use super() there)."""
+        protocol = str(self.security_protocol).upper()
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(
+                f"security_protocol must be one of {', '.join(SECURITY_PROTOCOLS)}, "
+                f"got {self.security_protocol!r}"
+            )
+        self.security_protocol = protocol
+        tls = protocol in TLS_PROTOCOLS
+        sasl = protocol in SASL_PROTOCOLS
+        named = [n for n in _TLS_SETTINGS if getattr(self, n) is not None]
+        if not self.ssl_check_hostname:
+            named.append("ssl_check_hostname")
+        if named and not tls:
+            raise ValueError(
+                f"{', '.join(named)} need security_protocol SSL or SASL_SSL (it is {protocol})"
+            )
+        named = [n for n in _SASL_SETTINGS if getattr(self, n) is not None]
+        if named and not sasl:
+            raise ValueError(
+                f"{', '.join(named)} need security_protocol SASL_PLAINTEXT or SASL_SSL "
+                f"(it is {protocol})"
+            )
+        context = None
+        if tls:
+            context = self._tls_context()
+        credentials = None
+        if sasl:
+            credentials = self._sasl_settings(protocol)
+        self.security = ConnectionSecurity(context, credentials)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self.ssl_context is not None:
+            if not isinstance(self.ssl_context, ssl.SSLContext):
+                raise ValueError("ssl_context must be an ssl.SSLContext")
+            others = [n for n in _TLS_SETTINGS[:-1] if getattr(self, n) is not None]
+            if not self.ssl_check_hostname:
+                others.append("ssl_check_hostname (set check_hostname on the context)")
+            if others:
+                raise ValueError(f"ssl_context is used as is: drop {', '.join(others)}")
+            return self.ssl_context
+        if self.ssl_certfile is None and (
+            self.ssl_keyfile is not None or self.ssl_password is not None
+        ):
+            raise ValueError("ssl_keyfile and ssl_password need ssl_certfile")
+        return tls_context(
+            cafile=self.ssl_cafile,
+            certfile=self.ssl_certfile,
+            keyfile=self.ssl_keyfile,
+            password=self.ssl_password,
+            check_hostname=bool(self.ssl_check_hostname),
+        )
+
+    def _sasl_settings(self, protocol: str) -> SaslSettings:
+        mechanism = str(self.sasl_mechanism or "").upper()
+        if mechanism not in SASL_MECHANISMS:
+            raise ValueError(
+                f"security_protocol {protocol} needs sasl_mechanism "
+                f"{', '.join(SASL_MECHANISMS[:-1])} or {SASL_MECHANISMS[-1]}, "
+                f"got {self.sasl_mechanism!r}"
+            )
+        self.sasl_mechanism = mechanism
+        missing = [
+            n for n in ("sasl_plain_username", "sasl_plain_password") if not getattr(self, n)
+        ]
+        if missing:
+            raise ValueError(f"sasl_mechanism {mechanism} needs {' and '.join(missing)}")
+        assert self.sasl_plain_username is not None and self.sasl_plain_password is not None
+        settings = SaslSettings(mechanism, self.sasl_plain_username, self.sasl_plain_password)
+        settings.client()  # a name or password that SCRAM cannot use fails here, not at connect
+        return settings
+
+
+SECURITY_SETTINGS = tuple(f.name for f in fields(SecurityConfig) if f.init)
+"""The names of the security settings, for the command line's --client-config."""
+
+
 @dataclass(slots=True)
-class ProducerConfig:
+class AdminConfig(SecurityConfig):
+    """Where and how the admin helpers (client/admin.py) connect: the bootstrap servers and
+    the security settings. Every helper takes one in place of a bootstrap string."""
+
+    bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
+    client_id: str = "minibroker-admin"
+    servers: list[tuple[str, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._check_security()
+        self.servers = parse_bootstrap(self.bootstrap_servers)
+
+
+@dataclass(slots=True)
+class ProducerConfig(SecurityConfig):
     """Producer settings; see Kafka's producer configs for the meaning of each."""
 
     bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
@@ -95,6 +237,7 @@ class ProducerConfig:
     compression: Compression = field(init=False)
 
     def __post_init__(self) -> None:
+        self._check_security()
         self.servers = parse_bootstrap(self.bootstrap_servers)
         self.acks_int = parse_acks(self.acks)
         self.compression = Compression.parse(self.compression_type)
@@ -151,7 +294,7 @@ BROKER_SIDE_GROUP_SETTINGS = {
 
 
 @dataclass(slots=True)
-class ConsumerConfig:
+class ConsumerConfig(SecurityConfig):
     """Consumer settings. Without `group_id` offsets are the caller's to store; with one the
     broker keeps them and, for subscribed topics, shares the partitions among the group."""
 
@@ -193,6 +336,7 @@ class ConsumerConfig:
     servers: list[tuple[str, int]] = field(init=False)
 
     def __post_init__(self) -> None:
+        self._check_security()
         self.servers = parse_bootstrap(self.bootstrap_servers)
         if self.group_id is not None and not self.group_id:
             raise ValueError("group_id must be a non-empty string (or None for no group)")

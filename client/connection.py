@@ -7,6 +7,17 @@ longer than its request's timeout, a cid that does not match, or a broken
 socket closes the connection and fails every pending request with
 ConnectionLostError: the outcome of those requests is unknown, and retrying
 them is the caller's business (the producer's sequence numbers make that safe).
+A connection closed by an authentication failure fails them with that
+AuthenticationFailedError instead, which no caller retries.
+
+A secured connection (client/security.py) is opened with TLS, then SASL right
+after ApiVersions; when the broker gives the session a lifetime, the
+connection authenticates again before it runs out (KIP-368), between requests:
+no other request is written during the exchange (its rounds must be
+consecutive requests), and requests already in flight are answered before it,
+in order, so callers at most see a request wait one exchange. A failed authentication,
+first or later, is an AuthenticationFailedError that the Reconnector keeps:
+it is never retried.
 """
 
 from __future__ import annotations
@@ -14,6 +25,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,10 +36,18 @@ import anyio
 import anyio.abc
 
 from client.errors import (
+    AuthenticationFailedError,
     ConnectionLostError,
     MinibrokerError,
     MinibrokerTimeoutError,
     NoBrokersAvailable,
+)
+from client.security import (
+    PLAINTEXT_SECURITY,
+    REAUTH_AT_MAX,
+    REAUTH_AT_MIN,
+    ConnectionSecurity,
+    SaslSettings,
 )
 from protocol.errors import ErrorCode
 from protocol.framing import LENGTH, FrameDecoder, FrameError
@@ -35,6 +56,8 @@ from protocol.messages import (
     ApiVersionsRequest,
     Request,
     Response,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
     decode_response,
     encode_request,
 )
@@ -72,10 +95,21 @@ class Connection:
         *,
         client_id: str | None,
         max_response_bytes: int,
+        sasl: SaslSettings | None = None,
+        timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
         self.address = address
         self.closed = False
         self.max_frame_bytes = 0
+        self.auth_error: AuthenticationFailedError | None = None
+        """Why the broker refused this connection's credentials (set before it closed)."""
+        self.tls_error: ssl.SSLError | None = None
+        """What TLS failed on after the handshake (a TLS 1.3 broker refusing our certificate)."""
+        self.reauth_at: float | None = None
+        """When to authenticate again (anyio.current_time()), or None."""
+        self._sasl = sasl
+        self._timeout_s = timeout_s
+        self._reauth_scope = anyio.CancelScope()
         self._stream = stream
         self._client_id = client_id
         self._decoder = FrameDecoder(max_response_bytes)
@@ -106,6 +140,14 @@ class Connection:
         if self.closed:
             self._refuse(items)
             return False
+        cids, parts = self._encode(items)
+        async with self._send_lock:
+            return await self._write(items, cids, parts, timeout_s)
+
+    def _encode(
+        self, items: Sequence[tuple[Request, ResponseCallback | None]]
+    ) -> tuple[list[int], list[bytes]]:
+        """The requests' cids and their frames, cut into as few parts as their sizes allow."""
         parts: list[bytes] = []
         small: list[bytes] = []
         cids: list[int] = []
@@ -124,33 +166,46 @@ class Connection:
             parts += (LENGTH.pack(len(body)), body)
         if small:
             parts.append(b"".join(small))
-        async with self._send_lock:
-            if self.closed:
-                self._refuse(items)
-                return False
-            waiting = len(self._pending)
-            deadline = anyio.current_time() + timeout_s
-            for cid, (request, callback) in zip(cids, items, strict=True):
-                if callback is not None:
-                    self._pending.append(_Pending(cid, request.response, callback, deadline))
-            if not waiting and self._pending and self._recv_scope is not None:
-                self._recv_scope.deadline = deadline
-            try:
-                for part in parts:
-                    await self._stream.send(part)
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-                self._shutdown(f"send failed: {exc!r}")
-                return False
+        return cids, parts
+
+    async def _write(
+        self,
+        items: Sequence[tuple[Request, ResponseCallback | None]],
+        cids: list[int],
+        parts: list[bytes],
+        timeout_s: float,
+    ) -> bool:
+        """Write encoded requests, their answers expected in order; the send lock is held."""
+        if self.closed:
+            self._refuse(items)
+            return False
+        waiting = len(self._pending)
+        deadline = anyio.current_time() + timeout_s
+        for cid, (request, callback) in zip(cids, items, strict=True):
+            if callback is not None:
+                self._pending.append(_Pending(cid, request.response, callback, deadline))
+        if not waiting and self._pending and self._recv_scope is not None:
+            self._recv_scope.deadline = deadline
+        try:
+            for part in parts:
+                await self._stream.send(part)
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._shutdown(f"send failed: {exc!r}")
+            return False
         return True
 
     def _refuse(self, items: Sequence[tuple[Request, ResponseCallback | None]]) -> None:
-        error = ConnectionLostError(f"{self.address}: {self._close_reason}")
+        error = self._failure()
         for _, callback in items:
             if callback is not None:
                 callback(None, error)
 
     async def request(self, request: Request, timeout_s: float) -> Any:
         """Send `request` and wait for its typed response (of `request.response`)."""
+        return await self._request(request, timeout_s, locked=False)
+
+    async def _request(self, request: Request, timeout_s: float, *, locked: bool) -> Any:
+        """`request`; with `locked`, the caller holds the send lock (authentication)."""
         done = anyio.Event()
         outcome: list[Any] = []
 
@@ -158,12 +213,91 @@ class Connection:
             outcome.append(error if error is not None else response)
             done.set()
 
-        await self.send(request, on_answer, timeout_s)
+        if locked:
+            items = [(request, on_answer)]
+            await self._write(items, *self._encode(items), timeout_s)
+        else:
+            await self.send(request, on_answer, timeout_s)
         await done.wait()
         result = outcome[0]
         if isinstance(result, BaseException):
             raise result
         return result
+
+    # ------------------------------------------------------------------ SASL
+
+    async def authenticate(self) -> None:
+        """Run this connection's SASL exchange, between requests: nothing else is written
+        meanwhile, since a SCRAM exchange's two rounds must be consecutive requests.
+        Requests in flight are not waited for (as in Kafka's clients): the broker
+        answers them first, and a re-authentication so reaches it before the session
+        ends. Sets `reauth_at` from the session lifetime the broker answers.
+        AuthenticationFailedError when refused; ConnectionLostError when the
+        connection fails meanwhile."""
+        sasl = self._sasl
+        assert sasl is not None
+        async with self._send_lock:
+            exchange = sasl.client()
+            message: bytes | None = exchange.first()
+            while message is not None:
+                request = SaslAuthenticateRequest(mechanism=sasl.mechanism, auth_bytes=message)
+                response: SaslAuthenticateResponse = await self._request(
+                    request, self._timeout_s, locked=True
+                )
+                if response.error:
+                    raise self._refused(sasl, response)
+                try:
+                    # SCRAM's client-final costs one Hi (thousands of HMACs): not on the
+                    # event loop, which other connections' I/O shares.
+                    message = await anyio.to_thread.run_sync(exchange.respond, response.auth_bytes)
+                except ValueError as exc:
+                    raise AuthenticationFailedError(
+                        f"authentication with {sasl.mechanism} at {self.address}: the broker's "
+                        f"answer does not verify ({exc}); it does not hold the credential of "
+                        f"{sasl.username!r}, or is not the broker it claims to be",
+                        broker=self.address,
+                        mechanism=sasl.mechanism,
+                    ) from None
+        lifetime_ms = response.session_lifetime_ms
+        self.reauth_at = (
+            anyio.current_time() + lifetime_ms / 1000 * random.uniform(REAUTH_AT_MIN, REAUTH_AT_MAX)
+            if lifetime_ms > 0
+            else None
+        )
+
+    def _refused(
+        self, sasl: SaslSettings, response: SaslAuthenticateResponse
+    ) -> AuthenticationFailedError:
+        said = f": {response.error_message}" if response.error_message else ""
+        if response.error == ErrorCode.UNSUPPORTED_SASL_MECHANISM:
+            text = (
+                f"the broker at {self.address} does not accept SASL mechanism "
+                f"{sasl.mechanism} (UNSUPPORTED_SASL_MECHANISM{said})"
+            )
+        else:
+            text = (
+                f"authentication of {sasl.username!r} with {sasl.mechanism} at {self.address} "
+                f"failed ({ErrorCode.name_of(response.error)}{said})"
+            )
+        return AuthenticationFailedError(
+            text, broker=self.address, mechanism=sasl.mechanism, code=response.error
+        )
+
+    async def keep_authenticated(self) -> None:
+        """Authenticate again at each `reauth_at` (KIP-368) until the connection closes; a
+        refusal closes the connection and is kept in `auth_error`."""
+        with self._reauth_scope:
+            while self.reauth_at is not None and not self.closed:
+                await anyio.sleep_until(self.reauth_at)
+                try:
+                    await self.authenticate()
+                except AuthenticationFailedError as exc:
+                    self.auth_error = exc
+                    self._shutdown(f"re-authentication failed: {exc}")
+                    return
+                except ConnectionLostError:
+                    return
+                log.debug("re-authenticated with %s", self.address)
 
     async def run(self) -> None:
         """Read responses until the connection fails or `aclose` is called."""
@@ -183,6 +317,9 @@ class Connection:
                         self._dispatch(body)
             except anyio.EndOfStream:
                 reason = "closed by the broker"
+            except ssl.SSLError as exc:  # before OSError, its base
+                self.tls_error = exc
+                reason = f"TLS failed: {_tls_reason(exc)}"
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
                 reason = f"receive failed: {exc!r}"
             except FrameError as exc:
@@ -201,6 +338,24 @@ class Connection:
         if response.cid != pending.cid:
             raise _ProtocolViolation(f"response cid {response.cid!r}, expected {pending.cid}")
         self._pending.popleft()
+        if response.error == ErrorCode.SASL_AUTHENTICATION_FAILED and pending.kind is not (
+            SaslAuthenticateResponse
+        ):
+            # The listener wants SASL that this connection did not do (or its session ran
+            # out): nothing will be answered until it does, so the connection ends here
+            # and the Reconnector raises this from then on.
+            self._pending.appendleft(pending)
+            self.auth_error = AuthenticationFailedError(
+                f"the broker at {self.address} requires SASL authentication (it answered "
+                "SASL_AUTHENTICATION_FAILED): set security_protocol SASL_PLAINTEXT or "
+                "SASL_SSL and sasl_mechanism"
+                if self._sasl is None
+                else f"the broker at {self.address} refused a request as unauthenticated "
+                "(SASL_AUTHENTICATION_FAILED)",
+                broker=self.address,
+                mechanism="none" if self._sasl is None else self._sasl.mechanism,
+            )
+            raise _ProtocolViolation(str(self.auth_error))
         pending.callback(response, None)
 
     def _shutdown(self, reason: str) -> None:
@@ -210,9 +365,17 @@ class Connection:
             self._close_reason = reason
             log.info("connection to %s closed: %s", self.address, reason)
         self._run_scope.cancel()
-        error = ConnectionLostError(f"{self.address}: {reason}")
+        self._reauth_scope.cancel()
+        error = self._failure()
         while self._pending:
             self._pending.popleft().callback(None, error)
+
+    def _failure(self) -> MinibrokerError:
+        """What the requests of this closed connection fail with: the authentication failure
+        that closed it (fatal, so no caller retries), else ConnectionLostError."""
+        if self.auth_error is not None:
+            return self.auth_error
+        return ConnectionLostError(f"{self.address}: {self._close_reason}")
 
     async def aclose(self) -> None:
         self._shutdown("closed by the client")
@@ -232,39 +395,133 @@ async def open_connection(
     client_id: str | None,
     timeout_s: float,
     max_response_bytes: int,
+    security: ConnectionSecurity = PLAINTEXT_SECURITY,
 ) -> Connection:
-    """Connect, start the reader in `task_group`, and check the broker speaks our APIs."""
+    """Connect (with TLS when `security` says so), start the reader in `task_group`, check
+    the broker speaks our APIs, and authenticate with SASL when `security` says so (the
+    re-authentication task then runs in `task_group` too).
+
+    AuthenticationFailedError when the TLS handshake or the SASL exchange fails;
+    ConnectionLostError or MinibrokerTimeoutError when the broker cannot be reached."""
     address = f"{host}:{port}"
     connect_s = min(timeout_s, CONNECT_TIMEOUT_S)
     try:
         with anyio.fail_after(connect_s):
-            stream = await anyio.connect_tcp(host, port)
+            stream = await _connect(host, port, security.tls)
     except TimeoutError as exc:
         raise MinibrokerTimeoutError(
             f"cannot connect to {address} (no answer within {connect_s:g} s)"
         ) from exc
+    except ssl.SSLError as exc:  # before OSError, its base
+        raise AuthenticationFailedError(
+            f"TLS handshake with {address} failed: {_tls_reason(exc)}",
+            broker=address,
+            mechanism="TLS",
+        ) from exc
     except OSError as exc:
         raise ConnectionLostError(f"cannot connect to {address} ({_reason(exc)})") from exc
-    conn = Connection(stream, address, client_id=client_id, max_response_bytes=max_response_bytes)
+    except (anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+        raise ConnectionLostError(
+            f"cannot connect to {address} (closed during the TLS handshake: is it a TLS "
+            "listener? security_protocol SSL and SASL_SSL need one)"
+        ) from exc
+    conn = Connection(
+        stream,
+        address,
+        client_id=client_id,
+        max_response_bytes=max_response_bytes,
+        sasl=security.sasl,
+        timeout_s=timeout_s,
+    )
     task_group.start_soon(conn.run, name=f"minibroker-reader-{address}")
+    stage = "ApiVersions"
     try:
-        response = await conn.request(ApiVersionsRequest(), timeout_s)
-        if response.error != ErrorCode.NONE:
-            raise MinibrokerError(
-                f"ApiVersions to {address} failed: {ErrorCode.name_of(response.error)}",
-                response.error,
-            )
-        missing = [api for api in REQUIRED_APIS if 1 not in _version_range(response.apis.get(api))]
-        if missing:
-            raise MinibrokerError(
-                f"broker at {address} does not support v1 of {', '.join(missing)}",
-                ErrorCode.UNSUPPORTED_VERSION,
-            )
-        conn.max_frame_bytes = response.max_frame_bytes
+        try:
+            await _check_versions(conn, timeout_s, security.sasl)
+            if security.sasl is not None:
+                stage = "SaslAuthenticate"
+                await conn.authenticate()
+        except ConnectionLostError as exc:
+            raise _opening_failed(conn, security, stage, exc) from exc
     except BaseException:
         await conn.aclose()
         raise
+    if conn.reauth_at is not None:
+        task_group.start_soon(conn.keep_authenticated, name=f"minibroker-reauth-{address}")
     return conn
+
+
+async def _connect(host: str, port: int, tls: ssl.SSLContext | None) -> anyio.abc.ByteStream:
+    if tls is None:
+        return await anyio.connect_tcp(host, port)
+    # Not standard_compatible: closing must not wait for the broker's close_notify (a
+    # dead broker would hang the close), and frames carry their length, so a cut
+    # stream is seen without TLS's closing handshake.
+    return await anyio.connect_tcp(
+        host, port, ssl_context=tls, tls_hostname=host, tls_standard_compatible=False
+    )
+
+
+async def _check_versions(conn: Connection, timeout_s: float, sasl: SaslSettings | None) -> None:
+    response = await conn.request(ApiVersionsRequest(), timeout_s)
+    address = conn.address
+    if response.error != ErrorCode.NONE:
+        raise MinibrokerError(
+            f"ApiVersions to {address} failed: {ErrorCode.name_of(response.error)}",
+            response.error,
+        )
+    missing = [api for api in REQUIRED_APIS if 1 not in _version_range(response.apis.get(api))]
+    if missing:
+        raise MinibrokerError(
+            f"broker at {address} does not support v1 of {', '.join(missing)}",
+            ErrorCode.UNSUPPORTED_VERSION,
+        )
+    if sasl is not None and 1 not in _version_range(response.apis.get("SaslAuthenticate")):
+        raise AuthenticationFailedError(
+            f"the broker at {address} does not offer SASL (no SaslAuthenticate v1): "
+            "is this listener's security sasl_plaintext or sasl_tls?",
+            broker=address,
+            mechanism=sasl.mechanism,
+        )
+    conn.max_frame_bytes = response.max_frame_bytes
+
+
+def _opening_failed(
+    conn: Connection, security: ConnectionSecurity, stage: str, lost: ConnectionLostError
+) -> MinibrokerError:
+    """What a connection lost before it was ready (while `stage` was being answered)
+    means: TLS refused after the handshake (TLS 1.3 checks the client's certificate
+    then), a plaintext client at a TLS listener, or a connection lost."""
+    address = conn.address
+    if conn.tls_error is not None:
+        return AuthenticationFailedError(
+            f"TLS with {address} failed: {_tls_reason(conn.tls_error)} (the broker refused "
+            "the connection: does it want a client certificate, ssl_certfile?)",
+            broker=address,
+            mechanism="TLS",
+        )
+    reason = str(lost).removeprefix(address + ": ")
+    if stage != "ApiVersions":
+        return ConnectionLostError(f"cannot connect to {address} ({reason} during {stage})")
+    if security.tls is None:
+        return ConnectionLostError(
+            f"cannot connect to {address} ({reason} before answering ApiVersions; if it is "
+            "a TLS listener, set security_protocol SSL or SASL_SSL)"
+        )
+    # TLS 1.3 checks the client's certificate after the handshake, and a broker that
+    # refuses it may just close the connection, without an alert to say why.
+    return ConnectionLostError(
+        f"cannot connect to {address} ({reason} right after the TLS handshake; does the "
+        "broker want a client certificate, ssl_certfile?)"
+    )
+
+
+def _tls_reason(exc: ssl.SSLError) -> str:
+    """What TLS said, as "certificate verify failed: Hostname mismatch, ..."."""
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"certificate verify failed: {exc.verify_message}"
+    text = exc.reason or exc.strerror or str(exc)
+    return str(text).replace("_", " ").lower()
 
 
 def _reason(exc: OSError) -> str:
@@ -299,7 +556,11 @@ class Reconnector:
     defaults, 50 ms doubling to 1 s: 6 attempts in about 1.6 s). kafka-python's
     constructor and aiokafka's start() give up on an unreachable bootstrap the same
     way. Once a broker was reached, a lost connection is retried as long as the
-    caller waits (max_block_ms, delivery_timeout_ms, request_timeout_ms)."""
+    caller waits (max_block_ms, delivery_timeout_ms, request_timeout_ms).
+
+    An AuthenticationFailedError (TLS or SASL refused, at connect or at a later
+    re-authentication) is kept: `get` raises it from then on without connecting
+    again, so a client with wrong credentials fails at once, every time."""
 
     def __init__(
         self,
@@ -310,8 +571,11 @@ class Reconnector:
         max_response_bytes: int,
         backoff_ms: float,
         backoff_max_ms: float,
+        security: ConnectionSecurity = PLAINTEXT_SECURITY,
     ) -> None:
         self.servers = servers
+        self.security = security
+        self.auth_error: AuthenticationFailedError | None = None
         self.client_id = client_id
         self.timeout_s = timeout_s
         self.max_response_bytes = max_response_bytes
@@ -345,6 +609,7 @@ class Reconnector:
         conn = self.current
         if conn is not None and not conn.closed:
             return conn
+        self._check_authenticated()
         if not block and self._lock.locked():
             return None  # someone else is connecting (or waiting out a backoff)
         async with self._lock:
@@ -353,6 +618,7 @@ class Reconnector:
                 conn = self.current
                 if conn is not None and not conn.closed:
                     return conn
+                self._check_authenticated()
                 if (
                     fail_unreached
                     and attempted
@@ -375,9 +641,14 @@ class Reconnector:
                         client_id=self.client_id,
                         timeout_s=self.timeout_s,
                         max_response_bytes=self.max_response_bytes,
+                        security=self.security,
                     )
                     self.failures = 0
                     self.reached = True
+                except AuthenticationFailedError as exc:
+                    self.auth_error = self.last_error = exc
+                    log.info("connect to %s:%s failed for good: %s", host, port, exc)
+                    raise
                 except (ConnectionLostError, MinibrokerTimeoutError) as exc:
                     self.last_error = exc
                     self._errors[f"{host}:{port}"] = exc
@@ -399,6 +670,14 @@ class Reconnector:
                     )
                     if not block:
                         return None
+
+    def _check_authenticated(self) -> None:
+        """Raise the authentication failure met before, by this connector or by its last
+        connection (refused at re-authentication, or wanting SASL it was not given)."""
+        if self.auth_error is None and self.current is not None:
+            self.auth_error = self.current.auth_error
+        if self.auth_error is not None:
+            raise self.auth_error
 
     def _unreachable(self) -> NoBrokersAvailable:
         """'cannot connect to HOST:PORT (connection refused) after 6 attempts in 1.6 s',

@@ -45,6 +45,7 @@ from client.config import BROKER_SIDE_GROUP_SETTINGS, ConsumerConfig
 from client.connection import Connection, Reconnector
 from client.coordinator import ConsumerCoordinator, normalize_offsets
 from client.errors import (
+    AuthenticationFailedError,
     ConnectionLostError,
     IllegalStateError,
     MinibrokerError,
@@ -182,6 +183,7 @@ class AsyncConsumer:
                 max_response_bytes=max(DEFAULT_FRAME_BYTES_MAX, cfg.fetch_max_bytes + 2**20),
                 backoff_ms=cfg.reconnect_backoff_ms,
                 backoff_max_ms=cfg.reconnect_backoff_max_ms,
+                security=cfg.security,
             )
 
         self._fetch_connector = connector()
@@ -451,7 +453,8 @@ class AsyncConsumer:
                         self._auto_commit(self._consumed_positions())
                 elif coordinator.rebalance_due:
                     return {}
-                self._check_running()
+            # A fatal error may have come while waiting (the fetcher's too, without a group).
+            self._check_running()
             with gc_paused():
                 records = self._collect(limit, partitions)
             if records:
@@ -741,6 +744,9 @@ class AsyncConsumer:
         # Never raise: this task shares the caller's task group, whose code a crash would cancel.
         try:
             await self._fetch_loop()
+        except AuthenticationFailedError as exc:
+            self._fatal = exc  # every poll raises it from now on
+            self._notify_data()
         except Exception as exc:
             log.exception("consumer fetcher failed")
             self._fatal = MinibrokerError(f"consumer fetcher failed: {exc!r}")
@@ -782,6 +788,8 @@ class AsyncConsumer:
             except ConnectionLostError:
                 await anyio.sleep(cfg.retry_backoff_ms / 1000)
                 continue
+            except AuthenticationFailedError:
+                raise  # fatal for the whole consumer, not for these partitions: see _fetcher
             except MinibrokerError as exc:
                 if not exc.retriable:
                     for tp in targets:

@@ -25,6 +25,7 @@ from client.config import ConsumerConfig
 from client.connection import Connection, Reconnector
 from client.errors import (
     MEMBER_ERRORS,
+    AuthenticationFailedError,
     CommitFailedError,
     ConnectionLostError,
     MinibrokerError,
@@ -131,6 +132,10 @@ class ConsumerCoordinator:
         # Never raise: this task shares the consumer's task group.
         try:
             await self._heartbeat_loop()
+        except AuthenticationFailedError as exc:
+            # Its own words, not "heartbeat task failed": the consumer raises it from every poll.
+            self.membership.fail(exc)
+            self._on_change()
         except Exception as exc:
             log.exception("group %s: heartbeat task failed", self.group_id)
             self.membership.state = MemberState.FATAL

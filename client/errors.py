@@ -83,6 +83,37 @@ class NoBrokersAvailable(MinibrokerError):
         return True
 
 
+class AuthenticationFailedError(MinibrokerError):
+    """The broker did not accept this client's credentials, or this client did not accept
+    the broker's (kafka-python's AuthenticationFailedError, Kafka's
+    AuthenticationException): a SASL exchange failed, the broker does not offer the
+    mechanism, the broker's SCRAM signature did not verify, or the TLS handshake
+    failed (a certificate refused either way).
+
+    Fatal, never retried: a client that failed to authenticate raises it from every
+    later call that needs the broker, without another attempt, since credentials do
+    not fix themselves; make a new client with the right settings. `broker` is the
+    address, `mechanism` the SASL mechanism or "TLS". No message ever holds a secret."""
+
+    def __init__(
+        self, message: str, *, broker: str, mechanism: str, code: ErrorCode | int | None = None
+    ) -> None:
+        super().__init__(message, ErrorCode.SASL_AUTHENTICATION_FAILED if code is None else code)
+        self.broker = broker
+        self.mechanism = mechanism
+
+    @property
+    def retriable(self) -> bool:
+        return False
+
+
+class AuthorizationFailedError(MinibrokerError):
+    """The broker's authorizer refused this principal the operation (Kafka's
+    AuthorizationException): TOPIC_(29), GROUP_(30), CLUSTER_(31) or
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED(53), named in the message. Not retriable:
+    an operator must grant an ACL first (`minibroker acls add`)."""
+
+
 class RecordTooLargeError(MinibrokerError):
     """A record is larger than max_request_size or buffer_memory."""
 
@@ -222,6 +253,15 @@ _ERRORS_BY_CODE: dict[int, type[MinibrokerError]] = {
     ErrorCode.INVALID_CONFIG: InvalidConfigError,
 }
 
+AUTHORIZATION_CODES = frozenset(
+    {
+        ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+        ErrorCode.GROUP_AUTHORIZATION_FAILED,
+        ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+        ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
 FENCING_CODES = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_FENCED})
 # Fatal for a transactional producer: its transactional id is no longer bound to its pid.
 TXN_FATAL_CODES = FENCING_CODES | {ErrorCode.INVALID_PRODUCER_ID_MAPPING}
@@ -242,6 +282,8 @@ def error_for(code: int, context: str, message: str | None = None) -> Minibroker
         )
     if code == ErrorCode.MESSAGE_TOO_LARGE:
         return RecordTooLargeError(text)
+    if code in AUTHORIZATION_CODES:
+        return AuthorizationFailedError(text, code)
     by_code = _ERRORS_BY_CODE.get(code)
     if by_code is not None:
         return by_code(text, code)

@@ -161,7 +161,7 @@ def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
     progress = Progress(out, "sent", total=args.num_records, plain=False)
     stats = Stats(args.record_size, progress, args.reporting_interval)
     interrupted = False
-    with Producer(args.bootstrap_server, **config) as producer:
+    with Producer(args.bootstrap_server, **config, **args.security) as producer:
         producer.partitions_for(args.topic)  # metadata (and auto-creation) outside the clock
         stats.restart()
         throttle = Throttle(args.throughput)
@@ -249,6 +249,7 @@ def perf_consume(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
         auto_offset_reset="earliest",
         fetch_max_wait_ms=100,
         max_partition_fetch_bytes=args.fetch_size,
+        **args.security,
     ) as consumer:
         partitions = [
             TopicPartition(args.topic, p) for p in consumer.partitions_for_topic(args.topic)

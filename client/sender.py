@@ -29,6 +29,7 @@ from client.config import ProducerConfig
 from client.connection import Connection, Reconnector, ResponseCallback
 from client.errors import (
     FENCING_CODES,
+    AuthenticationFailedError,
     ConnectionLostError,
     MinibrokerError,
     MinibrokerTimeoutError,
@@ -62,6 +63,7 @@ class Sender:
             max_response_bytes=DEFAULT_FRAME_BYTES_MAX,
             backoff_ms=config.reconnect_backoff_ms,
             backoff_max_ms=config.reconnect_backoff_max_ms,
+            security=config.security,
         )
         self._conn: Connection | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -195,6 +197,10 @@ class Sender:
         # Never raise: this task shares the caller's task group, whose code a crash would cancel.
         try:
             await self._loop()
+        except AuthenticationFailedError as exc:
+            # Fatal, as in Kafka's producer: every record fails with it, and so does every
+            # later send (the Reconnector keeps it); nothing is left to send.
+            self.finish(self.acc.fail_all(exc, fatal=True))
         except Exception as exc:
             log.exception("producer sender failed")
             error = MinibrokerError(f"producer sender failed: {exc!r}")

@@ -1,10 +1,23 @@
-"""The small value types of the public API, as NamedTuples like kafka-python's."""
+"""The small value types of the public API, as NamedTuples like kafka-python's, and the
+admin helpers' results as frozen dataclasses."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, NamedTuple, TypeVar
+
+from client.errors import MinibrokerError
+from client.security import (
+    DEFAULT_ITERATIONS,
+    ITERATIONS_MAX,
+    ITERATIONS_MIN,
+    SCRAM_MECHANISMS,
+    SCRAM_SHA_256,
+)
+
+E = TypeVar("E", bound=Enum)
 
 
 class TopicPartition(NamedTuple):
@@ -172,3 +185,237 @@ class CommitTxnsResult(NamedTuple):
 
     already_committed: bool
     txn_app_version: int
+
+
+# --------------------------------------------------------------------------- security
+
+
+class ResourceType(str, Enum):
+    """What an ACL is about (docs/protocol.md section 7)."""
+
+    TOPIC = "topic"
+    GROUP = "group"
+    TRANSACTIONAL_ID = "transactional_id"
+    CLUSTER = "cluster"
+
+
+class PatternType(str, Enum):
+    """How an ACL's resource name matches: LITERAL (the name, or `*` for every one) or
+    PREFIXED (names starting with it). In filters also ANY (either, the name matched
+    exactly) and MATCH (every ACL that applies to the literal name)."""
+
+    LITERAL = "literal"
+    PREFIXED = "prefixed"
+    ANY = "any"
+    MATCH = "match"
+
+
+class AclOperation(str, Enum):
+    ALL = "all"
+    READ = "read"
+    WRITE = "write"
+    CREATE = "create"
+    DELETE = "delete"
+    ALTER = "alter"
+    DESCRIBE = "describe"
+    DESCRIBE_CONFIGS = "describe_configs"
+    ALTER_CONFIGS = "alter_configs"
+    IDEMPOTENT_WRITE = "idempotent_write"
+
+
+class AclPermissionType(str, Enum):
+    ALLOW = "allow"
+    DENY = "deny"
+
+
+CLUSTER_NAME = "cluster"
+"""The cluster resource's one name."""
+_PRINCIPAL_PREFIX = "User:"
+
+
+def _enum(kind: type[E], value: E | str | None, what: str) -> E | None:
+    """`value` as a member of `kind`, from the member or its name or value in any case."""
+    if value is None or isinstance(value, kind):
+        return value
+    text = str(value).strip().lower()
+    for member in kind:
+        if text in (member.value, member.name.lower()):
+            return member
+    choices = ", ".join(m.value for m in kind)
+    raise ValueError(f"{what} must be one of {choices}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcePattern:
+    """The resources an ACL is about (kafka-python's and confluent-kafka's ResourcePattern):
+    a type, a name (`*` for every one, literally), and whether the name is literal or a
+    prefix. Strings are accepted for the enums."""
+
+    resource_type: ResourceType
+    resource_name: str
+    pattern_type: PatternType = PatternType.LITERAL
+
+    def __post_init__(self) -> None:
+        _set(self, "resource_type", _enum(ResourceType, self.resource_type, "resource_type"))
+        _set(self, "pattern_type", _enum(PatternType, self.pattern_type, "pattern_type"))
+        if self.pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
+            raise ValueError("an ACL's pattern_type is literal or prefixed (any and match filter)")
+        if not self.resource_name:
+            raise ValueError("an ACL's resource_name must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcePatternFilter:
+    """Which resource patterns a filter matches; None matches any. pattern_type ANY (or
+    None): either pattern type, the name compared exactly; MATCH: every pattern that
+    applies to the literal name (the literal name, `*`, and prefixes of it)."""
+
+    resource_type: ResourceType | None = None
+    resource_name: str | None = None
+    pattern_type: PatternType | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "resource_type", _enum(ResourceType, self.resource_type, "resource_type"))
+        _set(self, "pattern_type", _enum(PatternType, self.pattern_type, "pattern_type"))
+
+
+@dataclass(frozen=True, slots=True)
+class AclBinding:
+    """One ACL (kafka-python's ACL, confluent-kafka's AclBinding): `principal`
+    ("User:alice", or "User:*" for everyone) from `host` (an IP address or "*") may, or
+    may not (`permission_type`), do `operation` on the resources of `resource_pattern`."""
+
+    principal: str
+    host: str
+    operation: AclOperation
+    permission_type: AclPermissionType
+    resource_pattern: ResourcePattern
+
+    def __post_init__(self) -> None:
+        if not str(self.principal).startswith(_PRINCIPAL_PREFIX) or self.principal == "User:":
+            raise ValueError(f"a principal is User:<name> or User:*, got {self.principal!r}")
+        if not self.host:
+            raise ValueError("an ACL's host is an IP address or *, not empty")
+        _set(self, "operation", _enum(AclOperation, self.operation, "operation"))
+        _set(
+            self,
+            "permission_type",
+            _enum(AclPermissionType, self.permission_type, "permission_type"),
+        )
+
+    def __str__(self) -> str:
+        p = self.resource_pattern
+        return (
+            f"{self.permission_type.value} {self.principal} {self.operation.value} on "
+            f"{p.resource_type.value} {p.resource_name!r} ({p.pattern_type.value}) "
+            f"from {self.host}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AclBindingFilter:
+    """Which ACLs to describe or delete (confluent-kafka's AclBindingFilter, kafka-python's
+    ACLFilter); every None matches anything, so `AclBindingFilter()` matches every ACL."""
+
+    principal: str | None = None
+    host: str | None = None
+    operation: AclOperation | None = None
+    permission_type: AclPermissionType | None = None
+    resource_pattern: ResourcePatternFilter = field(default_factory=ResourcePatternFilter)
+
+    def __post_init__(self) -> None:
+        _set(self, "operation", _enum(AclOperation, self.operation, "operation"))
+        _set(
+            self,
+            "permission_type",
+            _enum(AclPermissionType, self.permission_type, "permission_type"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAclsResult:
+    """What `admin.create_acls` did: each binding is created or refused on its own."""
+
+    created: list[AclBinding]
+    failed: list[tuple[AclBinding, MinibrokerError]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAclsResult:
+    """What one filter of `admin.delete_acls` deleted, or why it was refused."""
+
+    filter: AclBindingFilter
+    deleted: list[AclBinding]
+    error: MinibrokerError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredentialInfo:
+    """One SCRAM credential of a user, as the broker describes it (never a key)."""
+
+    mechanism: str
+    iterations: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserScramCredentialsDescription:
+    """A user's SCRAM credentials (`admin.describe_user_scram_credentials`)."""
+
+    user: str
+    credentials: list[ScramCredentialInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class UserScramCredentialUpsertion:
+    """Set `user`'s credential for `mechanism` from `password` (confluent-kafka's shape).
+
+    The password never leaves the client: it sends KIP-554's salted password,
+    Hi(password, salt, iterations), with a fresh random salt unless one is given.
+    The password and the salt are left out of the repr."""
+
+    user: str
+    password: str = field(repr=False)
+    mechanism: str = SCRAM_SHA_256
+    iterations: int = DEFAULT_ITERATIONS
+    salt: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_user_mechanism(self.user, self.mechanism)
+        if not self.password:
+            raise ValueError(f"the password of {self.user!r} must not be empty")
+        if not ITERATIONS_MIN <= self.iterations <= ITERATIONS_MAX:
+            raise ValueError(
+                f"iterations must be {ITERATIONS_MIN} to {ITERATIONS_MAX}, got {self.iterations}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class UserScramCredentialDeletion:
+    """Delete `user`'s credential for `mechanism`."""
+
+    user: str
+    mechanism: str = SCRAM_SHA_256
+
+    def __post_init__(self) -> None:
+        _check_user_mechanism(self.user, self.mechanism)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterUserScramCredentialsResult:
+    """One user's outcome of `admin.alter_user_scram_credentials` (all of that user's
+    alterations were made, or none): `error` is None when they were."""
+
+    user: str
+    error: MinibrokerError | None = None
+
+
+def _check_user_mechanism(user: str, mechanism: str) -> None:
+    if not user:
+        raise ValueError("a user name must not be empty")
+    if mechanism not in SCRAM_MECHANISMS:
+        raise ValueError(f"mechanism must be {' or '.join(SCRAM_MECHANISMS)}, got {mechanism!r}")
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    """Normalize a field of a frozen dataclass in its __post_init__."""
+    object.__setattr__(obj, name, value)

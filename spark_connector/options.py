@@ -4,6 +4,12 @@ Spark hands options over lower-cased and as strings. Everything here turns
 them into typed settings and raises `MinibrokerOptionError`, naming the option
 or column at fault, so that a bad write or read fails at planning time rather
 than in every task.
+
+The client's settings arrive as `minibroker.x.y` options for its `x_y` setting,
+the security ones included (`minibroker.security.protocol`,
+`minibroker.ssl.cafile`, `minibroker.sasl.mechanism`,
+`minibroker.sasl.plain.password`, ...), and are kept in `Settings`, whose repr
+hides the passwords: option objects end up in logs and tracebacks.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import (
     ArrayType,
@@ -26,6 +32,9 @@ from pyspark.sql.types import (
     StringType,
     StructType,
 )
+
+if TYPE_CHECKING:
+    from client.config import AdminConfig
 
 PREFIX = "minibroker."
 BOOTSTRAP = "minibroker.bootstrap.servers"
@@ -87,9 +96,11 @@ def _settings(config_class: type, exclude: frozenset[str]) -> dict[str, Converte
 
 
 # Settings the connector owns: the writer names each task's transaction itself, and
-# the reader positions its consumer itself.
-_PRODUCER_OWNED = frozenset({"transactional_id", "partitioner"})
-_CONSUMER_OWNED = frozenset({"auto_offset_reset", "isolation_level", "consumer_timeout_ms"})
+# the reader positions its consumer itself. An SSL context is no string: the files are.
+_PRODUCER_OWNED = frozenset({"transactional_id", "partitioner", "ssl_context"})
+_CONSUMER_OWNED = frozenset(
+    {"auto_offset_reset", "isolation_level", "consumer_timeout_ms", "ssl_context"}
+)
 
 # The writer's promise rests on these, so they are set even where the client agrees.
 PRODUCER_DEFAULTS: dict[str, Any] = {"enable_idempotence": True, "acks": "all"}
@@ -119,13 +130,37 @@ def _bootstrap(options: Mapping[str, str]) -> str:
     return servers
 
 
+class Settings(dict[str, Any]):
+    """Client settings from the options: a dict whose repr (and so its str, and that of the
+    option objects holding it) shows `<hidden>` for the passwords (client.config's
+    SECRET_SETTINGS), so that no log line, traceback or plan shows one. It pickles as
+    a dict does, to the executors that need the values."""
+
+    def __repr__(self) -> str:
+        from client.config import SECRET_SETTINGS
+
+        return repr({k: "<hidden>" if k in SECRET_SETTINGS else v for k, v in self.items()})
+
+    __str__ = __repr__
+
+
+def admin_target(bootstrap: str, settings: Mapping[str, Any]) -> AdminConfig:
+    """Where the driver's admin calls (commit, abort, listings) go: the bootstrap with the
+    security settings among `settings`. Built when needed, never pickled (an SSL
+    context cannot be)."""
+    from client.config import SECURITY_SETTINGS, AdminConfig
+
+    security = {k: v for k, v in settings.items() if k in SECURITY_SETTINGS}
+    return AdminConfig(bootstrap_servers=bootstrap, **security)
+
+
 def client_config(
     options: Mapping[str, str], config_class: type, *, role: str, exclude: frozenset[str]
-) -> dict[str, Any]:
+) -> Settings:
     """Map every `minibroker.x.y` option but the bootstrap servers to the client's `x_y`
     setting, typed as the client's config class declares it."""
     allowed = _settings(config_class, exclude)
-    config: dict[str, Any] = {}
+    config = Settings()
     for name, raw in options.items():
         if not name.startswith(PREFIX) or name == BOOTSTRAP:
             continue
@@ -159,10 +194,14 @@ _INTEGER_TYPES = (ByteType, ShortType, IntegerType, LongType)
 class WriteOptions:
     bootstrap: str
     topic: str | None
-    producer: dict[str, Any]
+    producer: Settings
     columns: frozenset[str]
     delivery_timeout_s: float
     exactly_once: bool = True
+
+    def admin(self) -> AdminConfig:
+        """The driver's admin calls, secured as the producers are."""
+        return admin_target(self.bootstrap, self.producer)
 
 
 def _is_text_or_binary(data_type: DataType) -> bool:
@@ -226,10 +265,10 @@ def write_options(options: Mapping[str, str], schema: StructType) -> WriteOption
     from client.config import ProducerConfig
 
     settings = {k: v for k, v in options.items() if k != DELIVERY}
-    producer = {
-        **PRODUCER_DEFAULTS,
+    producer = Settings(
+        PRODUCER_DEFAULTS,
         **client_config(settings, ProducerConfig, role="producer", exclude=_PRODUCER_OWNED),
-    }
+    )
     if exactly_once:
         producer.setdefault("transaction_timeout_ms", TASK_TRANSACTION_TIMEOUT_MS)
         # Checked as the tasks will build it: a transactional producer.
@@ -295,7 +334,7 @@ class ReadOptions:
     isolation_level: str
     max_records_per_partition: int | None
     poll_timeout_ms: int
-    consumer: dict[str, Any]
+    consumer: Settings
     # Streaming only: topics by regular expression, the offsets one micro-batch may
     # span, and whether offsets lost to retention fail the query.
     pattern: re.Pattern[str] | None = None

@@ -55,7 +55,7 @@ class MinibrokerStreamWriter(ArrowSends, DataSourceStreamArrowWriter):
         if self.app_id is not None:
             handles = [m.handle for m in done if m.handle is not None]
             ended = transactions.commit(
-                self.options.bootstrap, self.app_id, handles, self.app_id, batchId
+                self.options.admin(), self.app_id, handles, self.app_id, batchId
             )
             how = (
                 f" exactly once ({'already committed before: a re-run; ' if ended.already else ''}"
@@ -80,7 +80,7 @@ class MinibrokerStreamWriter(ArrowSends, DataSourceStreamArrowWriter):
             )
             return
         app_id = self.app_id
-        aborted = end_or_explain(lambda: transactions.abort(self.options.bootstrap, app_id), app_id)
+        aborted = end_or_explain(lambda: transactions.abort(self.options.admin(), app_id), app_id)
         driver_log().warning(
             "minibroker stream %s batch %d aborted: nothing of it is visible; %d transactions "
             "aborted; the batch runs again when the query restarts",

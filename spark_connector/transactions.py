@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from client import TxnHandle
+    from client.admin import Bootstrap
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -53,7 +54,11 @@ class Ended:
 
 
 def commit(
-    bootstrap: str, prefix: str, handles: Sequence[TxnHandle], app_id: str, app_version: int
+    bootstrap: Bootstrap,
+    prefix: str,
+    handles: Sequence[TxnHandle],
+    app_id: str,
+    app_version: int,
 ) -> Ended:
     """Commit the winners' transactions under (app_id, app_version), then abort the rest.
 
@@ -65,7 +70,7 @@ def commit(
 
 
 def abort(
-    bootstrap: str, prefix: str, app_id: str | None = None, app_version: int | None = None
+    bootstrap: Bootstrap, prefix: str, app_id: str | None = None, app_version: int | None = None
 ) -> int:
     """Abort every open transaction of the write; with an app, record its version as
     finished first, so that a task preparing later is refused. Returns how many."""
@@ -76,14 +81,14 @@ def abort(
     return abort_open(bootstrap, prefix)
 
 
-def committed(bootstrap: str, prefix: str) -> bool:
+def committed(bootstrap: Bootstrap, prefix: str) -> bool:
     """Whether any transaction of the write was committed (ids not yet expired)."""
     from client.admin import list_transactions
 
     return bool(list_transactions(bootstrap, sweep_prefix(prefix), ["COMPLETE_COMMIT"]))
 
 
-def abort_open(bootstrap: str, prefix: str) -> int:
+def abort_open(bootstrap: Bootstrap, prefix: str) -> int:
     """Abort the ONGOING and PREPARED transactions whose id starts with the write's prefix."""
     from client import TxnHandle
     from client.admin import OPEN_TXN_STATES, abort_transactions, list_transactions

@@ -229,7 +229,7 @@ class ArrowSends:
         except TransactionAbortableError as exc:
             if exc.code != ErrorCode.INVALID_TXN_STATE:
                 raise
-            apps = describe_txn_apps(self.options.bootstrap, [app_id])
+            apps = describe_txn_apps(self.options.admin(), [app_id])
             if not any(a.txn_app_version >= app_version for a in apps):
                 raise
             driver_log().info(
@@ -335,7 +335,7 @@ class MinibrokerWriter(ArrowSends, DataSourceArrowWriter):
         if self.options.exactly_once:
             handles = [m.handle for m in done if m.handle is not None]
             ended = transactions.commit(
-                self.options.bootstrap, self.write_id, handles, self.write_id, 0
+                self.options.admin(), self.write_id, handles, self.write_id, 0
             )
             how = (
                 f" exactly once ({'already committed: this is a retry; ' if ended.already else ''}"
@@ -367,10 +367,10 @@ class MinibrokerWriter(ArrowSends, DataSourceArrowWriter):
             )
             return
         aborted = end_or_explain(
-            lambda: transactions.abort(self.options.bootstrap, self.write_id, self.write_id, 0),
+            lambda: transactions.abort(self.options.admin(), self.write_id, self.write_id, 0),
             self.write_id,
         )
-        if transactions.committed(self.options.bootstrap, self.write_id):
+        if transactions.committed(self.options.admin(), self.write_id):
             # The commit was made, but its answer never reached the driver.
             driver_log().error(
                 "minibroker write %s was committed before this abort (its answer was lost): "
