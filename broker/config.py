@@ -281,6 +281,49 @@ def parse_listeners(value: Any) -> tuple[Listener, ...]:
     return tuple(out)
 
 
+BASIC_AUTH_USERS_MAX = 100
+BCRYPT_COST_MIN, BCRYPT_COST_MAX = 4, 31
+# Modular crypt format: $2b$ (or the older $2a$, $2y$), the cost, 22 characters of salt
+# and 31 of hash in bcrypt's base64 alphabet.
+_BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+_BASIC_AUTH_USER = re.compile(r"[^\x00-\x20:\x7f]{1,255}")
+
+
+def parse_basic_auth_users(value: Any) -> tuple[tuple[str, str], ...]:
+    """`metrics_basic_auth_users` as sorted (user, bcrypt hash) pairs, from the TOML table
+    (or the pairs already parsed), or ConfigError naming the user and what is wrong. The
+    message never shows a hash: it is not the password, but it is what a password
+    guesser wants."""
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    if not isinstance(pairs, list | tuple) or len(pairs) > BASIC_AUTH_USERS_MAX:
+        raise ConfigError(
+            "setting metrics_basic_auth_users is invalid: expected a table of at most "
+            f"{BASIC_AUTH_USERS_MAX} user = bcrypt hash pairs, e.g. "
+            'metrics_basic_auth_users = { prometheus = "$2b$12$..." }'
+        )
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            raise ConfigError("setting metrics_basic_auth_users is invalid: expected a table")
+        user, hashed = pair
+        if not isinstance(user, str) or not _BASIC_AUTH_USER.fullmatch(user) or user in out:
+            raise ConfigError(
+                f"setting metrics_basic_auth_users: user {str(user)[:80]!r} is invalid: "
+                "expected 1..255 visible characters without ':' or spaces, each user once"
+            )
+        cost = _BCRYPT_HASH.fullmatch(hashed) if isinstance(hashed, str) else None
+        if cost is None or not BCRYPT_COST_MIN <= int(cost.group(1)) <= BCRYPT_COST_MAX:
+            raise ConfigError(
+                f"setting metrics_basic_auth_users: the hash of user {user!r} is not a bcrypt "
+                f"hash of cost {BCRYPT_COST_MIN}..{BCRYPT_COST_MAX} ($2b$12$ and 53 "
+                "characters); make one with htpasswd -nBC 12 USER, or python -c 'import "
+                "bcrypt, getpass; print(bcrypt.hashpw(getpass.getpass().encode(), "
+                "bcrypt.gensalt()).decode())'"
+            )
+        out[user] = hashed
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """Every broker setting, declared once; SETTINGS, the CLI, topic overrides, LogConfig
@@ -396,6 +439,24 @@ class BrokerConfig:
     metrics_host: str = _setting("127.0.0.1", "Address of the /metrics, /healthz, /readyz server.")
     metrics_port: int = _setting(
         9644, "Port of the metrics server; 0 picks one, -1 disables it.", min=-1, max=65535
+    )
+    metrics_tls_certfile: str = _setting(
+        "",
+        "Certificate chain (PEM) of the metrics server: with `metrics_tls_keyfile` it "
+        "serves HTTPS only; SIGHUP re-reads both files for new connections.",
+    )
+    metrics_tls_keyfile: str = _setting(
+        "", "The private key (PEM, unencrypted) of `metrics_tls_certfile`."
+    )
+    metrics_basic_auth_users: tuple[tuple[str, str], ...] = _setting(
+        (),
+        "Users allowed to scrape /metrics, as a TOML table of user = bcrypt hash "
+        "(Prometheus's `basic_auth_users`); empty: /metrics needs no credentials. "
+        "/healthz and /readyz never do.",
+        parse=parse_basic_auth_users,
+        sensitive=True,
+        shape=f"a table of up to {BASIC_AUTH_USERS_MAX} user = bcrypt hash ($2b$, cost "
+        f"{BCRYPT_COST_MIN}..{BCRYPT_COST_MAX})",
     )
     pid_file: str = _setting("", "Write the process id here while running (empty: none).")
     max_frame_bytes: int = _setting(
@@ -737,6 +798,11 @@ class BrokerConfig:
         tls = [listener.name for listener in self.listeners if listener.tls]
         if tls and not (self.tls_certfile and self.tls_keyfile):
             raise ConfigError(f"listener {tls[0]!r} uses TLS: set tls_certfile and tls_keyfile")
+        if bool(self.metrics_tls_certfile) != bool(self.metrics_tls_keyfile):
+            raise ConfigError(
+                "settings metrics_tls_certfile and metrics_tls_keyfile go together: set both "
+                "(the metrics server speaks HTTPS) or neither"
+            )
         if self.tls_client_auth != "none" and not self.tls_cafile:
             raise ConfigError(
                 f"setting tls_client_auth={self.tls_client_auth!r} needs tls_cafile, the CA "

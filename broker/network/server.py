@@ -61,7 +61,7 @@ from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.authentication import Authentication, monotonic_ms
-from broker.network.http_endpoints import serve_http
+from broker.network.http_endpoints import BasicAuth, MetricsAccess, serve_http
 from broker.network.ports import Endpoint, bind, listen
 from broker.producer_ids import ProducerIdManager
 from broker.security import (
@@ -221,6 +221,10 @@ class Broker:
         # Read at the start of each handshake: SIGHUP replaces it, open connections keep
         # the one they shook hands with.
         self.tls_context = tls.server_context(config) if self._tls else None
+        self.metrics_access = MetricsAccess(
+            tls.metrics_context(config) if config.metrics_tls_certfile else None,
+            BasicAuth(config.metrics_basic_auth_users) if config.metrics_basic_auth_users else None,
+        )
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -276,12 +280,25 @@ class Broker:
                             await listen(metrics_at, metrics_sockets),
                             self.metrics,
                             self.is_ready,
+                            self.metrics_access,
                         )
                         log.info(
-                            "event=metrics_listening host=%s port=%d",
+                            "event=metrics_listening host=%s port=%d tls=%s basic_auth=%s",
                             config.metrics_host,
                             metrics_port,
+                            self.metrics_access.tls_context is not None,
+                            self.metrics_access.users is not None,
                         )
+                        if (
+                            self.metrics_access.users is not None
+                            and self.metrics_access.tls_context is None
+                            and not _loopback(config.metrics_host)
+                        ):
+                            # The passwords would cross the network in clear.
+                            log.warning(
+                                "event=metrics_basic_auth_without_tls host=%s",
+                                config.metrics_host,
+                            )
                     await self._recover(previous)
                     authentication = await self._open_security()
                     self.served = [
@@ -529,6 +546,13 @@ class Broker:
     def _reload_tls(self) -> None:
         """Read the certificate, key and CA files again for the handshakes to come; when
         they do not load, the running ones stay."""
+        if self.metrics_access.tls_context is not None:
+            try:
+                self.metrics_access.tls_context = tls.metrics_context(self.config)
+            except ConfigError as exc:
+                log.error("event=metrics_tls_reload_failed error=%r", str(exc))
+            else:
+                log.info("event=metrics_tls_reloaded certfile=%s", self.config.metrics_tls_certfile)
         if not self._tls:
             return
         try:

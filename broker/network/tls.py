@@ -44,18 +44,7 @@ def server_context(config: BrokerConfig) -> ssl.SSLContext:
 
     Client certificates are checked against tls_cafile alone, never the system's CAs:
     any certificate a public CA issued would otherwise be a principal here."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # A renegotiation would make a send wait for a receive, which the connection's
-    # writer and reader do in separate tasks.
-    context.options |= ssl.OP_NO_RENEGOTIATION
-    files = f"tls_certfile={config.tls_certfile!r} with tls_keyfile={config.tls_keyfile!r}"
-    try:
-        context.load_cert_chain(config.tls_certfile, config.tls_keyfile, password=_no_password)
-    except _EncryptedKey:
-        raise ConfigError(f"{files}: the key is encrypted; give an unencrypted key") from None
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"{files} cannot be loaded: {_reason(exc)}") from None
+    context = _context(config.tls_certfile, config.tls_keyfile, "tls_")
     context.verify_mode = CLIENT_AUTH[config.tls_client_auth]
     if config.tls_cafile:
         try:
@@ -64,6 +53,29 @@ def server_context(config: BrokerConfig) -> ssl.SSLContext:
             raise ConfigError(
                 f"tls_cafile={config.tls_cafile!r} cannot be loaded: {_reason(exc)}"
             ) from None
+    return context
+
+
+def metrics_context(config: BrokerConfig) -> ssl.SSLContext:
+    """The metrics server's context from metrics_tls_certfile and metrics_tls_keyfile, TLS
+    1.2 or later, no client certificates (scrapers authenticate with basic auth);
+    ConfigError says which file failed and why."""
+    return _context(config.metrics_tls_certfile, config.metrics_tls_keyfile, "metrics_tls_")
+
+
+def _context(certfile: str, keyfile: str, prefix: str) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A renegotiation would make a send wait for a receive, which the connection's
+    # writer and reader do in separate tasks.
+    context.options |= ssl.OP_NO_RENEGOTIATION
+    files = f"{prefix}certfile={certfile!r} with {prefix}keyfile={keyfile!r}"
+    try:
+        context.load_cert_chain(certfile, keyfile, password=_no_password)
+    except _EncryptedKey:
+        raise ConfigError(f"{files}: the key is encrypted; give an unencrypted key") from None
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{files} cannot be loaded: {_reason(exc)}") from None
     return context
 
 
