@@ -180,6 +180,26 @@ def test_promtool_check_config(tmp_path: Path) -> None:
     assert "1 rule files found" in r.stdout + r.stderr
 
 
+@needs_promtool
+def test_promtool_check_secure_config(tmp_path: Path) -> None:
+    """prometheus-secure.yml, with the CA and password files where compose-secure.yaml
+    mounts them moved into the test's directory (promtool reads them)."""
+    text = (DEPLOY / "prometheus-secure.yml").read_text()
+    for mounted in (
+        "/etc/prometheus/minibroker-ca.pem",
+        "/etc/prometheus/minibroker-metrics-password",
+    ):
+        assert text.count(mounted) == 1, mounted
+        local = tmp_path / Path(mounted).name
+        local.write_text("placeholder\n")
+        text = text.replace(mounted, str(local))
+    (tmp_path / "prometheus.yml").write_text(text)
+    shutil.copy(DEPLOY / "alerts.yml", tmp_path / "alerts.yml")
+    r = run(PROMTOOL, "check", "config", "prometheus.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 rule files found" in r.stdout + r.stderr
+
+
 def test_every_alert_is_tested_and_documented() -> None:
     alerts = re.findall(r"^\s*- alert: (\w+)", (DEPLOY / "alerts.yml").read_text(), re.M)
     assert {
@@ -311,6 +331,41 @@ def test_compose_file() -> None:
         assert r.returncode == 0, r.stderr
 
 
+def test_secure_compose_file() -> None:
+    """compose-secure.yaml runs the secured broker: its settings file, the certificates
+    and the first admin from ./secrets, a health check over HTTPS, and Prometheus with
+    the secured scrape configuration and what it needs to authenticate."""
+    compose = load_yaml(DEPLOY / "compose-secure.yaml")
+    services = compose["services"]
+    assert set(services) >= {"minibroker", "prometheus", "grafana"}
+    broker = services["minibroker"]
+    assert broker["build"]["dockerfile"] == "deploy/Dockerfile"
+    volumes = broker["volumes"]
+    assert "./minibroker-secure.toml:/etc/minibroker/minibroker.toml:ro" in volumes
+    assert "./secrets/tls:/etc/minibroker/tls:ro" in volumes
+    assert any(v.endswith(":/var/lib/minibroker") for v in volumes)
+    assert broker["env_file"] == ["./secrets/bootstrap.env"]
+    # [[listeners]] and --host exclude each other: the image's command must not come along.
+    assert broker["command"] == ["serve", "--config", "/etc/minibroker/minibroker.toml"]
+    assert "9093:9093" in broker["ports"]
+    check = " ".join(broker["healthcheck"]["test"])
+    assert "https://localhost:9644/healthz" in check and "/etc/minibroker/tls/ca.pem" in check
+    prom = services["prometheus"]["volumes"]
+    assert "./prometheus-secure.yml:/etc/prometheus/prometheus.yml:ro" in prom
+    assert "./alerts.yml:/etc/prometheus/alerts.yml:ro" in prom
+    scrape = (DEPLOY / "prometheus-secure.yml").read_text()
+    for volume in prom:
+        src, _, target = volume.partition(":")
+        target = target.removesuffix(":ro")
+        if src.startswith("./secrets/"):
+            assert target in scrape, volume  # mounted where the scrape config reads it
+        elif src.startswith("./"):
+            assert (DEPLOY / src).exists(), volume
+    if shutil.which("docker") and run("docker", "compose", "version").returncode == 0:
+        r = run("docker", "compose", "-f", str(DEPLOY / "compose-secure.yaml"), "config", "-q")
+        assert r.returncode == 0 or "secrets" in r.stderr, r.stderr
+
+
 # --------------------------------------------------------------------------- Dockerfile
 
 
@@ -423,6 +478,81 @@ def test_example_config_loads_with_the_broker_settings() -> None:
         assert getattr(config, key) == value, key
 
 
+def test_secure_config_loads_with_the_broker_settings() -> None:
+    from broker import config as cfg
+
+    config = cfg.load(DEPLOY / "minibroker-secure.toml")
+    (listener,) = config.listeners
+    assert (listener.security, listener.host, listener.port) == ("sasl_tls", "0.0.0.0", 9093)
+    assert config.authorizer and config.super_users == ("User:admin",)
+    assert "PLAIN" not in config.sasl_mechanisms
+    assert config.tls_certfile == config.metrics_tls_certfile == "/etc/minibroker/tls/broker.pem"
+    assert config.tls_keyfile == config.metrics_tls_keyfile == "/etc/minibroker/tls/broker.key"
+    assert [user for user, _ in config.metrics_basic_auth_users] == ["prometheus"]
+
+
+def test_secure_config_serves_tls_scram_acls_and_secured_metrics(tmp_path: Path) -> None:
+    """The real broker on minibroker-secure.toml, changed only where a test must: the
+    certificate files (trustme's), loopback and free ports, and a hash of a password the
+    test knows. The first admin comes from MINIBROKER_BOOTSTRAP_USERS; a plaintext or
+    unauthenticated client gets nothing; the admin creates a topic; /metrics wants the
+    password over HTTPS."""
+    import base64
+    import http.client
+
+    import bcrypt
+
+    from harness.broker_process import BrokerProcess
+    from harness.wire import WireClient
+    from tests.security_fixtures import Pki
+
+    pki = Pki.create(tmp_path / "tls")
+    text = (DEPLOY / "minibroker-secure.toml").read_text()
+    known_hash = bcrypt.hashpw(b"metrics-password", bcrypt.gensalt(4)).decode()
+    shipped_hash = re.search(r'prometheus = "([^"]+)"', text)
+    assert shipped_hash
+    for old, new in (
+        ("/etc/minibroker/tls/broker.pem", str(pki.certfile)),
+        ("/etc/minibroker/tls/broker.key", str(pki.keyfile)),
+        ('\nhost = "0.0.0.0"', '\nhost = "127.0.0.1"'),
+        ("port = 9093", "port = 0"),
+        ('metrics_host = "0.0.0.0"', 'metrics_host = "127.0.0.1"'),
+        (shipped_hash.group(1), known_hash),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    broker = BrokerProcess(
+        tmp_path / "data",
+        config=text,
+        env={"MINIBROKER_BOOTSTRAP_USERS": "admin:first-admin-password"},
+    ).start()
+    try:
+        context = pki.client_context()
+        address = broker.address("clients")
+        with WireClient(address, ssl_context=context) as anonymous:
+            refused = anonymous.call("Metadata", topics=["orders"], allow_auto_create=True)
+            assert refused["error"] == 58, refused  # SASL_AUTHENTICATION_FAILED
+        with WireClient(address, ssl_context=context) as admin:
+            admin.authenticate("admin", "first-admin-password", "SCRAM-SHA-512")
+            assert admin.create_topic("orders", 3) == 0
+            metadata = admin.call("Metadata", topics=["orders"])
+            assert [b["host"] for b in metadata["brokers"]] == ["localhost"]
+        assert broker.metrics_port is not None
+        for authorization, status in (
+            (None, 401),
+            ("Basic " + base64.b64encode(b"prometheus:metrics-password").decode(), 200),
+        ):
+            conn = http.client.HTTPSConnection(
+                "localhost", broker.metrics_port, timeout=10, context=context
+            )
+            conn.request("GET", "/metrics", headers={"Authorization": authorization or ""})
+            assert conn.getresponse().status == status
+            conn.close()
+        assert "first-admin-password" not in broker.log_text()
+    finally:
+        broker.kill()
+
+
 # --------------------------------------------------------------------------- systemd
 
 
@@ -519,18 +649,24 @@ def test_deploy_directory_has_no_unchecked_files() -> None:
         "alerts.yml",
         "alerts_test.yml",
         "compose.yaml",
+        "compose-secure.yaml",
         "grafana/dashboard.json",
         "grafana/provisioning/dashboards/minibroker.yaml",
         "grafana/provisioning/datasources/prometheus.yaml",
         "minibroker.service",
         "minibroker.sysusers",
         "minibroker.toml",
+        "minibroker-secure.toml",
         "prometheus.yml",
+        "prometheus-secure.yml",
     }
+    # secrets/ is the operator's, made by following docs/operations.md; never in git.
     present = {
         str(p.relative_to(DEPLOY))
         for p in DEPLOY.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p.relative_to(DEPLOY).parts[0] != "secrets"
     }
     assert present == checked
 
@@ -538,3 +674,6 @@ def test_deploy_directory_has_no_unchecked_files() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     ignored = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert {".git", ".venv", "data"} <= set(ignored)
+    # The image must never carry the operator's keys and passwords.
+    assert "deploy/secrets" in ignored
+    assert "/deploy/secrets/" in (ROOT / ".gitignore").read_text().split()

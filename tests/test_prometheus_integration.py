@@ -200,9 +200,11 @@ def adapted_config(metrics_port: int) -> str:
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, metrics_port: int) -> None:
+    def __init__(self, workdir: Path, metrics_port: int, config: str | None = None) -> None:
+        """Prometheus on `config` (deploy/prometheus.yml adapted to `metrics_port` by
+        default)."""
         self.workdir = workdir
-        (workdir / "prometheus.yml").write_text(adapted_config(metrics_port))
+        (workdir / "prometheus.yml").write_text(config or adapted_config(metrics_port))
         shutil.copy(DEPLOY / "alerts.yml", workdir / "alerts.yml")
         self.port = free_port()
         self.log = (workdir / "prometheus.log").open("w")
@@ -620,3 +622,71 @@ def test_transaction_metrics_of_a_real_broker(backend: str, tmp_path: Path) -> N
         before_s - sent_s,
         after_s - opened_s,
     )
+
+
+# --------------------------------------------------------------------------- secured
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_prometheus_scrapes_over_tls_with_basic_auth(backend: str, tmp_path: Path) -> None:
+    """deploy/prometheus-secure.yml (adapted in the target, the files it reads and the
+    intervals) scrapes a broker whose metrics port wants HTTPS and a password; the same
+    job with a wrong password sees the target down with a 401."""
+    import bcrypt
+
+    from tests.security_fixtures import Pki
+
+    pki = Pki.create(tmp_path / "tls")
+    password = "prometheus-password"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        config=(
+            f'metrics_tls_certfile = "{pki.certfile}"\n'
+            f'metrics_tls_keyfile = "{pki.keyfile}"\n'
+            f'metrics_basic_auth_users = {{ prometheus = "{hashed}" }}\n'
+        ),
+    ).start()
+    workdir = tmp_path / "prometheus"
+    workdir.mkdir()
+    pki.server_ca.cert_pem.write_to_path(str(workdir / "ca.pem"))
+    (workdir / "right").write_text(password)
+    (workdir / "wrong").write_text(password + "!")
+    text = (DEPLOY / "prometheus-secure.yml").read_text()
+    assert broker.metrics_port is not None
+    for old, new in (
+        ('"minibroker:9644"', f'"127.0.0.1:{broker.metrics_port}"'),
+        ("server_name: minibroker", "server_name: localhost"),
+        ("/etc/prometheus/minibroker-ca.pem", str(workdir / "ca.pem")),
+        ("scrape_interval: 15s", "scrape_interval: 1s"),
+        ("evaluation_interval: 15s", "evaluation_interval: 1s"),
+        ("scrape_timeout: 10s", "scrape_timeout: 1s"),
+    ):
+        assert text.count(old) == 1, f"deploy/prometheus-secure.yml no longer has {old!r}"
+        text = text.replace(old, new)
+    job = text.split("scrape_configs:\n", 1)[1]
+    secret = "/etc/prometheus/minibroker-metrics-password"
+    config = text.replace(secret, str(workdir / "right")) + job.replace(
+        "job_name: minibroker", "job_name: wrong"
+    ).replace(secret, str(workdir / "wrong"))
+    shutil.copy(DEPLOY / "alerts.yml", workdir / "alerts.yml")
+    prom = Prometheus(workdir, broker.metrics_port, config)
+    try:
+        prom.wait_ready()
+        prom.wait_for('up{job="minibroker"}', lambda v: v == 1, "the secured target never came up")
+        prom.wait_for(
+            'minibroker_build_info{job="minibroker"}', lambda v: v == 1, "no series scraped"
+        )
+        prom.wait_for('up{job="wrong"}', lambda v: v == 0, "a wrong password was let in")
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            targets = prom.get_json("/api/v1/targets")["data"]["activeTargets"]
+            wrong = [t for t in targets if t["labels"]["job"] == "wrong"]
+            if wrong and "401" in wrong[0]["lastError"]:
+                break
+            assert time.monotonic() < deadline, targets
+            time.sleep(0.25)
+    finally:
+        prom.stop()
+        broker.kill()
