@@ -211,6 +211,8 @@ def test_every_alert_is_tested_and_documented() -> None:
         "TransactionOpenTooLong",
         "TransactionsTimingOut",
         "ConsumerLagGrowing",
+        "AuthenticationFailuresBurst",
+        "AuthorizationDenialsSustained",
     } <= set(alerts)
     tested = set(re.findall(r"alertname: (\w+)", (DEPLOY / "alerts_test.yml").read_text()))
     assert set(alerts) <= tested
