@@ -1,22 +1,67 @@
 """Fuzz targets shared by Hypothesis, atheris (`make fuzz`) and the crash replays.
 
-`one_input(data)` treats the first byte as a selector: the rest of the bytes go
-through the frame decoder (fed in chunks) and every body it yields through
-`decode_request`, or straight into `decode_request`, or into the batch
-validator. Each may raise only the errors the contract names: FrameError or
-RequestRefused for frames and requests, BatchError for batches. Anything else
-escapes, and the fuzzer keeps the input as a crash file.
+`one_input(data)` treats the first byte as a selector. Below `SECURITY_SELECTORS`
+the rest of the bytes go through the frame decoder (fed in chunks) and every body
+it yields through `decode_request`, or straight into `decode_request`, or into the
+batch validator (selector % 3). From `SECURITY_SELECTORS` on they go to the pure
+code behind the security and administration APIs, which the broker runs on what a
+client sends:
+
+- `sasl_rounds`: two SaslAuthenticate rounds of one connection's `SaslState` (a
+  mechanism, a client-first and a client-final, or PLAIN's message checked as the
+  broker checks it), against a store that knows one user;
+- `admin_request`: a decoded CreateAcls, DescribeAcls, DeleteAcls,
+  DescribeUserScramCredentials, AlterUserScramCredentials, DescribeConfigs or
+  IncrementalAlterConfigs, judged and applied as the broker's handlers do (ACL
+  validation and the `Authorizer`, the credential state's `alter`/`describe`, a
+  topic's config overrides).
+
+Each may raise only the errors the contract names: FrameError or RequestRefused for
+frames and requests, BatchError for batches, ConfigError for a refused config
+change; a SASL failure is an answer (`Failed`, `Unsupported`), never an exception.
+Anything else escapes, and the fuzzer keeps the input as a crash file.
 """
 
 from __future__ import annotations
 
 import contextlib
 
-from protocol.batch import BatchError, validate
+import msgspec
+
+from broker.config import BrokerConfig, ConfigError, altered_overrides, describe_topic
+from broker.security import (
+    AclBinding,
+    AclFilter,
+    AuthenticationFailed,
+    Authorizer,
+    CheckPlain,
+    SaslPolicy,
+    SaslState,
+    ScramCredential,
+    authenticate_plain,
+    validate,
+    validate_filter,
+)
+from broker.security import credentials as creds
+from broker.security.scram import ITERATIONS_MIN, credential_from_password
+from protocol import messages as m
+from protocol.batch import BatchError
+from protocol.batch import validate as validate_batch
 from protocol.framing import FrameDecoder, FrameError
 from protocol.messages import RequestRefused, decode_request
 
 FRAME_BYTES_MAX = 1 << 16
+SECURITY_SELECTORS = 0xF0
+"""Selectors from here on feed the security targets; 0xF0..0xF7 SASL, 0xF8.. the rest."""
+MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "GSSAPI")
+USER, PASSWORD = "alice", "alice-password"
+MOCK_SECRET = b"\x07" * 32
+# The least iterations the broker accepts: the fuzzer should spend its time parsing.
+_KNOWN = {
+    mechanism: credential_from_password(mechanism, PASSWORD, ITERATIONS_MIN, b"s" * 16)
+    for mechanism in MECHANISMS[:2]
+}
+_POLICY = SaslPolicy(MECHANISMS[:3], plain_allowed=True, reauth_ms=60_000)
 
 
 def frames(data: bytes, chunk: int) -> None:
@@ -37,14 +82,90 @@ def request_bytes(body: bytes) -> None:
 
 def batch_bytes(data: bytes) -> None:
     with contextlib.suppress(BatchError):
-        validate(data, max_bytes=1 << 20)
+        validate_batch(data, max_bytes=1 << 20)
+
+
+def _lookup(user: str, mechanism: str) -> ScramCredential | None:
+    return _KNOWN.get(mechanism) if user == USER else None
+
+
+def sasl_rounds(data: bytes) -> None:
+    """Byte 0: the mechanism; bytes 1-2: the length of the first message; then the first
+    message and the second. Both go to one connection's state, as two consecutive
+    SaslAuthenticate requests."""
+    if len(data) < 3:
+        return
+    mechanism = MECHANISMS[data[0] % len(MECHANISMS)]
+    split = 3 + int.from_bytes(data[1:3], "big")
+    state = SaslState(_lookup, MOCK_SECRET)
+    for message in (data[3:split], data[split:]):
+        step = state.authenticate(mechanism, message, _POLICY, now_ms=0)
+        if isinstance(step, CheckPlain):
+            try:
+                user = authenticate_plain(step.message, _lookup, MOCK_SECRET)
+            except AuthenticationFailed as exc:
+                state.plain_checked(None, exc.reason, _POLICY, now_ms=0)
+            else:
+                state.plain_checked(user, "", _POLICY, now_ms=0)
+        if state.closed:
+            return
+
+
+def _binding(wire: m.AclBinding) -> AclBinding:
+    return AclBinding(*msgspec.structs.astuple(wire))
+
+
+def _filter(wire: m.AclBindingFilter) -> AclFilter:
+    return AclFilter(*msgspec.structs.astuple(wire))
+
+
+def admin_request(body: bytes) -> None:
+    """A request body decoded, then judged by the pure code its handler runs."""
+    try:
+        request = decode_request(body)
+    except (FrameError, RequestRefused):
+        return
+    authorizer = Authorizer(["User:admin"])
+    if isinstance(request, m.CreateAclsRequest):
+        for wire in request.creations:
+            binding = _binding(wire)
+            if validate(binding) is None:
+                authorizer.add(binding)
+        for binding in list(authorizer):
+            authorizer.authorize(binding.principal, "10.0.0.1", "describe", "topic", "t")
+            authorizer.remove(binding)
+    elif isinstance(request, m.DescribeAclsRequest | m.DeleteAclsRequest):
+        described = isinstance(request, m.DescribeAclsRequest)
+        filters = [request.filter] if described else request.filters
+        for wire_filter in filters:
+            acl_filter = _filter(wire_filter)
+            if validate_filter(acl_filter) is None:
+                authorizer.describe(acl_filter)
+    elif isinstance(request, m.AlterUserScramCredentialsRequest):
+        state = creds.CredentialState()
+        _, record = creds.alter(state, request.deletions, request.upsertions)
+        if record is not None:
+            state.apply(record)
+        creds.describe(state, None)
+    elif isinstance(request, m.DescribeUserScramCredentialsRequest):
+        creds.describe(creds.CredentialState(), request.users)
+    elif isinstance(request, m.IncrementalAlterConfigsRequest):
+        for resource in request.resources:
+            ops = [(op.name, op.op, op.value) for op in resource.ops]
+            with contextlib.suppress(ConfigError):
+                describe_topic(BrokerConfig(), altered_overrides({}, ops))
 
 
 def one_input(data: bytes) -> None:
     if not data:
         return
     selector, rest = data[0], data[1:]
-    if selector % 3 == 0:
+    if selector >= SECURITY_SELECTORS:
+        if selector < SECURITY_SELECTORS + 8:
+            sasl_rounds(rest)
+        else:
+            admin_request(rest)
+    elif selector % 3 == 0:
         frames(rest, 1 + selector // 3)
     elif selector % 3 == 1:
         request_bytes(rest)

@@ -1,4 +1,5 @@
-"""Write the atheris seed corpus: real request frames and batches, one file each.
+"""Write the atheris seed corpus: real request frames and batches, one file each, and
+real SASL exchanges and security requests for the security targets.
 
 Run: python -m tests.reliability.make_corpus (the `make fuzz` target does).
 Each file starts with the selector byte of `fuzz_targets.one_input`.
@@ -6,11 +7,13 @@ Each file starts with the selector byte of `fuzz_targets.one_input`.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from protocol import messages as m
 from protocol.batch import build_batch
 from protocol.framing import frame
+from tests.reliability.fuzz_targets import PASSWORD, SECURITY_SELECTORS, USER
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -48,12 +51,85 @@ def seeds() -> dict[str, bytes]:
             ],
         ),
     }
+    security = security_requests()
     out: dict[str, bytes] = {"batch": bytes([2]) + batch}
-    for name, request in requests.items():
+    for name, request in {**requests, **security}.items():
         body = m.encode_request(request, cid=1, client_id="corpus")
         out[f"frame_{name}"] = bytes([3]) + frame(body) + frame(body)  # two frames, chunk 2
         out[f"body_{name}"] = bytes([1]) + body
+    for name, request in security.items():
+        body = m.encode_request(request, cid=1, client_id="corpus")
+        out[f"admin_{name}"] = bytes([SECURITY_SELECTORS + 8]) + body
+    for name, (mechanism, first, second) in sasl_exchanges().items():
+        out[f"sasl_{name}"] = (
+            bytes([SECURITY_SELECTORS, mechanism]) + len(first).to_bytes(2, "big") + first + second
+        )
     return out
+
+
+def security_requests() -> dict[str, m.Request]:
+    """One of each security and administration request, as the SDK sends them."""
+    binding = m.AclBinding("topic", "orders", "prefixed", "User:alice", "*", "write", "allow")
+    everything = m.AclBindingFilter(None, None, "match", None, None, None, None)
+    salt = b"s" * 16
+    return {
+        "sasl_authenticate": m.SaslAuthenticateRequest(
+            mechanism="SCRAM-SHA-256", auth_bytes=f"n,,n={USER},r=fyko+d2lbbFgONRv9qkxdawL".encode()
+        ),
+        "create_acls": m.CreateAclsRequest(creations=[binding]),
+        "describe_acls": m.DescribeAclsRequest(filter=everything),
+        "delete_acls": m.DeleteAclsRequest(filters=[everything]),
+        "describe_user_scram_credentials": m.DescribeUserScramCredentialsRequest(users=[USER]),
+        "alter_user_scram_credentials": m.AlterUserScramCredentialsRequest(
+            deletions=[m.ScramCredentialDeletion(user="bob", mechanism="SCRAM-SHA-512")],
+            upsertions=[
+                m.ScramCredentialUpsertion(
+                    user=USER,
+                    mechanism="SCRAM-SHA-256",
+                    iterations=4096,
+                    salt=salt,
+                    salted_password=hashlib.pbkdf2_hmac("sha256", PASSWORD.encode(), salt, 4096),
+                )
+            ],
+        ),
+        "delete_topics": m.DeleteTopicsRequest(topics=["orders"]),
+        "describe_configs": m.DescribeConfigsRequest(
+            resources=[
+                m.ConfigResource(type="topic", name="orders"),
+                m.ConfigResource(type="broker", name="0"),
+            ]
+        ),
+        "incremental_alter_configs": m.IncrementalAlterConfigsRequest(
+            resources=[
+                m.AlterableConfigResource(
+                    type="topic",
+                    name="orders",
+                    ops=[
+                        m.AlterConfigOp(name="retention.ms", op="set", value="60000"),
+                        m.AlterConfigOp(name="segment.bytes", op="delete"),
+                    ],
+                )
+            ]
+        ),
+    }
+
+
+def sasl_exchanges() -> dict[str, tuple[int, bytes, bytes]]:
+    """(mechanism index, first message, second message) of SaslAuthenticate rounds: RFC
+    7677's client-first and client-final (whose nonce the broker's fresh one will not
+    match), and PLAIN's message with the right password and a wrong one."""
+    first = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
+    final = (
+        b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+        b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+    )
+    return {
+        "scram_sha_256": (0, first, final),
+        "scram_sha_512": (1, f"n,,n={USER},r=abc".encode(), b"c=biws,r=abc,p=AAAA"),
+        "plain": (2, f"\0{USER}\0{PASSWORD}".encode(), b""),
+        "plain_wrong": (2, f"\0{USER}\0wrong".encode(), b""),
+        "unknown_mechanism": (3, b"x", b""),
+    }
 
 
 def main() -> None:

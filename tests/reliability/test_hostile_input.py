@@ -6,7 +6,19 @@ Properties (Hypothesis), for ANY input:
 - decode_request raises only FrameError or RequestRefused, for any bytes and for
   the msgpack of any map (with or without a plausible api, v and cid);
 - protocol.batch.validate raises only BatchError, for any bytes and for a valid
-  batch with bytes flipped or cut.
+  batch with bytes flipped or cut;
+- two SaslAuthenticate rounds of any mechanism and any bytes end in an answer (a
+  challenge, a success, 33 or 58), never an exception; any security or
+  administration request that decodes is judged by the pure code behind its handler
+  (ACL validation and the Authorizer, the SCRAM credential state, topic config
+  overrides) without an exception but ConfigError.
+
+Against a real broker with a SASL listener and the authorizer on: malformed
+SaslAuthenticate payloads (each answered 58 and the connection closed, or 33 and
+the connection kept, or 42), and malformed ACL, credential, topic and config
+requests sent unauthenticated (refused) and as a super user (refused entry by
+entry, or whole); the bindings, users, topics and configs are unchanged after, and
+the broker keeps serving.
 
 Against the real broker, on each backend, each abusive request on a fresh
 connection: huge and duplicated lists, 100k nested arrays, 2^64-1 and -2^63,
@@ -36,6 +48,7 @@ from protocol.batch import BatchError, build_batch, iter_records, scan_batches, 
 from protocol.framing import FrameDecoder, FrameError, decode_body, frame
 from protocol.messages import APIS, RequestRefused, decode_request
 from tests.reliability.conftest import size
+from tests.reliability.fuzz_targets import MECHANISMS, admin_request, sasl_rounds
 
 EXAMPLES = size(300, 3_000)
 PROPERTY = settings(
@@ -154,6 +167,72 @@ def test_validate_of_damaged_batches(
         data[at % len(data)] ^= mask
     with contextlib.suppress(BatchError):
         validate(bytes(data[: max(cut, 1)]), max_bytes=1 << 20)
+
+
+SECURITY_APIS = (
+    "SaslAuthenticate",
+    "CreateAcls",
+    "DescribeAcls",
+    "DeleteAcls",
+    "DescribeUserScramCredentials",
+    "AlterUserScramCredentials",
+    "DeleteTopics",
+    "DescribeConfigs",
+    "IncrementalAlterConfigs",
+)
+SECURITY_FIELDS = (
+    "mechanism",
+    "auth_bytes",
+    "creations",
+    "filter",
+    "filters",
+    "users",
+    "deletions",
+    "upsertions",
+    "topics",
+    "resources",
+)
+binding_like = st.fixed_dictionaries(
+    {},
+    optional={
+        name: st.none() | st.text(max_size=12) | st.sampled_from(["*", "User:*", "topic"])
+        for name in (
+            "resource_type",
+            "resource_name",
+            "pattern_type",
+            "principal",
+            "host",
+            "operation",
+            "permission",
+        )
+    },
+)
+security_requests = st.fixed_dictionaries(
+    {"api": st.sampled_from(SECURITY_APIS), "v": st.just(1), "cid": st.integers(1, 100)},
+    optional={
+        **{name: values for name in SECURITY_FIELDS},
+        "creations": st.lists(binding_like, max_size=3),
+        "filter": binding_like,
+        "filters": st.lists(binding_like, max_size=3),
+    },
+)
+
+
+@PROPERTY
+@given(
+    mechanism=st.integers(0, len(MECHANISMS) - 1),
+    first=st.binary(max_size=200) | st.text(max_size=60).map(lambda t: f"n,,n={t},r=abc".encode()),
+    second=st.binary(max_size=200)
+    | st.text(max_size=60).map(lambda t: f"c=biws,r={t},p=AAAA".encode()),
+)
+def test_sasl_rounds_of_any_bytes(mechanism: int, first: bytes, second: bytes) -> None:
+    sasl_rounds(bytes([mechanism]) + len(first).to_bytes(2, "big") + first + second)
+
+
+@PROPERTY
+@given(message=security_requests)
+def test_security_requests_of_any_map(message: dict[str, Any]) -> None:
+    admin_request(msgpack.packb(message, use_bin_type=True))
 
 
 # --- against the real broker ------------------------------------------------------------
@@ -418,3 +497,308 @@ def test_abusive_requests_get_an_error_or_a_close(broker: BrokerProcess, tmp_pat
 def _records(c: WireClient) -> list[Any]:
     data = c.fetch("real", 0, 0)["records"]
     return [r for pos, h in scan_batches(data) for r in iter_records(data, pos, h)]
+
+
+# --- a SASL listener and the authorizer --------------------------------------------------
+
+ADMIN_PASSWORD = "admin-password"
+SCRAM_FIRST = b"n,,n=admin,r=abcdefgh"
+SECURED = (
+    'sasl_mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]\n'
+    "allow_plain_without_tls = true\n"
+    "authentication_failure_delay_ms = 10\n"
+    "authorizer = true\n"
+    'super_users = ["User:admin"]\n'
+    '[[listeners]]\nname = "sasl"\nhost = "127.0.0.1"\nport = 0\nsecurity = "sasl_plaintext"\n'
+)
+
+
+def sasl_abuses() -> Iterator[tuple[str, dict[str, Any] | Raw, tuple[int, ...]]]:
+    """(what, the request, the codes allowed): each SaslAuthenticate on a fresh
+    connection. 58 is answered and closes the connection, 33 keeps it; a request that
+    does not decode is answered 42 or closed (protocol.md section 1)."""
+    scram = "SCRAM-SHA-256"
+    for name, auth_bytes in (
+        ("empty", b""),
+        ("not UTF-8", b"\xff\xfe\xfd"),
+        ("1 MiB", b"n,,n=admin,r=" + b"x" * (1 << 20)),
+        ("no user", b"n,,n=,r=abc"),
+        ("no nonce", b"n,,n=admin"),
+        ("channel binding", b"p=tls-unique,,n=admin,r=abc"),
+        ("NUL", b"n,,n=ad\x00min,r=abc"),
+        ("client-final first", b"c=biws,r=abc,p=AAAA"),
+        ("bad gs2 header", b"q,,n=admin,r=abc"),
+    ):
+        yield (
+            f"SCRAM {name}",
+            {"api": "SaslAuthenticate", "mechanism": scram, "auth_bytes": auth_bytes},
+            (58,),
+        )
+    for name, auth_bytes in (
+        ("two fields", b"\0admin"),
+        ("four fields", b"\0admin\0pw\0more"),
+        ("field over 255 bytes", b"\0" + b"a" * 300 + b"\0pw"),
+        ("not UTF-8", b"\0\xff\0pw"),
+        ("empty password", b"\0admin\0"),
+        ("authzid for another", b"root\0admin\0" + ADMIN_PASSWORD.encode()),
+    ):
+        yield (
+            f"PLAIN {name}",
+            {"api": "SaslAuthenticate", "mechanism": "PLAIN", "auth_bytes": auth_bytes},
+            (58,),
+        )
+    for mechanism in ("GSSAPI", "", "x" * (1 << 20), "scram-sha-256"):
+        yield (
+            f"mechanism {mechanism[:20]!r}",
+            {"api": "SaslAuthenticate", "mechanism": mechanism, "auth_bytes": b"x"},
+            (33,),
+        )
+    for name, fields in (
+        ("auth_bytes as text", {"mechanism": scram, "auth_bytes": "n,,n=admin,r=abc"}),
+        ("auth_bytes an int", {"mechanism": scram, "auth_bytes": U64_MAX}),
+        ("mechanism nil", {"mechanism": None, "auth_bytes": b"x"}),
+        ("mechanism a list", {"mechanism": [scram], "auth_bytes": b"x"}),
+        ("no auth_bytes", {"mechanism": scram}),
+    ):
+        yield name, {"api": "SaslAuthenticate", **fields}, (42,)
+    yield (
+        "100k nested arrays as auth_bytes",
+        raw_map(
+            {"api": "SaslAuthenticate", "v": 1, "cid": 9, "mechanism": scram},
+            "auth_bytes",
+            nested(100_000),
+        ),
+        (42,),
+    )
+
+
+def bad_binding(**changed: Any) -> dict[str, Any]:
+    good = {
+        "resource_type": "topic",
+        "resource_name": "real",
+        "pattern_type": "literal",
+        "principal": "User:mallory",
+        "host": "*",
+        "operation": "write",
+        "permission": "allow",
+    }
+    return {**good, **changed}
+
+
+def admin_abuses() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Security and administration requests that must change nothing: every one is
+    refused whole or entry by entry."""
+    for name, changed in (
+        ("resource_type", {"resource_type": "nope"}),
+        ("principal without User:", {"principal": "mallory"}),
+        ("principal User:", {"principal": "User:"}),
+        ("host not an IP", {"host": "evil.example.com"}),
+        ("cluster named x", {"resource_type": "cluster", "resource_name": "x"}),
+        ("empty name", {"resource_name": ""}),
+        ("1 MiB name", {"resource_name": MiB_STRING}),
+        ("operation", {"operation": "ALL"}),
+        ("permission", {"permission": "maybe"}),
+        ("pattern match", {"pattern_type": "match"}),
+        ("nil principal", {"principal": None}),
+        ("int name", {"resource_name": 7}),
+    ):
+        yield f"CreateAcls {name}", {"api": "CreateAcls", "creations": [bad_binding(**changed)]}
+    yield (
+        "CreateAcls 100k",
+        {"api": "CreateAcls", "creations": [bad_binding(operation="ALL")] * 100_000},
+    )
+    for name, changed in (
+        ("resource_type", {"resource_type": "nope"}),
+        ("host", {"host": "::x"}),
+        ("pattern", {"pattern_type": "glob"}),
+    ):
+        yield f"DeleteAcls {name}", {"api": "DeleteAcls", "filters": [bad_binding(**changed)]}
+        yield f"DescribeAcls {name}", {"api": "DescribeAcls", "filter": bad_binding(**changed)}
+    yield "DescribeAcls without filter", {"api": "DescribeAcls"}
+    upsertion = {
+        "user": "mallory",
+        "mechanism": "SCRAM-SHA-256",
+        "iterations": 4096,
+        "salt": b"s" * 16,
+        "salted_password": b"p" * 32,
+    }
+    for name, changed in (
+        ("iterations 2^64-1", {"iterations": U64_MAX}),
+        ("iterations -1", {"iterations": -1}),
+        ("iterations 1", {"iterations": 1}),
+        ("empty salt", {"salt": b""}),
+        ("short salted_password", {"salted_password": b"p"}),
+        ("empty user", {"user": ""}),
+        ("1 MiB user", {"user": MiB_STRING}),
+        ("mechanism MD5", {"mechanism": "MD5"}),
+        ("not SASLprep", {"user": "mal\u00adlory"}),
+        ("salt as text", {"salt": "ssss"}),
+    ):
+        yield (
+            f"AlterUserScramCredentials {name}",
+            {
+                "api": "AlterUserScramCredentials",
+                "deletions": [],
+                "upsertions": [{**upsertion, **changed}],
+            },
+        )
+    yield (
+        "AlterUserScramCredentials twice",
+        {"api": "AlterUserScramCredentials", "deletions": [], "upsertions": [upsertion, upsertion]},
+    )
+    yield (
+        "AlterUserScramCredentials delete unknown",
+        {
+            "api": "AlterUserScramCredentials",
+            "deletions": [{"user": "nobody", "mechanism": "SCRAM-SHA-256"}],
+            "upsertions": [],
+        },
+    )
+    yield (
+        "DescribeUserScramCredentials duplicates",
+        {"api": "DescribeUserScramCredentials", "users": ["admin", "admin"]},
+    )
+    yield (
+        "DescribeUserScramCredentials 1 MiB",
+        {"api": "DescribeUserScramCredentials", "users": [MiB_STRING]},
+    )
+    yield (
+        "DescribeUserScramCredentials 100k",
+        {"api": "DescribeUserScramCredentials", "users": [f"u{i}" for i in range(100_000)]},
+    )
+    for name in PATHS:
+        yield f"DeleteTopics {name!r}", {"api": "DeleteTopics", "topics": [name]}
+    yield "DeleteTopics duplicates", {"api": "DeleteTopics", "topics": ["real", "real"]}
+    yield "DeleteTopics 100k", {"api": "DeleteTopics", "topics": [f"t{i}" for i in range(100_000)]}
+    yield (
+        "DescribeConfigs type",
+        {"api": "DescribeConfigs", "resources": [{"type": "nope", "name": "real"}]},
+    )
+    yield (
+        "DescribeConfigs 1 MiB",
+        {"api": "DescribeConfigs", "resources": [{"type": "topic", "name": MiB_STRING}]},
+    )
+    for name, op in (
+        ("op explode", {"name": "retention.ms", "op": "explode", "value": "1"}),
+        ("path-like key", {"name": "../x", "op": "set", "value": "1"}),
+        ("1 MiB value", {"name": "retention.ms", "op": "set", "value": MiB_STRING}),
+        ("float value", {"name": "retention.ms", "op": "set", "value": "1e3"}),
+        ("below the bounds", {"name": "retention.ms", "op": "set", "value": "-5"}),
+        ("broker setting", {"name": "authorizer", "op": "set", "value": "false"}),
+    ):
+        yield (
+            f"IncrementalAlterConfigs {name}",
+            {
+                "api": "IncrementalAlterConfigs",
+                "resources": [{"type": "topic", "name": "real", "ops": [op]}],
+            },
+        )
+
+
+def answer_of(client: WireClient, abuse: dict[str, Any] | Raw, cid: int) -> dict[str, Any] | None:
+    """Send one request on `client`; its answer, or None when the broker closed."""
+    body = (
+        abuse
+        if isinstance(abuse, bytes)
+        else msgpack.packb({"v": 1, "cid": cid, **abuse}, use_bin_type=True)
+    )
+    try:
+        client.send_raw(frame(body))
+        return client.recv()
+    except (ConnectionError, OSError):
+        return None
+
+
+def security_state(c: WireClient) -> tuple[Any, ...]:
+    """What the abuses must not change: the bindings, the users, the topics, the config."""
+    acls = c.call(
+        "DescribeAcls", filter=dict.fromkeys(bad_binding(), None) | {"pattern_type": "any"}
+    )
+    users = c.call("DescribeUserScramCredentials", users=None)
+    topics = c.call("Metadata", topics=None)
+    configs = c.call("DescribeConfigs", resources=[{"type": "topic", "name": "real"}])
+    return (
+        acls["bindings"],
+        users["results"],
+        sorted(t["name"] for t in topics["topics"]),
+        configs["results"],
+    )
+
+
+def test_hostile_security_requests_change_nothing(tmp_path: Path, backend: str) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        config=SECURED,
+        env={"MINIBROKER_BOOTSTRAP_USERS": f"admin:{ADMIN_PASSWORD},alice:alice-password"},
+    ).start()
+    address = broker.address("sasl")
+    failures: list[str] = []
+    try:
+        with WireClient(address) as admin:
+            admin.authenticate("admin", ADMIN_PASSWORD)
+            assert admin.create_topic("real", 1) == 0
+            assert admin.produce("real", 0, values_batch([b"kept"]))["error"] == 0
+            created = admin.call(
+                "CreateAcls", creations=[bad_binding(principal="User:alice", operation="read")]
+            )
+            assert created["results"][0]["error"] == 0, created
+            before = security_state(admin)
+        tried = 0
+        for cid, (what, abuse, allowed) in enumerate(sasl_abuses(), start=100):
+            tried += 1
+            with WireClient(address, timeout_s=10) as c:
+                answer = answer_of(c, abuse, cid)
+                if answer is None:
+                    # Only a request that does not decode may be closed unanswered.
+                    if 42 not in allowed:
+                        failures.append(f"{what}: closed unanswered, expected {allowed}")
+                    continue
+                if answer.get("error") not in allowed:
+                    failures.append(f"{what}: answered {str(answer)[:200]}, expected {allowed}")
+                elif answer["error"] == 58 and not c.is_closed_by_peer():
+                    failures.append(f"{what}: 58 but the connection stayed open")
+                elif answer["error"] == 33 and c.call("ApiVersions")["error"] != 0:
+                    failures.append(f"{what}: 33 but the connection does not serve on")
+        # A SCRAM round 1 then garbage: the exchange fails and the connection closes.
+        with WireClient(address, timeout_s=10) as c:
+            assert c.sasl("SCRAM-SHA-256", SCRAM_FIRST)["error"] == 0
+            if c.sasl("SCRAM-SHA-256", b"c=biws,r=wrong,p=AAAA")["error"] != 58:
+                failures.append("a wrong client-final was not answered 58")
+            elif not c.is_closed_by_peer():
+                failures.append("a wrong client-final left the connection open")
+        for cid, (what, abuse) in enumerate(admin_abuses(), start=1000):
+            tried += 2
+            # Unauthenticated: refused before the handler, the connection stays.
+            with WireClient(address, timeout_s=10) as c:
+                answer = answer_of(c, abuse, cid)
+                if answer is not None and answer.get("error") not in (58, 42):
+                    failures.append(f"{what} unauthenticated: {str(answer)[:200]}")
+            # As the super user: the handler refuses it.
+            with WireClient(address, timeout_s=10) as c:
+                c.authenticate("admin", ADMIN_PASSWORD, "SCRAM-SHA-512")
+                answer = answer_of(c, abuse, cid)
+                if answer is not None and not is_error_answer(answer):
+                    failures.append(f"{what}: answered without an error: {str(answer)[:200]}")
+            if broker.proc is None or broker.proc.poll() is not None:
+                failures.append(f"{what}: the broker died")
+                break
+        with WireClient(address, timeout_s=10) as admin:
+            admin.authenticate("admin", ADMIN_PASSWORD)
+            after = security_state(admin)
+            if after != before:
+                failures.append(f"the state changed:\n{before}\n{after}")
+            if [r.value for r in _records(admin)] != [b"kept"]:
+                failures.append("the record written before the abuse changed")
+        with WireClient(address, timeout_s=10) as alice:
+            alice.authenticate("alice", "alice-password", "PLAIN")
+            if alice.call("ApiVersions")["error"] != 0:
+                failures.append("alice cannot use the broker after the abuse")
+        print(f"security abuses tried on {backend}: {tried}; failures: {len(failures)}")
+        # Secrets stay out of the log, whatever was sent.
+        for secret in (ADMIN_PASSWORD, "alice-password"):
+            if secret in broker.log_text():
+                failures.append(f"the log shows the password {secret!r}")
+    finally:
+        broker.kill()
+    assert not failures, "\n".join(failures)
