@@ -170,7 +170,8 @@ def _setting(
         "parse": parse,
         "shape": shape,
     }
-    return field(default=default, metadata=meta)
+    # A sensitive value stays out of the config's repr too, and so out of any traceback.
+    return field(default=default, metadata=meta, repr=not sensitive)
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

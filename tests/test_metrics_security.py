@@ -38,6 +38,7 @@ def test_users_are_a_table_of_bcrypt_hashes() -> None:
     # Sensitive: DescribeConfigs never shows it.
     (described,) = [d for d in cfg.describe_broker(c) if d.name == "metrics_basic_auth_users"]
     assert described.value is None and described.sensitive
+    assert HASH not in repr(c) and "metrics_basic_auth_users" not in repr(c)
 
 
 @pytest.mark.parametrize(
