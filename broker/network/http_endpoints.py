@@ -91,9 +91,10 @@ _Answer = tuple[int, str, bytes, dict[str, str]]
 class BasicAuth:
     """HTTP basic auth against bcrypt hashes (`metrics_basic_auth_users`).
 
-    Every way to fail takes a bcrypt: an unknown user is checked against a hash of no
-    password of the largest configured cost, so the time of an answer does not say
-    whether the user exists. A success is remembered per user as an HMAC of the
+    Every user and password checked takes a bcrypt, a wrong one too: an unknown user is
+    checked against a hash no password has, of the largest configured cost, so the time
+    of an answer does not say whether the user exists (a header that is not basic auth
+    at all is refused without one). A success is remembered per user as an HMAC of the
     credentials under a key of this process, compared in constant time, for
     `AUTH_CACHE_S`; a failure is never remembered."""
 
