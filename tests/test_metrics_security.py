@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
+import signal
 import ssl
 from pathlib import Path
 
 import anyio
 import bcrypt
 import pytest
+import trustme
 
 from broker import config as cfg
 from broker.network import http_endpoints
@@ -171,5 +174,28 @@ def test_scrapes_over_tls_need_the_password(tmp_path: Path, backend: str) -> Non
         # Secrets stay out of the log: neither the password nor the hash.
         assert PASSWORD not in broker.log_text() and HASH not in broker.log_text()
         assert broker.proc is not None and broker.proc.poll() is None
+    finally:
+        broker.kill()
+
+
+def test_sighup_reads_the_metrics_certificate_again(tmp_path: Path) -> None:
+    """New connections get the new certificate; files that do not load leave it."""
+    pki = Pki.create(tmp_path / "tls")
+    settings = f'metrics_tls_certfile = "{pki.certfile}"\nmetrics_tls_keyfile = "{pki.keyfile}"\n'
+    broker = BrokerProcess(tmp_path / "data", config=settings).start()
+    try:
+        port = broker.metrics_port
+        assert port is not None
+        new_ca = trustme.CA()
+        pki.issue_server_certificate(new_ca)
+        os.kill(broker.pid, signal.SIGHUP)
+        assert broker.log_shows("event=metrics_tls_reloaded")
+        assert get(port, "/metrics", pki.client_context(trust=new_ca))[0] == 200
+        with pytest.raises(ssl.SSLCertVerificationError):
+            get(port, "/metrics", pki.client_context())
+        pki.keyfile.write_text("not a key\n")
+        os.kill(broker.pid, signal.SIGHUP)
+        assert broker.log_shows("event=metrics_tls_reload_failed")
+        assert get(port, "/healthz", pki.client_context(trust=new_ca))[::2] == (200, b"ok\n")
     finally:
         broker.kill()
