@@ -7,8 +7,8 @@ transactional id; then the broker is stopped by kill -9 or by SIGTERM.
 
 Each trial copies it, picks one file of one kind (kinds are listed from the
 data dir itself: `.log`, `.index`, `.timeindex`, `.snapshot`, `recovery-point`,
-`topic.meta`, `producer_id_block`, `txn.wal`, `offsets.wal`, `format_version`,
-the clean-shutdown marker, and any kind that appears later), and damages it at a
+`topic.meta`, `producer_id_block`, `txn.wal`, `offsets.wal`, `credentials.wal`,
+`format_version`, the clean-shutdown marker, and any kind that appears later), and damages it at a
 seeded random point: truncate there, flip one byte there, or append junk (a
 torn extra write). Then the broker starts, and either
 
@@ -62,6 +62,7 @@ KINDS = (
     "producer_id_block",
     "txn.wal",
     "offsets.wal",
+    "credentials.wal",
     "format_version",
     ".clean_shutdown",
 )
