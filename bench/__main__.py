@@ -240,8 +240,8 @@ def _sized(name: str, option: str, full: int) -> Suite:
     )
 
 
-def _scaled(name: str) -> Suite:
-    """A suite that takes `--scale` itself and draws its own plots."""
+def _scaled(name: str, *, plotted: bool = True) -> Suite:
+    """A suite that takes `--scale` itself and, when `plotted`, draws its own plots."""
     module_name = f"bench.bench_{name}"
 
     def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -257,27 +257,30 @@ def _scaled(name: str) -> Suite:
         return drawn
 
     return Suite(
-        run, lambda args: f"python -m bench --suites {name} --scale {args.scale:g}", targets, plots
+        run,
+        lambda args: f"python -m bench --suites {name} --scale {args.scale:g}",
+        targets,
+        plots if plotted else None,
     )
 
 
 def standalone(name: str, description: str) -> None:
     """`python -m bench.bench_<name> [--scale S] [--out DIR]`: one scaled suite alone, its
-    table, verdicts and plots printed, docs/benchmarks.md left as it is."""
+    table, verdicts and plots (if it draws any) printed, docs/benchmarks.md left as it is."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=None, help="directory for the PNGs")
     args = parser.parse_args()
-    suite = _scaled(name)
+    suite = REGISTRY[name]
     began = time.monotonic()
     rows = suite.run(args)
     print(table(rows))
     print()
     print("\n".join(suite.targets(rows)))
-    out = args.out or Path(tempfile.mkdtemp(prefix=f"bench-{name}-plots-"))
-    assert suite.plots is not None
-    for caption, path in suite.plots(rows, out):
-        print(f"{caption}: {path}")
+    if suite.plots is not None:
+        out = args.out or Path(tempfile.mkdtemp(prefix=f"bench-{name}-plots-"))
+        for caption, path in suite.plots(rows, out):
+            print(f"{caption}: {path}")
     print(f"wall time {time.monotonic() - began:.0f} s at scale {args.scale:g}")
 
 
@@ -332,6 +335,7 @@ REGISTRY: dict[str, Suite] = {
     ),
     "peers": _scaled("peers"),
     "scaling": _scaled("scaling"),
+    "security": _scaled("security", plotted=False),
 }
 SUITES = tuple(REGISTRY)
 

@@ -9,6 +9,8 @@ ceiling, metrics on vs off) are taken between runs of the same invocation.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import multiprocessing
 import os
 import random
@@ -20,6 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,16 +100,20 @@ def _frames(
     return frames
 
 
-def _pipeline(bootstrap: str, frames: list[bytes]) -> float:
-    """Send every frame with at most WINDOW unanswered; return elapsed seconds.
+def _pipeline(bootstrap: str, frames: list[bytes], sock: socket.socket | None = None) -> float:
+    """Send every frame with at most WINDOW unanswered; return elapsed seconds. On a new
+    connection to `bootstrap`, or on `sock` (a plain socket, e.g. one that authenticated
+    with SASL first), which the caller closes.
 
     Each send takes every frame the window has room for, as a Kafka client's network
     thread writes every ready request: one frame per send let the load generator's two
     threads fall into lock-step with the broker at two frames per read, which doubled
     the broker's CPU per batch in one asyncio run out of six (docs/benchmark-notes.md)."""
-    host, port = bootstrap.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    own = sock is None
+    if sock is None:
+        host, port = bootstrap.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     window = threading.Semaphore(WINDOW)
     errors: list[Any] = []
 
@@ -138,7 +145,8 @@ def _pipeline(bootstrap: str, frames: list[bytes]) -> float:
         i += n
     reader.join()
     elapsed = time.perf_counter() - started
-    sock.close()
+    if own:
+        sock.close()
     if errors:
         raise RuntimeError(f"produce errors: {errors[:3]}")
     return elapsed
@@ -157,22 +165,29 @@ def _send_all(sock: socket.socket, frames: list[bytes]) -> None:
 
 
 def _produce(
-    broker: BrokerProcess, *, acks: int, idempotent: bool, n_batches: int
+    broker: BrokerProcess,
+    *,
+    acks: int,
+    idempotent: bool,
+    n_batches: int,
+    connect: Callable[[], WireClient] | None = None,
+    topic_prefix: str = "bench",
 ) -> tuple[float, float]:
-    """(MB/s, broker CPU µs per batch) of one pipelined run into a fresh topic.
+    """(MB/s, broker CPU µs per batch) of one pipelined run into a fresh topic, whose name
+    starts with `topic_prefix`. The topic, the producer id and the run share one
+    connection: `connect()`'s (e.g. authenticated with SASL), else a new plain one.
 
     CPU per batch is the steadier figure on a shared machine: neighbours slow the
     wall clock, not the work the broker does per batch."""
-    with WireClient(broker.bootstrap) as c:
-        topic = f"bench-{acks}-{idempotent}-{time.monotonic_ns()}"
+    with (connect or functools.partial(WireClient, broker.bootstrap))() as c:
+        topic = f"{topic_prefix}-{acks}-{idempotent}-{time.monotonic_ns()}"
         c.create_topic(topic, 1)
         pid, epoch = c.init_producer() if idempotent else (-1, -1)
-    frames = _frames(n_batches, acks, pid, epoch, topic, 1)
-    payload = sum(len(f) for f in frames)
-    assert broker.proc is not None
-    cpu = _cpu_s(broker.proc.pid)
-    elapsed = _pipeline(broker.bootstrap, frames)
-    cpu = _cpu_s(broker.proc.pid) - cpu
+        frames = _frames(n_batches, acks, pid, epoch, topic, 1)
+        payload = sum(len(f) for f in frames)
+        cpu = _cpu_s(broker.pid)
+        elapsed = _pipeline(broker.bootstrap, frames, c.sock)
+        cpu = _cpu_s(broker.pid) - cpu
     return payload / elapsed / 1e6, cpu / n_batches * 1e6
 
 
@@ -248,11 +263,14 @@ def _cpu_s(pid: int) -> float:
     return total_ns / 1e9
 
 
-def _fetch_all(broker: BrokerProcess, topic: str) -> tuple[float, float]:
+def _fetch_all(
+    broker: BrokerProcess, topic: str, connect: Callable[[], WireClient] | None = None
+) -> tuple[float, float]:
     """Read `topic` partition 0 from the start with 1 MiB Fetches over one raw
-    connection; return (MB/s, broker CPU seconds per GB)."""
+    connection (`connect()`'s, e.g. over TLS, else a new plain one); return (MB/s,
+    broker CPU seconds per GB)."""
     assert broker.proc is not None
-    with WireClient(broker.bootstrap) as c:
+    with (connect or functools.partial(WireClient, broker.bootstrap))() as c:
         offset = total = 0
         cpu = _cpu_s(broker.proc.pid)
         started = time.perf_counter()
@@ -438,23 +456,17 @@ def cost_rows(
     tmp_path: Path, rounds: int = COST_ROUNDS, n_batches: int = COST_BATCHES
 ) -> list[dict[str, Any]]:
     """What idempotence and metrics cost in broker CPU per batch (acks=1), as the
-    median of per-round ratios with a bootstrap 95% interval.
+    median of per-round ratios with a bootstrap 95% interval (`paired_rounds`, `cost_row`).
 
-    Each round runs plain, idempotent, and idempotent with metrics off back to back,
-    in an order that rotates every round (A/B/C, B/C/A, ...), so each ratio compares
-    figures a few hundred milliseconds apart: drift on the shared machine cancels
-    within a round instead of landing on one case. Metrics on and off are two
-    processes, and one process can run a few percent slower than its twin for as
-    long as it lives (where it sits in memory and on the cores): fresh brokers
-    every COST_BLOCK_ROUNDS rounds make that part of the sampled noise rather
-    than a bias of the whole run."""
+    Each round runs plain, idempotent, and idempotent with metrics off back to back;
+    metrics on and off are two brokers."""
     rows: list[dict[str, Any]] = []
     cases = [(True, False), (True, True), (False, True)]  # (metrics, idempotent)
     for backend in ("trio", "asyncio"):
-        idem: list[float] = []
-        metrics_on: list[float] = []
-        for block in range(0, rounds, COST_BLOCK_ROUNDS):
-            brokers = {
+
+        @contextlib.contextmanager
+        def brokers(block: int, backend: str = backend) -> Iterator[Callable[[Any], float]]:
+            started = {
                 metrics: BrokerProcess(
                     tmp_path / f"data-cost-{backend}-{metrics}-{block}",
                     backend=backend,
@@ -462,35 +474,70 @@ def cost_rows(
                 ).start()
                 for metrics in (True, False)
             }
+
+            def measure(case: tuple[bool, bool]) -> float:
+                metrics, idempotent = case
+                return _produce(
+                    started[metrics], acks=1, idempotent=idempotent, n_batches=n_batches
+                )[1]
+
             try:
-                for round_ in progress.rounds(
-                    rounds, f"costs, {backend}", block, min(block + COST_BLOCK_ROUNDS, rounds)
-                ):
-                    cpu: dict[tuple[bool, bool], float] = {}
-                    for i in range(len(cases)):
-                        metrics, idempotent = cases[(round_ + i) % len(cases)]
-                        cpu[metrics, idempotent] = _produce(
-                            brokers[metrics], acks=1, idempotent=idempotent, n_batches=n_batches
-                        )[1]
-                    idem.append(cpu[True, True] / cpu[True, False])
-                    metrics_on.append(cpu[True, True] / cpu[False, True])
+                yield measure
             finally:
-                for b in brokers.values():
+                for b in started.values():
                     b.kill()
-        for name, ratios in (("idempotence", idem), ("metrics", metrics_on)):
-            low, high = bootstrap_median_ci(ratios)
-            rows.append(
-                {
-                    "benchmark": f"cost of {name} {backend}, broker CPU per batch",
-                    "value": (statistics.median(ratios) - 1) * 100,
-                    "unit": "%",
-                    "ci95_low": (low - 1) * 100,
-                    "ci95_high": (high - 1) * 100,
-                    "min_max": f"{(min(ratios) - 1) * 100:+.1f} to {(max(ratios) - 1) * 100:+.1f}",
-                    "rounds": rounds,
-                }
-            )
+
+        cpu = paired_rounds(cases, rounds, f"costs, {backend}", brokers)
+        idem = [r[True, True] / r[True, False] for r in cpu]
+        metrics_on = [r[True, True] / r[False, True] for r in cpu]
+        rows += [
+            cost_row(f"cost of idempotence {backend}, broker CPU per batch", idem),
+            cost_row(f"cost of metrics {backend}, broker CPU per batch", metrics_on),
+        ]
     return rows
+
+
+def paired_rounds(
+    cases: Sequence[Any],
+    rounds: int,
+    what: str,
+    brokers: Callable[[int], contextlib.AbstractContextManager[Callable[[Any], float]]],
+) -> list[dict[Any, float]]:
+    """Each round's figure of every case (broker CPU per batch, say), the cases run back
+    to back in an order that rotates every round (A/B/C, B/C/A, ...), so a ratio of two
+    cases of one round compares figures a few hundred milliseconds apart: drift on the
+    shared machine cancels within a round instead of landing on one case.
+
+    `brokers(block)` starts the brokers of a block of COST_BLOCK_ROUNDS rounds and yields
+    the function that measures a case on them. One process can run a few percent slower
+    than its twin for as long as it lives (where it sits in memory and on the cores):
+    fresh brokers every block make that part of the sampled noise rather than a bias of
+    the whole run."""
+    out: list[dict[Any, float]] = []
+    for block in range(0, rounds, COST_BLOCK_ROUNDS):
+        with brokers(block) as measure:
+            for round_ in progress.rounds(
+                rounds, what, block, min(block + COST_BLOCK_ROUNDS, rounds)
+            ):
+                order = [cases[(round_ + i) % len(cases)] for i in range(len(cases))]
+                out.append({case: measure(case) for case in order})
+    return out
+
+
+def cost_row(name: str, ratios: list[float]) -> dict[str, Any]:
+    """A cost as the suites report it: the median of per-round ratios (with/without) in
+    percent, its bootstrap 95% interval and min-max; `bench.__main__._cost_verdict`
+    judges it by the interval."""
+    low, high = bootstrap_median_ci(ratios)
+    return {
+        "benchmark": name,
+        "value": (statistics.median(ratios) - 1) * 100,
+        "unit": "%",
+        "ci95_low": (low - 1) * 100,
+        "ci95_high": (high - 1) * 100,
+        "min_max": f"{(min(ratios) - 1) * 100:+.1f} to {(max(ratios) - 1) * 100:+.1f}",
+        "rounds": len(ratios),
+    }
 
 
 def bootstrap_median_ci(values: list[float], level: float = 0.95) -> tuple[float, float]:

@@ -515,19 +515,38 @@ class Handlers:
                 [(req, self._check_request(req, passed, principal)) for req in reqs]
             )
             return [_outcome(reply) for reply in replies]
-        judged = [self._judge(req, session) for req in reqs]
-        handled = [cast(m.ProduceRequest, j.request) for j in judged if not j.refused]
+        # A run's requests mostly name the same topics. Once one is allowed whole, the
+        # others naming the same topics are too (a decision depends on the principal, the
+        # host and the names, and the ACLs cannot change before the run is done), so they
+        # are judged once per run: None stands for "allowed as it came".
+        whole: set[tuple[str, ...]] = set()
+        judged: list[Judgement | None] = []
+        for req in reqs:
+            names = tuple(t.topic for t in req.topics)
+            if names in whole:
+                judged.append(None)
+                continue
+            judgement = self._judge(req, session)
+            if not judgement.refused and judgement.request is req and not judgement.finishes:
+                whole.add(names)
+            judged.append(judgement)
+        handled = [
+            req if j is None else cast(m.ProduceRequest, j.request)
+            for req, j in zip(reqs, judged, strict=True)
+            if j is None or not j.refused
+        ]
         replies = self._append_checked(
             [(req, self._check_request(req, passed, principal)) for req in handled]
         )
         results = iter(replies)
         outcomes = []
         for j in judged:
-            if j.refused:
+            if j is not None and j.refused:
                 outcomes.append(_outcome(j.refusal))
                 continue
             reply = next(results)
-            _finish(j, reply)
+            if j is not None:
+                _finish(j, reply)
             outcomes.append(_outcome(reply))
         return outcomes
 

@@ -21,6 +21,7 @@ from harness.broker_process import BrokerProcess
 from harness.txn import Txn
 from harness.wire import WireClient, fetched_values, values_batch
 from protocol.errors import ErrorCode
+from protocol.framing import encode_frame
 from tests.conftest import BACKENDS
 
 PASSWORDS = {"admin": "admin-pw", "alice": "alice-pw", "bob": "bob-pw"}
@@ -284,6 +285,42 @@ def test_produce_needs_write_on_each_topic_and_appends_nothing_denied(
     alice.send("Produce", **produce_request([denied], values_batch([b"v"]), acks=0))
     assert alice.call("ApiVersions")["error"] == 0
     assert end_offset(admin, denied) == 0
+
+
+def test_a_read_of_produce_requests_is_judged_request_by_request(
+    admin: WireClient, alice: WireClient
+) -> None:
+    """Produce requests read together append as one run, whose requests naming the topics
+    of one allowed whole are judged once: a request naming other topics, or the same
+    ones after a refusal, is still judged, and refused, on its own."""
+    allowed, denied = topic_with(admin, "run-a-"), topic_with(admin, "run-d-")
+    grant(admin, acl("topic", allowed, "write"))
+    runs = [[allowed], [allowed], [allowed, denied], [denied], [denied], [allowed]]
+    # One write, so that the broker reads them together.
+    alice.send_raw(
+        b"".join(
+            encode_frame(
+                {
+                    "api": "Produce",
+                    "v": 1,
+                    "cid": 100 + i,
+                    **produce_request(topics, values_batch([b"v"]), acks=1),
+                }
+            )
+            for i, topics in enumerate(runs)
+        )
+    )
+    answers = [alice.recv() for _ in runs]
+    assert [a["cid"] for a in answers] == [100 + i for i in range(len(runs))]
+    assert [partition_errors(a) for a in answers] == [
+        {allowed: [0]},
+        {allowed: [0]},
+        {allowed: [0], denied: [TOPIC_DENIED]},
+        {denied: [TOPIC_DENIED]},
+        {denied: [TOPIC_DENIED]},
+        {allowed: [0]},
+    ]
+    assert end_offset(admin, allowed) == 4 and end_offset(admin, denied) == 0
 
 
 def test_deny_wins_over_allow_and_user_star(admin: WireClient, alice: WireClient) -> None:

@@ -18,6 +18,7 @@ import trustme
 
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, fetched_values, values_batch
+from protocol.framing import encode_frame
 from tests.security_fixtures import Pki, listeners, metric, wait_for
 
 HANDSHAKE_TIMEOUT_MS = 500
@@ -92,6 +93,41 @@ def test_tls_serves_requests_and_fetches_copy_through_tls(
     # The plaintext listener beside it answers the same data.
     with WireClient(tls_broker.address("plain")) as c:
         assert len(fetched_values(c.fetch("t", 0, 0)["records"])) == 50
+
+
+def test_a_pipeline_of_batches_through_tls_is_answered_whole_and_in_order(
+    tls_broker: BrokerProcess, pki: Pki
+) -> None:
+    """64 Produce requests of 16 KiB in one write: the broker reads the TLS records a
+    read brought in together (tls.receiver), so frames span records and reads; each is
+    answered once, in order, and its batch is in the log in that order."""
+    with WireClient(tls_broker.address("secure"), ssl_context=pki.client_context()) as c:
+        assert c.create_topic("piped") == 0
+        values = [os.urandom(16 * 1024) for _ in range(64)]
+        requests = b"".join(
+            encode_frame(
+                {
+                    "api": "Produce",
+                    "v": 1,
+                    "cid": 1000 + i,
+                    "acks": 1,
+                    "timeout_ms": 10_000,
+                    "topics": [
+                        {
+                            "topic": "piped",
+                            "partitions": [{"partition": 0, "records": values_batch([v])}],
+                        }
+                    ],
+                }
+            )
+            for i, v in enumerate(values)
+        )
+        c.send_raw(requests)
+        answers = [c.recv() for _ in values]
+        assert [a["cid"] for a in answers] == [1000 + i for i in range(64)]
+        assert [a["topics"][0]["partitions"][0]["base_offset"] for a in answers] == list(range(64))
+        fetched = c.fetch("piped", 0, 0, partition_max_bytes=4 << 20)
+        assert [v for _, v in fetched_values(fetched["records"])] == values
 
 
 def test_without_client_auth_the_principal_is_anonymous(

@@ -43,6 +43,7 @@ import anyio
 from anyio.abc import ByteStream, SocketListener, SocketStream, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.stapled import MultiListener
+from anyio.streams.tls import TLSStream
 
 from broker.admin import finish_deletions
 from broker.config import DEFAULT_LISTENER, RELOADABLE, BrokerConfig, ConfigError, Listener
@@ -747,6 +748,7 @@ class Broker:
         receive_bytes = (
             READ_AHEAD_RECEIVE_BYTES if isinstance(stream, ReadAheadStream) else RECEIVE_BYTES
         )
+        receive = tls.receiver(stream) if isinstance(stream, TLSStream) else stream.receive
         idle_s = self.config.connections_max_idle_ms / 1000
         receive_ms = self.config.request_receive_timeout_ms
         # Time left for the request that has partly arrived. Only time spent
@@ -772,7 +774,7 @@ class Broker:
                     data = b""
                     if not decoder.frames_waiting:
                         with anyio.move_on_after(receive_left_s if partial else idle_s) as timer:
-                            received = await _receive(stream, receive_bytes)
+                            received = await _receive(receive, receive_bytes)
                         if timer.cancelled_caught and partial:
                             log.warning(
                                 "event=connection_closed peer=%s reason=%r",
@@ -1145,9 +1147,9 @@ def _close_unsent(groups: list[list[Reply]]) -> None:
                 reply.reply.close()
 
 
-async def _receive(stream: ByteStream, max_bytes: int) -> bytes | None:
+async def _receive(receive: Callable[[int], Awaitable[bytes]], max_bytes: int) -> bytes | None:
     try:
-        return await stream.receive(max_bytes)
+        return await receive(max_bytes)
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         return None
 

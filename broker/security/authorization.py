@@ -69,6 +69,12 @@ class Judgement:
     _omissions: tuple[Omission, ...] = ()
     _allowed: Callable[[str, str, str], bool] | None = None
 
+    @property
+    def finishes(self) -> bool:
+        """Whether `finish` has anything to do: refused entries to answer or listings to
+        cut."""
+        return bool(self._answers) or bool(self._omissions)
+
     def finish(self, response: Response) -> None:
         """Complete the handler's `response`: the refused entries' answers in their places,
         and the listings without what the principal may not see."""
