@@ -573,23 +573,7 @@ def test_a_restarted_exactly_once_loop_takes_its_partitions_over_at_once(
                 loop.send_signal(signal.SIGKILL)
                 loop.wait(10)
             killed_at = time.monotonic()
-        final = subprocess.run(
-            [*command, "--idle-exit-ms", "3000"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert final.returncode == 0, final.stderr
-        with Consumer(
-            "b",
-            bootstrap_servers=bootstrap,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            consumer_timeout_ms=5_000,
-        ) as reader:
-            output = Counter(r.value.decode() for r in reader)
+        output = _finish_and_read(command, env, bootstrap, idle_exit_ms=3_000)
         expected = Counter(v.upper() for v in inputs)
         missing, doubled = sorted(expected - output), sorted(output - expected)
         assert output == expected, f"missing {missing[:5]}, doubled {doubled[:5]}"
@@ -657,23 +641,7 @@ def test_exactly_once_loop_killed_twenty_times(tmp_path: Path, backend: str) -> 
             assert loop.returncode == -signal.SIGKILL, f"kill {kill}: the loop exited (seed {seed})"
             if not kill % 2:
                 committed_runs += any(line.startswith("committed") for line in loop.stdout)
-        final = subprocess.run(
-            [*command, "--idle-exit-ms", "5000"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert final.returncode == 0, final.stderr
-        with Consumer(
-            "b",
-            bootstrap_servers=bootstrap,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            consumer_timeout_ms=5_000,
-        ) as reader:
-            output = Counter(r.value.decode() for r in reader)
+        output = _finish_and_read(command, env, bootstrap, idle_exit_ms=5_000)
         expected = Counter(v.upper() for values in inputs.values() for v in values)
         missing, doubled = sorted(expected - output), sorted(output - expected)
         assert output == expected, f"seed {seed}: missing {missing[:5]}, doubled {doubled[:5]}"
@@ -769,3 +737,27 @@ def test_cli_lists_describes_and_resets_a_group(broker: BrokerProcess) -> None:
     assert [g.group_id for g in list_groups(bootstrap)] == ["cli"]
     missing = cli(broker, "groups", "describe", "nobody")
     assert missing.returncode == 1 and "nobody" in missing.stderr
+
+
+def _finish_and_read(
+    command: list[str], env: dict[str, str], bootstrap: str, idle_exit_ms: int
+) -> Counter[str]:
+    """Run the loop once more until it has been idle `idle_exit_ms`, then read topic b as a
+    read_committed consumer: what the loop wrote, counted."""
+    final = subprocess.run(
+        [*command, "--idle-exit-ms", str(idle_exit_ms)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert final.returncode == 0, final.stderr
+    with Consumer(
+        "b",
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        consumer_timeout_ms=5_000,
+    ) as reader:
+        return Counter(r.value.decode() for r in reader)

@@ -11,7 +11,6 @@ they promise.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import resource
 import socket
@@ -104,27 +103,6 @@ def test_a_pid_file_that_cannot_be_written_is_a_configuration_error(tmp_path: Pa
         f"cannot write pid_file {pid_file}: No such file or directory; set pid_file "
         "(--pid-file) to a path this user may write, or leave it empty"
     )
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=30)
 
 
 def fill(mount_point: Path) -> Path:

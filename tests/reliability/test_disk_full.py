@@ -14,12 +14,7 @@ shows nothing torn: exactly the acknowledged records, every CRC valid.
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
@@ -29,26 +24,6 @@ from tests.reliability.conftest import read_partition
 STORAGE_ERROR = ErrorCode.KAFKA_STORAGE_ERROR
 BATCH_VALUE_BYTES = 32 * 1024
 BATCHES_MAX = 400  # 12 MiB: well past the 4 MiB filesystem
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a 4 MiB tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False, timeout=30)
 
 
 def top_up(path: Path) -> None:
