@@ -23,9 +23,6 @@ from broker.producer_ids import ProducerIdStateError
 from broker.security import BootstrapError
 from broker.storage import DataDirError
 
-if sys.version_info < (3, 11):  # pragma: no cover - exercised only on 3.10
-    from exceptiongroup import BaseExceptionGroup  # installed with anyio there
-
 log = logging.getLogger(f"minibroker.{__name__}")
 
 # The exit codes of `serve` (docs/operations.md, "Exit codes"). Each start that cannot

@@ -18,14 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
 
 START_TIMEOUT_S = 30.0
 _LISTENING = re.compile(r"event=listening .*host=(\S+) port=(\d+)")

@@ -57,7 +57,7 @@ class Pki:
     def client_certificate(
         self, common_name: str, *, ca: trustme.CA | None = None, expired: bool = False
     ) -> trustme.LeafCert:
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         window = (
             {
                 "not_before": now - datetime.timedelta(days=2),
