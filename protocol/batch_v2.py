@@ -62,6 +62,14 @@ from protocol.compression import (
 )
 from protocol.errors import ErrorCode, ProtocolError
 
+try:
+    from protocol._records_fast import v2_records_valid
+except ImportError:  # not built here: the Python walk below decides alone
+
+    def v2_records_valid(records: bytes | memoryview, record_count: int, /) -> bool:
+        return False
+
+
 HEADER_V2 = struct.Struct(">qiibIhiqqqhii")
 HEADER_V2_BYTES = HEADER_V2.size  # 61
 CRC_V2_AT = 17
@@ -178,12 +186,12 @@ def _payload(
     pos: int,
     header: BatchHeader,
     max_bytes: int = DECOMPRESSED_BYTES_MAX,
-) -> bytes:
+) -> bytes | memoryview:
     """The records bytes of the batch at `pos`, inflated when compressed."""
     body = memoryview(buf)[pos + HEADER_V2_BYTES : pos + header.size_bytes]
     codec = header.compression
     if codec == Compression.NONE:
-        return bytes(body)
+        return body
     return decompress(codec, body, max_bytes)
 
 
@@ -202,14 +210,16 @@ def _varint(data: bytes, pos: int, limit: int, max_bytes: int) -> tuple[int, int
     raise ValueError(f"varint cut or longer than {max_bytes} bytes")
 
 
-def parse_records_v2(data: bytes, record_count: int, *, keep: bool = True) -> list[RowV2]:
+def parse_records_v2(
+    data: bytes | memoryview, record_count: int, *, keep: bool = True
+) -> list[RowV2]:
     """The `record_count` records in `data`, strictly: each record's length must be its
     bytes, its offset_delta its index, header keys UTF-8, and nothing may follow the last.
 
     Raises ValueError on anything else. With `keep` false the records are only checked
     (no key, value or header objects are made) and an empty list is returned."""
     try:
-        return _parse(data, record_count, keep)
+        return _parse(bytes(data), record_count, keep)
     except IndexError:  # a field read past the end: a cut record
         raise ValueError("record cut short") from None
 
@@ -304,9 +314,13 @@ def _headers(
     return headers, pos
 
 
-def check_records_v2(data: bytes, record_count: int) -> None:
-    """Raise ValueError unless `data` is exactly `record_count` well-formed records."""
-    parse_records_v2(data, record_count, keep=False)
+def check_records_v2(data: bytes | memoryview, record_count: int) -> None:
+    """Raise ValueError unless `data` is exactly `record_count` well-formed records.
+
+    The C walk (protocol/_records_fast.c) answers for valid records; when it refuses,
+    the reference walk here runs, to say why (and to decide, were the two to differ)."""
+    if not v2_records_valid(data, record_count):
+        parse_records_v2(data, record_count, keep=False)
 
 
 def decode_records_v2(
