@@ -13,13 +13,15 @@
  * v2_records_valid(buffer, record_count) -> bool is the same kind of walk over
  * Kafka's v2 records (protocol/batch_v2.py): True only when the reference,
  * parse_records_v2, accepts them; on False the reference runs and says why.
- * About 10x faster than the reference's walk in Python.
+ * About 50x faster than the reference's walk in Python. crc32c(buffer, value=0)
+ * is the CRC-32C those batches carry.
  *
  * Every read is bounds-checked against the buffer's end before it happens.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define UNDECIDED (-1)
 
@@ -248,6 +250,7 @@ v2_records_ok(const unsigned char *buf, size_t end, int64_t record_count)
 static PyObject *
 v2_records_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    (void)module;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "v2_records_valid(records, record_count)");
         return NULL;
@@ -265,9 +268,96 @@ v2_records_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok);
 }
 
+/* CRC-32C (Castagnoli), the checksum of Kafka's v2 batches: with the SSE 4.2
+ * instruction where the CPU has it (about 1 us for 16 KiB), else a table. Here and
+ * not from the crc32c package because importing that package imports
+ * importlib.metadata, hence email and socket, which the protocol package may not. */
+static uint32_t crc32c_table[256];
+
+static void
+crc32c_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t crc = i;
+        for (int k = 0; k < 8; k++) {
+            crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
+        }
+        crc32c_table[i] = crc;
+    }
+}
+
+static uint32_t
+crc32c_bytes(uint32_t crc, const unsigned char *p, size_t n)
+{
+    while (n--) {
+        crc = crc32c_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    }
+    return crc;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CRC32C_HARDWARE 1
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_sse42(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uint64_t crc64 = crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t word;
+        memcpy(&word, p, 8);
+        crc64 = __builtin_ia32_crc32di(crc64, word);
+    }
+    crc = (uint32_t)crc64;
+    for (; n; n--, p++) {
+        crc = __builtin_ia32_crc32qi(crc, *p);
+    }
+    return crc;
+}
+#endif
+
+static int crc32c_hardware = 0;
+
+static PyObject *
+crc32c(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32c(data, value=0)");
+        return NULL;
+    }
+    unsigned long value = 0;
+    if (nargs == 2) {
+        value = PyLong_AsUnsignedLong(args[1]);
+        if (value == (unsigned long)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (value > 0xffffffffUL) {
+            PyErr_SetString(PyExc_OverflowError, "crc32c value over 32 bits");
+            return NULL;
+        }
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    uint32_t crc = ~(uint32_t)value;
+    const unsigned char *p = (const unsigned char *)view.buf;
+    size_t n = (size_t)view.len;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef CRC32C_HARDWARE
+    crc = crc32c_hardware ? crc32c_sse42(crc, p, n) : crc32c_bytes(crc, p, n);
+#else
+    crc = crc32c_bytes(crc, p, n);
+#endif
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(~crc);
+}
+
 static PyMethodDef methods[] = {
     {"count_plain_records", count_plain_records, METH_O,
      "Records in a records array of plain records, or -1 when msgspec must decide."},
+    {"crc32c", (PyCFunction)(void (*)(void))crc32c, METH_FASTCALL,
+     "CRC-32C of a buffer, continuing from value (as the crc32c package's crc32c)."},
     {"v2_records_valid", (PyCFunction)(void (*)(void))v2_records_valid, METH_FASTCALL,
      "Whether bytes are exactly record_count well-formed Kafka v2 records."},
     {NULL, NULL, 0, NULL},
@@ -281,5 +371,10 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__records_fast(void)
 {
+    crc32c_init();
+#ifdef CRC32C_HARDWARE
+    __builtin_cpu_init();
+    crc32c_hardware = __builtin_cpu_supports("sse4.2");
+#endif
     return PyModule_Create(&module);
 }

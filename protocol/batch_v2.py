@@ -37,8 +37,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-import crc32c
-
 from protocol.batch_header import (
     COMPRESSION_MASK,
     CONTROL_FLAG,
@@ -63,8 +61,10 @@ from protocol.compression import (
 from protocol.errors import ErrorCode, ProtocolError
 
 try:
-    from protocol._records_fast import v2_records_valid
+    from protocol._records_fast import crc32c, v2_records_valid
 except ImportError:  # not built here: the Python walk below decides alone
+    # The crc32c package imports importlib.metadata, and with it socket: only here.
+    from crc32c import crc32c
 
     def v2_records_valid(records: bytes | memoryview, record_count: int, /) -> bool:
         return False
@@ -127,7 +127,7 @@ def read_header_v2(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHe
 
 def crc_v2(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> int:
     """The CRC-32C the v2 batch at `pos` should carry."""
-    result: int = crc32c.crc32c(memoryview(buf)[pos + CRC_V2_START : pos + header.size_bytes])
+    result: int = crc32c(memoryview(buf)[pos + CRC_V2_START : pos + header.size_bytes])
     return result
 
 
@@ -367,7 +367,7 @@ def with_sequence_v2(batch: bytes, producer_epoch: int, base_sequence: int) -> b
     """The same v2 batch re-stamped with a new epoch and base sequence, CRC-32C redone."""
     buf = bytearray(batch)
     struct.pack_into(">hi", buf, SEQUENCE_V2_AT, producer_epoch, base_sequence)
-    struct.pack_into(">I", buf, CRC_V2_AT, crc32c.crc32c(memoryview(buf)[CRC_V2_START:]))
+    struct.pack_into(">I", buf, CRC_V2_AT, crc32c(memoryview(buf)[CRC_V2_START:]))
     return bytes(buf)
 
 
@@ -452,7 +452,7 @@ def encode_batch_v2(
             len(records),
         )
     )
-    crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(head)[CRC_V2_START:]))
+    crc = crc32c(payload, crc32c(memoryview(head)[CRC_V2_START:]))
     struct.pack_into(">I", head, CRC_V2_AT, crc)
     return bytes(head) + payload
 

@@ -63,9 +63,10 @@ from protocol.errors import ErrorCode
 from protocol.records import encode_rows
 
 try:
+    from protocol._records_fast import crc32c as built_crc32c
     from protocol._records_fast import v2_records_valid
-except ImportError:  # pragma: no cover - the differential test then says so
-    v2_records_valid = None
+except ImportError:  # pragma: no cover - the differential tests then say so
+    built_crc32c = v2_records_valid = None
 
 MiB = 1 << 20
 CODECS = list(Compression)
@@ -476,6 +477,16 @@ def test_the_c_walk_agrees_with_the_reference(rows: list, edit: int, at: int, by
         assert parse_records_v2(bytes(data), count) == [
             (d, k, v, list(hs) if hs else None) for d, k, v, hs in rows
         ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=5000), split=st.integers(0, 5000))
+def test_the_c_crc32c_agrees_with_the_crc32c_package(data: bytes, split: int) -> None:
+    assert built_crc32c is not None, "protocol/_records_fast.c is not built"
+    assert built_crc32c(data) == crc32c.crc32c(data)
+    split = min(split, len(data))
+    assert built_crc32c(memoryview(data)[split:], built_crc32c(data[:split])) == crc32c.crc32c(data)
+    assert built_crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
 
 
 # -- garbage and mutations ---------------------------------------------------------------
