@@ -13,7 +13,9 @@
  * v2_records_valid(buffer, record_count) -> bool is the same kind of walk over
  * Kafka's v2 records (protocol/batch_v2.py): True only when the reference,
  * parse_records_v2, accepts them; on False the reference runs and says why.
- * About 50x faster than the reference's walk in Python. crc32c(buffer, value=0)
+ * v2_records_parse(buffer, record_count) -> list | None is that walk building the
+ * reference's rows, None where the reference must decide. Both are tens of times
+ * faster than the reference in Python. crc32c(buffer, value=0)
  * is the CRC-32C those batches carry.
  *
  * Every read is bounds-checked against the buffer's end before it happens.
@@ -163,8 +165,8 @@ count_plain_records(PyObject *module, PyObject *arg)
 
 /* Kafka's v2 records (protocol/batch_v2.py `parse_records_v2`, the reference):
  * a zigzag varint at *pos of at most max_bytes bytes, none at or past limit.
- * 0 when it is cut or longer. Only varints of up to 5 bytes have their value used,
- * so the value of a longer varlong may lose its high bits. */
+ * 0 when it is cut or longer. The value of a varlong longer than 9 bytes may lose
+ * its high bits here: v2_walk leaves such records to the reference. */
 static int
 zigzag(const unsigned char *buf, size_t limit, size_t *pos, int max_bytes, int64_t *out)
 {
@@ -185,87 +187,219 @@ zigzag(const unsigned char *buf, size_t limit, size_t *pos, int max_bytes, int64
     return 0;
 }
 
-/* A varint-length field at *pos, -1 = null: 0 unless it fits before stop. */
+/* A varint-length field at *pos (-1 = null, when nullable): 0 unless it fits before
+ * stop. *start and *length say where its bytes are. */
 static int
-skip_field(const unsigned char *buf, size_t stop, size_t *pos, int utf8)
+field(const unsigned char *buf, size_t stop, size_t *pos, int nullable, size_t *start,
+      int64_t *length)
 {
-    int64_t length;
-    if (!zigzag(buf, stop, pos, 5, &length)) {
+    if (!zigzag(buf, stop, pos, 5, length)) {
         return 0;
     }
-    if (length == -1 && !utf8) {
+    if (*length == -1 && nullable) {
         return 1;
     }
-    if (length < 0 || (uint64_t)length > stop - *pos) {
+    if (*length < 0 || (uint64_t)*length > stop - *pos) {
         return 0;
     }
-    if (utf8) {
-        PyObject *text = PyUnicode_DecodeUTF8((const char *)buf + *pos, (Py_ssize_t)length, "strict");
-        if (text == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        Py_DECREF(text);
-    }
-    *pos += (size_t)length;
+    *start = *pos;
+    *pos += (size_t)*length;
     return 1;
 }
 
+static PyObject *
+bytes_or_none(const unsigned char *buf, size_t start, int64_t length)
+{
+    if (length < 0) {
+        Py_RETURN_NONE;
+    }
+    return PyBytes_FromStringAndSize((const char *)buf + start, (Py_ssize_t)length);
+}
+
+/* The headers of one record as a list of (str, bytes | None) (None when not keep);
+ * NULL when they are malformed, NULL with an exception set when memory ran out. */
+static PyObject *
+headers(const unsigned char *buf, size_t stop, size_t *pos, int64_t count, int keep)
+{
+    if (count < 0 || (uint64_t)count > (stop - *pos) / 2) {
+        return NULL;
+    }
+    PyObject *list = keep ? PyList_New(0) : NULL;
+    if (keep && list == NULL) {
+        return NULL;
+    }
+    for (int64_t h = 0; h < count; h++) {
+        size_t name_at = 0, value_at = 0;
+        int64_t name_length, value_length;
+        if (!field(buf, stop, pos, 0, &name_at, &name_length)) {
+            goto invalid;
+        }
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + name_at,
+                                              (Py_ssize_t)name_length, "strict");
+        if (name == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                Py_XDECREF(list);
+                return NULL;
+            }
+            PyErr_Clear();
+            goto invalid;
+        }
+        if (!field(buf, stop, pos, 1, &value_at, &value_length)) {
+            Py_DECREF(name);
+            goto invalid;
+        }
+        if (!keep) {
+            Py_DECREF(name);
+            continue;
+        }
+        PyObject *value = bytes_or_none(buf, value_at, value_length);
+        PyObject *pair = value == NULL ? NULL : PyTuple_Pack(2, name, value);
+        Py_DECREF(name);
+        Py_XDECREF(value);
+        if (pair == NULL || PyList_Append(list, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    if (!keep) {
+        Py_RETURN_NONE;
+    }
+    return list;
+invalid:
+    Py_XDECREF(list);
+    return NULL;
+}
+
+#define V2_INVALID 0
+#define V2_VALID 1
+#define V2_ERROR (-1)
+
+/* Walk record_count records; with rows, append each as (timestamp_delta, key, value,
+ * headers or None), and answer V2_INVALID for a timestamp varlong of 10 bytes too,
+ * whose value may not fit C's ints: the reference then decides. */
 static int
-v2_records_ok(const unsigned char *buf, size_t end, int64_t record_count)
+v2_walk(const unsigned char *buf, size_t end, int64_t record_count, PyObject *rows)
 {
     size_t pos = 0;
     for (int64_t index = 0; index < record_count; index++) {
-        int64_t length, delta, offset_delta, header_count;
+        int64_t length, delta, offset_delta, key_length, value_length, header_count;
+        size_t key_at = 0, value_at = 0;
         if (pos >= end || !zigzag(buf, end, &pos, 5, &length)) {
-            return 0;
+            return V2_INVALID;
         }
         if (length < 6 || (uint64_t)length > end - pos) {
-            return 0;
+            return V2_INVALID;
         }
         size_t stop = pos + (size_t)length;
         pos += 1; /* attributes */
-        if (!zigzag(buf, stop, &pos, 10, &delta) || !zigzag(buf, stop, &pos, 5, &offset_delta) ||
-            offset_delta != index || !skip_field(buf, stop, &pos, 0) ||
-            !skip_field(buf, stop, &pos, 0) || !zigzag(buf, stop, &pos, 5, &header_count)) {
-            return 0;
+        size_t delta_at = pos;
+        if (!zigzag(buf, stop, &pos, 10, &delta) || (rows != NULL && pos - delta_at > 9) ||
+            !zigzag(buf, stop, &pos, 5, &offset_delta) || offset_delta != index ||
+            !field(buf, stop, &pos, 1, &key_at, &key_length) ||
+            !field(buf, stop, &pos, 1, &value_at, &value_length) ||
+            !zigzag(buf, stop, &pos, 5, &header_count)) {
+            return V2_INVALID;
         }
+        PyObject *header_list = NULL;
         if (header_count) {
-            if (header_count < 0 || (uint64_t)header_count > (stop - pos) / 2) {
-                return 0;
+            header_list = headers(buf, stop, &pos, header_count, rows != NULL);
+            if (header_list == NULL) {
+                return PyErr_Occurred() ? V2_ERROR : V2_INVALID;
             }
-            for (int64_t h = 0; h < header_count; h++) {
-                if (!skip_field(buf, stop, &pos, 1) || !skip_field(buf, stop, &pos, 0)) {
-                    return 0;
-                }
+            if (rows == NULL) {
+                Py_DECREF(header_list);
+                header_list = NULL;
             }
         }
         if (pos != stop) {
-            return 0;
+            Py_XDECREF(header_list);
+            return V2_INVALID;
         }
+        if (rows == NULL) {
+            continue;
+        }
+        if (header_list == NULL) {
+            header_list = Py_NewRef(Py_None);
+        }
+        PyObject *row = PyTuple_New(4);
+        PyObject *items[4] = {PyLong_FromLongLong(delta), bytes_or_none(buf, key_at, key_length),
+                              bytes_or_none(buf, value_at, value_length), header_list};
+        int failed = row == NULL;
+        for (int i = 0; i < 4; i++) {
+            if (items[i] == NULL || failed) {
+                failed = 1;
+                Py_XDECREF(items[i]);
+            }
+            else {
+                PyTuple_SET_ITEM(row, i, items[i]);
+            }
+        }
+        if (failed || PyList_Append(rows, row) < 0) {
+            Py_XDECREF(row);
+            return V2_ERROR;
+        }
+        Py_DECREF(row);
     }
-    return pos == end;
+    return pos == end ? V2_VALID : V2_INVALID;
+}
+
+/* (buffer, record_count) of the Python-facing v2 functions. */
+static int
+v2_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, Py_buffer *view,
+        long long *record_count)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return 0;
+    }
+    *record_count = PyLong_AsLongLong(args[1]);
+    if (*record_count == -1 && PyErr_Occurred()) {
+        return 0;
+    }
+    return PyObject_GetBuffer(args[0], view, PyBUF_SIMPLE) == 0;
 }
 
 static PyObject *
 v2_records_valid(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "v2_records_valid(records, record_count)");
-        return NULL;
-    }
-    long long record_count = PyLong_AsLongLong(args[1]);
-    if (record_count == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+    long long record_count;
+    if (!v2_args(args, nargs, "v2_records_valid(records, record_count)", &view, &record_count)) {
         return NULL;
     }
-    int ok = v2_records_ok((const unsigned char *)view.buf, (size_t)view.len, record_count);
+    int verdict = v2_walk((const unsigned char *)view.buf, (size_t)view.len, record_count, NULL);
     PyBuffer_Release(&view);
-    return PyBool_FromLong(ok);
+    if (verdict == V2_ERROR) {
+        return NULL;
+    }
+    return PyBool_FromLong(verdict == V2_VALID);
+}
+
+static PyObject *
+v2_records_parse(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    Py_buffer view;
+    long long record_count;
+    if (!v2_args(args, nargs, "v2_records_parse(records, record_count)", &view, &record_count)) {
+        return NULL;
+    }
+    PyObject *rows = PyList_New(0);
+    int verdict = rows == NULL ? V2_ERROR
+                               : v2_walk((const unsigned char *)view.buf, (size_t)view.len,
+                                         record_count, rows);
+    PyBuffer_Release(&view);
+    if (verdict == V2_VALID) {
+        return rows;
+    }
+    Py_XDECREF(rows);
+    if (verdict == V2_ERROR) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* CRC-32C (Castagnoli), the checksum of Kafka's v2 batches: with the SSE 4.2
@@ -360,6 +494,8 @@ static PyMethodDef methods[] = {
      "CRC-32C of a buffer, continuing from value (as the crc32c package's crc32c)."},
     {"v2_records_valid", (PyCFunction)(void (*)(void))v2_records_valid, METH_FASTCALL,
      "Whether bytes are exactly record_count well-formed Kafka v2 records."},
+    {"v2_records_parse", (PyCFunction)(void (*)(void))v2_records_parse, METH_FASTCALL,
+     "The rows of exactly record_count well-formed Kafka v2 records, or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -61,13 +61,16 @@ from protocol.compression import (
 from protocol.errors import ErrorCode, ProtocolError
 
 try:
-    from protocol._records_fast import crc32c, v2_records_valid
+    from protocol._records_fast import crc32c, v2_records_parse, v2_records_valid
 except ImportError:  # not built here: the Python walk below decides alone
     # The crc32c package imports importlib.metadata, and with it socket: only here.
     from crc32c import crc32c
 
     def v2_records_valid(records: bytes | memoryview, record_count: int, /) -> bool:
         return False
+
+    def v2_records_parse(records: bytes | memoryview, record_count: int, /) -> list[RowV2] | None:
+        return None
 
 
 HEADER_V2 = struct.Struct(">qiibIhiqqqhii")
@@ -327,9 +330,14 @@ def decode_records_v2(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
 ) -> list[RowV2]:
     """The parsed records of the v2 batch at `pos`, decompressed; CORRUPT_MESSAGE when
-    they do not parse (a batch served from a log was validated when appended)."""
+    they do not parse (a batch served from a log was validated when appended).
+    The C walk parses first; the reference runs where it declines, to decide and say why."""
+    payload = _payload(buf, pos, header)
+    rows = v2_records_parse(payload, header.record_count)
+    if rows is not None:
+        return rows
     try:
-        return parse_records_v2(_payload(buf, pos, header), header.record_count)
+        return parse_records_v2(payload, header.record_count)
     except ValueError as exc:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"records undecodable: {exc}") from exc
 

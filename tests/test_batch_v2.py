@@ -64,9 +64,9 @@ from protocol.records import encode_rows
 
 try:
     from protocol._records_fast import crc32c as built_crc32c
-    from protocol._records_fast import v2_records_valid
+    from protocol._records_fast import v2_records_parse, v2_records_valid
 except ImportError:  # pragma: no cover - the differential tests then say so
-    built_crc32c = v2_records_valid = None
+    built_crc32c = v2_records_parse = v2_records_valid = None
 
 MiB = 1 << 20
 CODECS = list(Compression)
@@ -455,8 +455,8 @@ def reference_accepts(data: bytes, count: int) -> bool:
 @given(
     rows=rows_strategy, edit=st.integers(0, 6), at=st.integers(0, 10**6), byte=st.integers(0, 255)
 )
-def test_the_c_walk_agrees_with_the_reference(rows: list, edit: int, at: int, byte: int) -> None:
-    assert v2_records_valid is not None, "protocol/_records_fast.c is not built"
+def test_the_c_walks_agree_with_the_reference(rows: list, edit: int, at: int, byte: int) -> None:
+    assert v2_records_parse is not None and v2_records_valid is not None, "C walk not built"
     data = bytearray(encode_records_v2(rows))
     count = len(rows)
     if data:
@@ -471,12 +471,16 @@ def test_the_c_walk_agrees_with_the_reference(rows: list, edit: int, at: int, by
             count += 1
         elif edit == 5:
             count = max(count - 1, 0)
-    assert v2_records_valid(bytes(data), count) == reference_accepts(bytes(data), count)
+    accepted = reference_accepts(bytes(data), count)
+    assert v2_records_valid(bytes(data), count) == accepted
+    parsed = v2_records_parse(bytes(data), count)
+    if not accepted:
+        assert parsed is None
+    elif parsed is not None:  # None only for a 10-byte timestamp varlong: rare here
+        assert parsed == parse_records_v2(bytes(data), count)
     if edit == 0:
-        assert v2_records_valid(bytes(data), count)
-        assert parse_records_v2(bytes(data), count) == [
-            (d, k, v, list(hs) if hs else None) for d, k, v, hs in rows
-        ]
+        assert parsed == parse_records_v2(bytes(data), count)
+        assert parsed == [(d, k, v, list(hs) if hs else None) for d, k, v, hs in rows]
 
 
 @settings(max_examples=300, deadline=None)
