@@ -60,24 +60,10 @@ from protocol.compression import (
 )
 from protocol.errors import ErrorCode, ProtocolError
 
-try:
-    from protocol._records_fast import crc32c, v2_records_parse, v2_records_valid
-except ImportError:  # not built here: the Python walk below decides alone
-    # The crc32c package imports importlib.metadata, and with it socket: only here.
-    from crc32c import crc32c
-
-    def v2_records_valid(records: bytes | memoryview, record_count: int, /) -> bool:
-        return False
-
-    def v2_records_parse(records: bytes | memoryview, record_count: int, /) -> list[RowV2] | None:
-        return None
-
-
 HEADER_V2 = struct.Struct(">qiibIhiqqqhii")
 HEADER_V2_BYTES = HEADER_V2.size  # 61
 CRC_V2_AT = 17
 CRC_V2_START = 21
-ATTRIBUTES_V2_AT = 21
 SEQUENCE_V2_AT = 51  # producer_epoch int16, then base_sequence int32
 NO_PARTITION_LEADER_EPOCH = -1
 
@@ -93,6 +79,18 @@ assert HEADER_V2_BYTES == 61
 HeadersV2 = Sequence[tuple[str, bytes | None]] | None
 RowV2 = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
 """A parsed record: (timestamp_delta, key, value, headers or None when it has none)."""
+
+try:
+    from protocol._records_fast import crc32c, v2_records_parse, v2_records_valid
+except ImportError:  # not built here: the Python walk below decides alone
+    # The crc32c package imports importlib.metadata, and with it socket: only here.
+    from crc32c import crc32c
+
+    def v2_records_valid(records: bytes | memoryview, record_count: int, /) -> bool:
+        return False
+
+    def v2_records_parse(records: bytes | memoryview, record_count: int, /) -> list[RowV2] | None:
+        return None
 
 
 def read_header_v2(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
