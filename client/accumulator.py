@@ -155,6 +155,7 @@ class ProducerBatch:
         "error",
         "finished",
         "in_flight",
+        "limit",
         "max_ts",
         "order",
         "partition",
@@ -182,6 +183,9 @@ class ProducerBatch:
         self.max_ts = base_ts
         self.size = HEADER_BYTES
         self.reserved = 0  # bytes of buffer_memory held until the batch finishes
+        # The bytes the batch may fill: its reservation, raised while the partition's
+        # pipeline is full (adaptive batching, RecordAccumulator._grow).
+        self.limit = 0
         self.base_ts = base_ts
         self.created_ms = created_ms
         self.sealed = False
@@ -429,6 +433,8 @@ class RecordAccumulator:
         delivery_timeout_ms: float = 120_000,
         retry_backoff_ms: float = 100,
         retry_backoff_max_ms: float = 1000,
+        adaptive_batching: bool = True,
+        max_in_flight: int = 5,
         idempotent: bool = True,
         transactional: bool = False,
         compression: int = Compression.NONE,
@@ -450,6 +456,10 @@ class RecordAccumulator:
         self.delivery_timeout_ms = delivery_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.retry_backoff_max_ms = retry_backoff_max_ms
+        self.adaptive_batching = adaptive_batching
+        # Batches of one partition in flight at most: one per request, so the sender's
+        # max_in_flight_requests_per_connection.
+        self.max_in_flight = max_in_flight
         self.idempotent = idempotent
         self.transactional = transactional
         self.compression = compression
@@ -525,7 +535,7 @@ class RecordAccumulator:
             except KeyError:
                 state = self._new_state(topic, partition)
             batch = state.open
-            if batch is None or batch.size + size > self.batch_size:
+            if batch is None or (batch.size + size > batch.limit and not self._grow(state, size)):
                 batch = self._open_batch(state, topic, partition, timestamp_ms, size)
             delta = timestamp_ms - batch.base_ts
             parts = batch.parts
@@ -543,7 +553,7 @@ class RecordAccumulator:
                 if batch.callbacks is None:
                     batch.callbacks = []
                 batch.callbacks.append((index, timestamp_ms, on_delivery))
-            if filled + size > self.batch_size:
+            if filled + size > batch.limit and not self._grow(state, size):
                 self._seal(state, batch)
             return _tuple_new(RecordHandle, (batch, index, timestamp_ms))
         finally:
@@ -567,7 +577,7 @@ class RecordAccumulator:
             self._seal(state, state.open)
         now_ms = self.clock()
         batch = ProducerBatch(topic, partition, timestamp_ms, now_ms)
-        batch.reserved = reserve
+        batch.reserved = batch.limit = reserve
         self._buffered += reserve
         state.open = batch
         state.queue.append(batch)
@@ -576,6 +586,28 @@ class RecordAccumulator:
             self._sender_wake_at = -math.inf
             self.wakeup()
         return batch
+
+    def _grow(self, state: _PartitionState, size: int) -> bool:
+        """Let the partition's open batch take `size` more bytes than its limit, by up to
+        another batch_size (and max_request_size in all), when its pipeline is full: every
+        batch that the sender can have in flight for it is in flight or queued ahead, so a
+        new batch would only wait behind them. The open batch then carries what arrives
+        meanwhile, and each round trip (an fsync at acks=all) carries more bytes.
+
+        Kafka's producer never grows a batch past batch.size; with adaptive_batching off
+        neither does this one. At low load the pipeline is never full: nothing changes."""
+        batch = state.open
+        if not self.adaptive_batching or batch is None:
+            return False
+        if state.in_flight + len(state.queue) - 1 < self.max_in_flight:
+            return False
+        step = min(self.batch_size, self.max_request_size - batch.limit)
+        if batch.size + size > batch.limit + step or self._buffered + step > self.buffer_memory:
+            return False
+        batch.limit += step
+        batch.reserved += step
+        self._buffered += step
+        return True
 
     def append_encoded(
         self,
@@ -608,7 +640,7 @@ class RecordAccumulator:
             batch = ProducerBatch(topic, partition, timestamp_ms, self.clock())
             batch.payload = payload
             batch.record_count = record_count
-            batch.size = batch.reserved = size
+            batch.size = batch.reserved = batch.limit = size
             batch.sealed = True
             if on_delivery is not None:
                 batch.callbacks = [(0, timestamp_ms, on_delivery)]
@@ -720,6 +752,7 @@ class RecordAccumulator:
     def _is_lingering_over(self, batch: ProducerBatch, now_ms: float) -> bool:
         return (
             batch.sealed
+            or batch.limit > self.batch_size  # grew: full by batch_size's measure
             or self._flushing > 0
             or self.closed
             or batch.created_ms + self.linger_ms <= now_ms
@@ -744,7 +777,12 @@ class RecordAccumulator:
                         if self._bump_needed and not head.unresolved:
                             continue
                         ready = head.retry_at_ms
-                        if not (head.sealed or self._flushing or self.closed):
+                        if not (
+                            head.sealed
+                            or head.limit > self.batch_size
+                            or self._flushing
+                            or self.closed
+                        ):
                             ready = max(ready, head.created_ms + self.linger_ms)
                         deadline = min(deadline, ready)
             self._sender_wake_at = deadline if can_send else -math.inf
