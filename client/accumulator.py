@@ -607,6 +607,8 @@ class RecordAccumulator:
         batch.limit += step
         batch.reserved += step
         self._buffered += step
+        # Full by batch_size's measure: the sticky partitioner moves on as from a sealed batch.
+        self.on_batch_full(batch.topic, batch.partition)
         return True
 
     def append_encoded(

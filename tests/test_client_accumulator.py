@@ -189,6 +189,15 @@ def test_a_batch_grows_past_batch_size_while_every_in_flight_slot_is_taken() -> 
     assert (seventh.record_count, seventh.sequence) == (1, 10)
 
 
+def test_each_growth_step_counts_as_a_full_batch_for_the_sticky_partitioner() -> None:
+    full: list[tuple[str, int]] = []
+    acc, _ = full_pipeline(on_batch_full=lambda topic, partition: full.append((topic, partition)))
+    full.clear()
+    for _ in range(6):
+        add(acc, b"p" * 400)  # two growth steps, then sealed at max_request_size
+    assert full == [("t", 0)] * 3
+
+
 def test_a_grown_batch_is_retried_with_its_sequence_and_bytes() -> None:
     acc, in_flight = full_pipeline()
     for _ in range(6):
