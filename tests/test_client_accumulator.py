@@ -244,6 +244,42 @@ def test_growth_takes_buffer_memory_and_stops_where_it_runs_out() -> None:
     assert (grown.record_count, grown.reserved) == (4, 2_000)
 
 
+def test_a_batch_refused_as_too_large_is_split_into_pieces_of_its_sequence_range() -> None:
+    acc, in_flight = full_pipeline()
+    handles = [add(acc, b"%03d" % i + b"z" * 397) for i in range(6)]
+    for batch, offset in zip(in_flight, (0, 2), strict=True):
+        acc.on_response(batch, E.NONE, offset, 1)
+    (grown,) = drain_one_each(acc, 1, 5)
+    assert (grown.record_count, grown.sequence) == (6, 4)
+    assert acc.on_response(grown, E.MESSAGE_TOO_LARGE, -1, 2) == []  # split, not failed
+    pieces = drain_one_each(acc, 2, 5)
+    assert [(p.record_count, p.sequence) for p in pieces] == [(2, 4), (2, 6), (2, 8)]
+    values = []
+    for piece in pieces:
+        wire = piece.wire(acc.producer_id, acc.producer_epoch, acc.compression)
+        values += [r[2] for r in decode_records(wire, 0, validate(wire, max_bytes=1_000))]
+    assert values == [b"%03d" % i + b"z" * 397 for i in range(6)]
+    assert acc.on_response(pieces[0], E.NONE, 4, 3) == [pieces[0]]
+    assert acc.on_response(pieces[1], E.NONE, 10, 3) == [pieces[1]]  # another producer between
+    assert not grown.finished
+    assert acc.on_response(pieces[2], E.NONE, 12, 3) == [pieces[2], grown]
+    assert [h.get(0).offset for h in handles] == [4, 5, 10, 11, 12, 13]
+    assert acc.metrics["records_sent"] == 10 and acc.buffered_bytes == 0
+    assert acc.producer_id_request() is None  # no hole: no epoch bump
+    for _ in range(6):
+        add(acc, b"n" * 400)  # batches no longer grow to the refused batch's size
+    assert max(b.size for b in drain_one_each(acc, 4, 5)) < grown.size
+
+
+def test_a_single_record_refused_as_too_large_fails() -> None:
+    acc = make()
+    handle = add(acc, b"x" * 900)
+    (batch,) = drain_one_each(acc, 0, 5)
+    assert acc.on_response(batch, E.MESSAGE_TOO_LARGE, -1, 1) == [batch]
+    with pytest.raises(RecordTooLargeError):
+        handle.get(0)
+
+
 def test_a_grown_batch_does_not_wait_for_linger_once_a_slot_frees() -> None:
     acc, in_flight = full_pipeline(linger_ms=10_000)
     for _ in range(3):
@@ -622,6 +658,7 @@ class ModelBroker:
         self.epochs: dict[int, int] = {}
         self.state: dict[tuple[str, int, int], _ProducerEntry] = {}
         self.next_pid = 100
+        self.message_max_bytes: int | None = None  # larger batches: MESSAGE_TOO_LARGE
 
     def init_producer_id(self, pid: int, epoch: int) -> tuple[int, int]:
         if pid < 0:
@@ -634,6 +671,8 @@ class ModelBroker:
 
     def produce(self, topic: str, partition: int, wire: bytes) -> tuple[int, int]:
         header = validate(wire)
+        if self.message_max_bytes is not None and len(wire) > self.message_max_bytes:
+            return E.MESSAGE_TOO_LARGE, -1
         pid, epoch, first = header.producer_id, header.producer_epoch, header.base_sequence
         last = header.last_sequence
         if pid not in self.epochs:
@@ -686,6 +725,10 @@ def simulate(seed: int, *, records: int = 400, partitions: int = 3) -> None:
         retry_backoff_max_ms=40,
         buffer_memory=1_000_000,
     )
+    # A broker that takes less than max_request_size: grown batches are split.
+    # (At least 100 bytes: every record here fits in a batch of its own of that size.)
+    smallest = max(batch_size, 100)
+    broker.message_max_bytes = rng.choice([None, smallest, 2 * smallest])
     link: deque[tuple[list[ProducerBatch], list[tuple[int, int]] | None]] = deque()
     sent: dict[int, list[bytes]] = defaultdict(list)
     attempted: set[tuple[int, int, int | None]] = set()
