@@ -19,6 +19,13 @@ medians of `DURABLE_ROUNDS` rounds with min-max. The same case with larger
 `batch_size` (`DURABLE_LARGER_BATCH_BYTES`) shows what the default's 16 KiB
 costs: with 5 requests in flight, a batch is what one fsync round can carry.
 
+Then issue 28's default-settings case, on a trio and an asyncio broker, in
+`DEFAULTS_ROUNDS` interleaved rounds: one producer's send() of 100-byte records
+at acks=all with the SDK's defaults against the settings above (`PRODUCER_CONFIG`),
+and each round's ratio; produce p99 in an open loop at 50% of that round's
+default-settings rate, with the defaults; and at `LOW_LOAD_PCT`% load with
+adaptive batching on and off, to show that it adds no latency at low load.
+
 `run()` returns the rows (for the lead's bench runner); running the file prints
 them as a markdown table:
 
@@ -47,6 +54,7 @@ from typing import Any
 from bench import progress
 from bench.bench_broker import WINDOW, fdatasync_ceiling_mb_s
 from bench.bench_broker import _cpu_s as cpu_s_schedstat
+from bench.stats import percentile
 from client import Consumer, Producer, TopicPartition
 from client.admin import create_topic
 from client.config import ProducerConfig
@@ -76,6 +84,12 @@ DURABLE_ROUNDS = 3
 # What a user tuning the durable case for throughput would raise first.
 DURABLE_LARGER_BATCH_BYTES = (64 * 1024, 256 * 1024)
 DURABLE_TIMEOUT_S = 600
+
+# Issue 28's default-settings case.
+DEFAULTS_ROUNDS = 3
+LATENCY_LOAD_PCT = 50
+LOW_LOAD_PCT = 10
+LATENCY_DURATION_S = 2.0
 TREE = Path(__file__).resolve().parent.parent  # the source tree whose client is measured
 
 
@@ -246,6 +260,127 @@ def durable_round(
     )
 
 
+# (name, load in % of the default settings' rate, Producer settings) of the open loops.
+_ADAPTIVE_OFF: dict[str, Any] = {**DURABLE_CONFIG, "adaptive_batching": False}
+LATENCY_CASES = (
+    ("p99 at 50%", LATENCY_LOAD_PCT, DURABLE_CONFIG),
+    ("p99 at 50%, fixed", LATENCY_LOAD_PCT, _ADAPTIVE_OFF),
+    ("p99 low", LOW_LOAD_PCT, DURABLE_CONFIG),
+    ("p99 low, fixed", LOW_LOAD_PCT, _ADAPTIVE_OFF),
+)
+
+
+def _send_rate(broker: BrokerProcess, records: int, config: dict[str, Any]) -> tuple[float, float]:
+    """(records/s, producer CPU µs per record) of one producer's send() of `records`
+    100-byte records into a fresh topic with Producer settings `config`, until acked."""
+    topic = f"bench-defaults-{time.monotonic_ns()}"
+    create_topic(broker.bootstrap, topic, partitions=1)
+    values = [os.urandom(RECORD_SIZE) for _ in range(256)]
+    with Producer(broker.bootstrap, **config) as producer:
+        producer.partitions_for(topic)
+        began, cpu = time.perf_counter(), time.process_time()
+        send = producer.send
+        for i in range(records):
+            send(topic, values[i & 255], partition=0)
+        producer.flush()
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+        assert producer.metrics()["records_sent"] == records
+    return records / seconds, cpu / records * 1e6
+
+
+def _p50_p99_ms(broker: BrokerProcess, rate: float, config: dict[str, Any]) -> tuple[float, float]:
+    """Produce p50 and p99 in ms, from each record's scheduled send time to its ack, of an open
+    loop at `rate` records/s for LATENCY_DURATION_S (bench_peers' loop and timing)."""
+    from bench.bench_peers import _AckTimes, _latencies, _open_loop_acked
+
+    topic = f"bench-latency-{time.monotonic_ns()}"
+    create_topic(broker.bootstrap, topic, partitions=1)
+    values = [os.urandom(RECORD_SIZE) for _ in range(256)]
+    records = max(100, int(rate * LATENCY_DURATION_S))
+    acks = _AckTimes()
+    with Producer(broker.bootstrap, **config) as producer:
+        producer.partitions_for(topic)
+        send = producer.send
+
+        def send_due(first: int, stop: int) -> None:
+            for i in range(first, stop):
+                handle = send(topic, values[i & 255], partition=0)
+                if handle[1] == 0:  # the first record of a new batch
+                    acks.opened(i, handle)
+            acks.sent = stop
+
+        t0 = _open_loop_acked(producer, send_due, acks, rate, records)
+        end = time.perf_counter()
+    latencies = _latencies(acks.per_record(records), t0, rate, end)
+    return percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000
+
+
+def defaults_rows(records: int, rounds: int = DEFAULTS_ROUNDS) -> list[dict[str, Any]]:
+    """Issue 28's default-settings case on a trio and an asyncio broker (see the module
+    doc): each round measures the default and the tuned rates, then the open loops at
+    fractions of that round's default rate, so drift lands on all of them alike."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-client-", dir=".") as tmp:
+        for backend in ("trio", "asyncio"):
+            broker = BrokerProcess(Path(tmp) / f"data-defaults-{backend}", backend=backend).start()
+            got: dict[str, list[float]] = {}
+            try:
+                for round_ in progress.rounds(rounds, f"default settings, {backend}"):
+                    cases = [
+                        ("default", DURABLE_CONFIG),
+                        ("tuned", PRODUCER_CONFIG),
+                        ("fixed", _ADAPTIVE_OFF),
+                    ]
+                    measured = {
+                        name: _send_rate(broker, records, config)
+                        for name, config in (cases if round_ % 2 == 0 else cases[::-1])
+                    }
+                    for name, (rate, cpu) in measured.items():
+                        got.setdefault(f"{name} rate", []).append(rate)
+                        got.setdefault(f"{name} cpu", []).append(cpu)
+                    got.setdefault("ratio", []).append(
+                        measured["default"][0] / measured["tuned"][0]
+                    )
+                    rate = measured["default"][0]
+                    for name, load, config in LATENCY_CASES:
+                        p50, p99 = _p50_p99_ms(broker, rate * load / 100, config)
+                        got.setdefault(name, []).append(p99)
+                        got.setdefault(f"{name} p50", []).append(p50)
+                        got.setdefault(f"{name} rate", []).append(rate * load / 100)
+            finally:
+                broker.kill()
+            common = {"rounds": rounds, "records": records}
+            settings = {
+                "default": "default settings",
+                "tuned": "batch_size 256 KiB, linger_ms 5",
+                "fixed": "default settings but adaptive_batching off (before issue 28)",
+            }
+            for name, what in settings.items():
+                rows.append(
+                    {
+                        "benchmark": f"one producer send() of 100-byte records, acks=all, "
+                        f"{what} ({backend} broker)",
+                        "records_per_sec": _median_range(got[f"{name} rate"], 0),
+                        "client_cpu_us_per_record": _median_range(got[f"{name} cpu"], 2),
+                        "of_tuned": _median_range(got["ratio"], 2) if name == "default" else "",
+                        **common,
+                    }
+                )
+            for name, load, config in LATENCY_CASES:
+                adaptive = "default settings" if config is DURABLE_CONFIG else "adaptive off"
+                rows.append(
+                    {
+                        "benchmark": f"produce p99 at {load}% of the default rate, "
+                        f"{adaptive} ({backend} broker)",
+                        "p99_ms": _median_range(got[name], 2),
+                        "p50_ms": _median_range(got[f"{name} p50"], 2),
+                        "records_per_sec": _median_range(got[f"{name} rate"], 0),
+                        "rounds": rounds,
+                    }
+                )
+    return rows
+
+
 def _median_range(values: list[float], digits: int = 1) -> str:
     low, mid, high = min(values), statistics.median(values), max(values)
     return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
@@ -324,6 +459,7 @@ def run(
             ]
         finally:
             broker.kill()
+    rows += defaults_rows(records // 4)
     # On the working directory's disk, as the broker suite's ceiling: /tmp may be tmpfs.
     with tempfile.TemporaryDirectory(prefix="bench-client-", dir=".") as tmp:
         return rows + durable_rows(Path(tmp), producer_records)
@@ -350,7 +486,13 @@ def main() -> None:
         "tree, e.g. main's) in the same rounds",
     )
     parser.add_argument("--rounds", type=int, default=DURABLE_ROUNDS)
+    parser.add_argument(
+        "--defaults-only", action="store_true", help="only the default-settings case"
+    )
     args = parser.parse_args()
+    if args.defaults_only:
+        print(markdown(defaults_rows(args.records // 4, args.rounds)))
+        return
     if args.base is None:
         print(markdown(run(args.records, args.backend, args.producer_records)))
         return

@@ -59,6 +59,7 @@ from enum import Enum
 from typing import Any
 
 import anyio
+import msgpack
 
 from client.errors import (
     FENCING_CODES,
@@ -154,12 +155,16 @@ class ProducerBatch:
         "encoded",
         "error",
         "finished",
+        "first_index",
         "in_flight",
+        "limit",
         "max_ts",
         "order",
+        "parent",
         "partition",
         "parts",
         "payload",
+        "pieces",
         "record_count",
         "reserved",
         "retry_at_ms",
@@ -182,11 +187,16 @@ class ProducerBatch:
         self.max_ts = base_ts
         self.size = HEADER_BYTES
         self.reserved = 0  # bytes of buffer_memory held until the batch finishes
+        # The bytes the batch may fill: its reservation, raised while the partition's
+        # pipeline is full (adaptive batching, RecordAccumulator._grow).
+        self.limit = 0
         self.base_ts = base_ts
         self.created_ms = created_ms
         self.sealed = False
         self.sequence: int | None = None
-        self.order: int | None = None
+        # Sequence order within the partition: a count, and for a split batch's pieces
+        # fractions after their parent's (so a retried piece goes back among them in order).
+        self.order: float | None = None
         self.encoded: bytes | None = None
         self.stamp: tuple[int, int, int] | None = None
         self.attempts = 0
@@ -201,6 +211,11 @@ class ProducerBatch:
         self._async_event: anyio.Event | None = None
         # RecordHandle.add_done_callback's, under _event_lock: added from any thread.
         self.done_callbacks: list[Callable[[], object]] | None = None
+        # A batch split on MESSAGE_TOO_LARGE: its pieces carry its records and finish it;
+        # each piece knows its parent and the parent's index of its first record.
+        self.pieces: list[ProducerBatch] | None = None
+        self.parent: ProducerBatch | None = None
+        self.first_index = 0
 
     def __repr__(self) -> str:
         return (
@@ -238,7 +253,11 @@ class ProducerBatch:
         return self.encoded
 
     def record_metadata(self, index: int, timestamp_ms: int) -> RecordMetadata:
-        offset = self.base_offset + index if self.base_offset >= 0 else -1
+        batch = self
+        if self.pieces is not None:  # split: the piece that carried record `index`
+            batch = next(p for p in reversed(self.pieces) if p.first_index <= index)
+            index -= batch.first_index
+        offset = batch.base_offset + index if batch.base_offset >= 0 else -1
         return RecordMetadata(self.topic, self.partition, offset, timestamp_ms)
 
     def batch_metadata(self) -> BatchMetadata:
@@ -429,6 +448,8 @@ class RecordAccumulator:
         delivery_timeout_ms: float = 120_000,
         retry_backoff_ms: float = 100,
         retry_backoff_max_ms: float = 1000,
+        adaptive_batching: bool = True,
+        max_in_flight: int = 5,
         idempotent: bool = True,
         transactional: bool = False,
         compression: int = Compression.NONE,
@@ -446,10 +467,17 @@ class RecordAccumulator:
         self.buffer_memory = buffer_memory
         self.linger_ms = linger_ms
         self.max_request_size = max_request_size
+        # The most bytes a batch may grow to: max_request_size, lowered under the size of
+        # any batch the broker refused as too large (its message_max_bytes is smaller).
+        self._grow_max = max_request_size
         self.retries = retries
         self.delivery_timeout_ms = delivery_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.retry_backoff_max_ms = retry_backoff_max_ms
+        self.adaptive_batching = adaptive_batching
+        # Batches of one partition in flight at most: one per request, so the sender's
+        # max_in_flight_requests_per_connection.
+        self.max_in_flight = max_in_flight
         self.idempotent = idempotent
         self.transactional = transactional
         self.compression = compression
@@ -525,7 +553,7 @@ class RecordAccumulator:
             except KeyError:
                 state = self._new_state(topic, partition)
             batch = state.open
-            if batch is None or batch.size + size > self.batch_size:
+            if batch is None or (batch.size + size > batch.limit and not self._grow(state, size)):
                 batch = self._open_batch(state, topic, partition, timestamp_ms, size)
             delta = timestamp_ms - batch.base_ts
             parts = batch.parts
@@ -543,7 +571,7 @@ class RecordAccumulator:
                 if batch.callbacks is None:
                     batch.callbacks = []
                 batch.callbacks.append((index, timestamp_ms, on_delivery))
-            if filled + size > self.batch_size:
+            if filled + size > batch.limit and not self._grow(state, size):
                 self._seal(state, batch)
             return _tuple_new(RecordHandle, (batch, index, timestamp_ms))
         finally:
@@ -567,7 +595,7 @@ class RecordAccumulator:
             self._seal(state, state.open)
         now_ms = self.clock()
         batch = ProducerBatch(topic, partition, timestamp_ms, now_ms)
-        batch.reserved = reserve
+        batch.reserved = batch.limit = reserve
         self._buffered += reserve
         state.open = batch
         state.queue.append(batch)
@@ -576,6 +604,30 @@ class RecordAccumulator:
             self._sender_wake_at = -math.inf
             self.wakeup()
         return batch
+
+    def _grow(self, state: _PartitionState, size: int) -> bool:
+        """Let the partition's open batch take `size` more bytes than its limit, by up to
+        another batch_size (and max_request_size in all), when its pipeline is full: every
+        batch that the sender can have in flight for it is in flight or queued ahead, so a
+        new batch would only wait behind them. The open batch then carries what arrives
+        meanwhile, and each round trip (an fsync at acks=all) carries more bytes.
+
+        Kafka's producer never grows a batch past batch.size; with adaptive_batching off
+        neither does this one. At low load the pipeline is never full: nothing changes."""
+        batch = state.open
+        if not self.adaptive_batching or batch is None:
+            return False
+        if state.in_flight + len(state.queue) - 1 < self.max_in_flight:
+            return False
+        step = min(self.batch_size, self._grow_max - batch.limit)
+        if batch.size + size > batch.limit + step or self._buffered + step > self.buffer_memory:
+            return False
+        batch.limit += step
+        batch.reserved += step
+        self._buffered += step
+        # Full by batch_size's measure: the sticky partitioner moves on as from a sealed batch.
+        self.on_batch_full(batch.topic, batch.partition)
+        return True
 
     def append_encoded(
         self,
@@ -608,7 +660,7 @@ class RecordAccumulator:
             batch = ProducerBatch(topic, partition, timestamp_ms, self.clock())
             batch.payload = payload
             batch.record_count = record_count
-            batch.size = batch.reserved = size
+            batch.size = batch.reserved = batch.limit = size
             batch.sealed = True
             if on_delivery is not None:
                 batch.callbacks = [(0, timestamp_ms, on_delivery)]
@@ -720,6 +772,7 @@ class RecordAccumulator:
     def _is_lingering_over(self, batch: ProducerBatch, now_ms: float) -> bool:
         return (
             batch.sealed
+            or batch.limit > self.batch_size  # grew: full by batch_size's measure
             or self._flushing > 0
             or self.closed
             or batch.created_ms + self.linger_ms <= now_ms
@@ -744,7 +797,12 @@ class RecordAccumulator:
                         if self._bump_needed and not head.unresolved:
                             continue
                         ready = head.retry_at_ms
-                        if not (head.sealed or self._flushing or self.closed):
+                        if not (
+                            head.sealed
+                            or head.limit > self.batch_size
+                            or self._flushing
+                            or self.closed
+                        ):
                             ready = max(ready, head.created_ms + self.linger_ms)
                         deadline = min(deadline, ready)
             self._sender_wake_at = deadline if can_send else -math.inf
@@ -795,6 +853,10 @@ class RecordAccumulator:
                 state.broken = True
                 batch.unresolved = False
                 self._retry(state, batch, now_ms, error, message, backoff=False, done=done)
+            elif error == ErrorCode.MESSAGE_TOO_LARGE and self._split(state, batch):
+                # Nothing was appended; the pieces take its sequence range, so the later
+                # batches' sequences still follow on and no epoch bump is needed.
+                state.broken = True
             elif error in RETRIABLE:
                 state.broken = True
                 # These may leave the batch appended; other retriable errors reject it before
@@ -913,6 +975,65 @@ class RecordAccumulator:
                 break
         queue.insert(position, batch)
 
+    def _split(self, state: _PartitionState, batch: ProducerBatch) -> bool:
+        """Requeue the records of `batch`, refused as larger than the broker's
+        message_max_bytes, as pieces of at most batch_size (Kafka's splitAndReenqueue);
+        False when it cannot be split (one record, a send_batch chunk, a piece already,
+        a transaction being aborted). The pieces take its place in the partition's order
+        and, one after the other, its sequence range; it finishes when they all have.
+        Batches grow no larger than this one from now on."""
+        if (
+            batch.record_count < 2
+            or batch.payload is not None
+            or batch.parent is not None
+            or self.txn_state in (TxnState.ABORTING, TxnState.ABORTABLE_ERROR)
+        ):
+            return False
+        records = msgpack.unpackb(join_records(batch.parts, batch.record_count), raw=False)
+        pieces: list[ProducerBatch] = []
+        piece: ProducerBatch | None = None
+        for index, (delta, key, value, headers) in enumerate(records):
+            size = record_size(key, value, headers)
+            if piece is None or piece.size + size > self.batch_size:
+                piece = ProducerBatch(batch.topic, batch.partition, batch.base_ts, batch.created_ms)
+                piece.parent, piece.first_index = batch, index
+                piece.sealed = True
+                pieces.append(piece)
+            piece.parts += record_parts(delta, key, value, headers)
+            piece.record_count += 1
+            piece.size += size
+            piece.max_ts = max(piece.max_ts, batch.base_ts + delta)
+        if len(pieces) < 2:
+            return False
+        log.info(
+            "MESSAGE_TOO_LARGE for %s-%s: %d records (%d bytes) split into %d batches",
+            batch.topic,
+            batch.partition,
+            batch.record_count,
+            batch.size,
+            len(pieces),
+        )
+        self._grow_max = min(self._grow_max, batch.size - 1)
+        sequence = batch.sequence
+        assert batch.order is not None
+        for number, piece in enumerate(pieces):
+            piece.order = batch.order + number / len(pieces)
+            piece.limit = piece.size
+            if sequence is not None:
+                piece.sequence = sequence
+                sequence = (sequence + piece.record_count) % SEQUENCE_MODULUS
+            self._incomplete.add(piece)
+        batch.pieces = pieces
+        batch.parts, batch.encoded = [b""], None
+        queue = state.queue
+        order = batch.order
+        position = next(
+            (i for i, q in enumerate(queue) if q.order is None or q.order > order), len(queue)
+        )
+        for offset, piece in enumerate(pieces):
+            queue.insert(position + offset, piece)
+        return True
+
     def _finish(
         self,
         batch: ProducerBatch,
@@ -929,13 +1050,21 @@ class RecordAccumulator:
         self._buffered -= batch.reserved
         if self._space_waiters:
             self._space.notify_all()
-        if error is None:
+        if batch.pieces is not None:
+            pass  # split: its pieces were counted
+        elif error is None:
             self.metrics["records_sent"] += batch.record_count
             self.metrics["record_bytes_sent"] += batch.size
             self.metrics["batches_sent"] += 1
         else:
             self.metrics["record_errors"] += batch.record_count
         done.append(batch)
+        parent = batch.parent
+        if parent is not None and not parent.finished:
+            assert parent.pieces is not None
+            if all(piece.finished for piece in parent.pieces):
+                first_error = next((p.error for p in parent.pieces if p.error is not None), None)
+                self._finish(parent, first_error, parent.pieces[0].base_offset, done)
 
     def _fail(self, batch: ProducerBatch, error: BaseException, done: list[ProducerBatch]) -> None:
         if self.transactional:

@@ -213,6 +213,10 @@ class ProducerConfig(SecurityConfig):
     max_in_flight_requests_per_connection: int = 5
     linger_ms: float = 0
     batch_size: int = 16384
+    # Unlike Kafka's batch.size, batch_size is not a cap while every in-flight slot of a
+    # partition is taken: its open batch then grows up to max_request_size, so that each
+    # round trip carries what arrived while it waited. False: Kafka's fixed cap.
+    adaptive_batching: bool = True
     buffer_memory: int = 32 * 1024 * 1024
     compression_type: str | int | None = None
     request_timeout_ms: int = 30_000

@@ -113,6 +113,8 @@ class AsyncProducer:
             delivery_timeout_ms=cfg.delivery_timeout_ms,
             retry_backoff_ms=cfg.retry_backoff_ms,
             retry_backoff_max_ms=cfg.retry_backoff_max_ms,
+            adaptive_batching=cfg.adaptive_batching,
+            max_in_flight=cfg.max_in_flight_requests_per_connection,
             idempotent=bool(cfg.enable_idempotence),
             transactional=cfg.transactional_id is not None,
             compression=cfg.compression,

@@ -155,6 +155,141 @@ def test_buffer_memory_blocks_then_frees_on_completion() -> None:
     add(acc, b"e" * 400)
 
 
+# --------------------------------------------------------------------------- adaptive batching
+
+
+def full_pipeline(**overrides: object) -> tuple[RecordAccumulator, list[ProducerBatch]]:
+    """An accumulator whose partition 0 has both of its in-flight slots taken (2 batches
+    of 2 records each in flight), batch_size 1000 and max_request_size 3000."""
+    settings: dict[str, object] = {"max_in_flight": 2, "max_request_size": 3_000}
+    settings.update(overrides)
+    acc = make(**settings)
+    fill_batches(acc, 2)
+    in_flight = drain_one_each(acc, 0, 5)
+    assert [b.record_count for b in in_flight] == [2, 2]
+    return acc, in_flight
+
+
+def test_a_batch_grows_past_batch_size_while_every_in_flight_slot_is_taken() -> None:
+    acc, in_flight = full_pipeline()
+    for i in range(7):
+        add(acc, b"%03d" % i + b"g" * 397)
+    # the sender has no slot to drain into until an answer comes
+    assert acc.on_response(in_flight[0], E.NONE, 0, 1) == [in_flight[0]]
+    (grown,) = drain_one_each(acc, 1, 1)  # one slot free
+    # 6 records of 421 bytes: 2,582 bytes of the 3,000 that max_request_size allows
+    assert (grown.record_count, grown.size, grown.reserved) == (6, 2_582, 3_000)
+    assert grown.sequence == 4  # one base sequence for all of it
+    wire = grown.wire(acc.producer_id, acc.producer_epoch, acc.compression)
+    header = validate(wire)
+    assert header.record_count == 6 and len(wire) <= 3_000
+    values = [r[2] for r in decode_records(wire, 0, header)]
+    assert values == [b"%03d" % i + b"g" * 397 for i in range(6)]
+    (seventh,) = drain_one_each(acc, 1, 1)  # the 7th record opened the next batch
+    assert (seventh.record_count, seventh.sequence) == (1, 10)
+
+
+def test_each_growth_step_counts_as_a_full_batch_for_the_sticky_partitioner() -> None:
+    full: list[tuple[str, int]] = []
+    acc, _ = full_pipeline(on_batch_full=lambda topic, partition: full.append((topic, partition)))
+    full.clear()
+    for _ in range(6):
+        add(acc, b"p" * 400)  # two growth steps, then sealed at max_request_size
+    assert full == [("t", 0)] * 3
+
+
+def test_a_grown_batch_is_retried_with_its_sequence_and_bytes() -> None:
+    acc, in_flight = full_pipeline()
+    for _ in range(6):
+        add(acc, b"r" * 400)
+    acc.on_response(in_flight[0], E.NONE, 0, 1)
+    (grown,) = drain_one_each(acc, 1, 1)
+    wire = grown.wire(acc.producer_id, acc.producer_epoch, acc.compression)
+    acc.on_response(in_flight[1], E.NONE, 2, 2)
+    assert acc.on_connection_lost([grown], 3, "dropped") == []
+    (again,) = drain_one_each(acc, 200, 5)
+    assert again is grown and again.sequence == 4
+    assert again.wire(acc.producer_id, acc.producer_epoch, acc.compression) == wire
+    assert acc.on_response(again, E.DUPLICATE_SEQUENCE_NUMBER, -1, 201) == [grown]
+    assert acc.buffered_bytes == 0  # the growth's reservation is given back with the batch
+
+
+def test_no_batch_grows_while_the_partition_has_a_free_in_flight_slot() -> None:
+    acc = make(max_in_flight=3, max_request_size=3_000)
+    fill_batches(acc, 1)
+    drain_one_each(acc, 0, 5)  # one of three slots taken: two batches may still go ahead
+    for _ in range(4):
+        add(acc, b"s" * 400)
+    batches = drain_one_each(acc, 0, 5)
+    assert [(b.record_count, b.reserved) for b in batches] == [(2, 1_000), (2, 1_000)]
+
+
+def test_with_adaptive_batching_off_batch_size_is_a_cap() -> None:
+    acc, _ = full_pipeline(adaptive_batching=False)
+    for _ in range(6):
+        add(acc, b"o" * 400)
+    assert [b.record_count for b in drain_one_each(acc, 0, 5)] == [2, 2, 2]
+    assert acc.buffered_bytes == 5 * 1_000  # 2 in flight and 3 queued batches of 2
+
+
+def test_growth_takes_buffer_memory_and_stops_where_it_runs_out() -> None:
+    acc, in_flight = full_pipeline(buffer_memory=4_000)
+    for _ in range(4):
+        add(acc, b"m" * 400)  # 3 batches of 1,000 reserved, then one step of growth
+    assert acc.buffered_bytes == 4_000
+    with pytest.raises(BufferFull):
+        add(acc, b"m" * 400)
+    acc.on_response(in_flight[0], E.NONE, 0, 1)
+    (grown,) = drain_one_each(acc, 1, 5)
+    assert (grown.record_count, grown.reserved) == (4, 2_000)
+
+
+def test_a_batch_refused_as_too_large_is_split_into_pieces_of_its_sequence_range() -> None:
+    acc, in_flight = full_pipeline()
+    handles = [add(acc, b"%03d" % i + b"z" * 397) for i in range(6)]
+    for batch, offset in zip(in_flight, (0, 2), strict=True):
+        acc.on_response(batch, E.NONE, offset, 1)
+    (grown,) = drain_one_each(acc, 1, 5)
+    assert (grown.record_count, grown.sequence) == (6, 4)
+    assert acc.on_response(grown, E.MESSAGE_TOO_LARGE, -1, 2) == []  # split, not failed
+    pieces = drain_one_each(acc, 2, 5)
+    assert [(p.record_count, p.sequence) for p in pieces] == [(2, 4), (2, 6), (2, 8)]
+    values = []
+    for piece in pieces:
+        wire = piece.wire(acc.producer_id, acc.producer_epoch, acc.compression)
+        values += [r[2] for r in decode_records(wire, 0, validate(wire, max_bytes=1_000))]
+    assert values == [b"%03d" % i + b"z" * 397 for i in range(6)]
+    assert acc.on_response(pieces[0], E.NONE, 4, 3) == [pieces[0]]
+    assert acc.on_response(pieces[1], E.NONE, 10, 3) == [pieces[1]]  # another producer between
+    assert not grown.finished
+    assert acc.on_response(pieces[2], E.NONE, 12, 3) == [pieces[2], grown]
+    assert [h.get(0).offset for h in handles] == [4, 5, 10, 11, 12, 13]
+    assert acc.metrics["records_sent"] == 10 and acc.buffered_bytes == 0
+    assert acc.producer_id_request() is None  # no hole: no epoch bump
+    for _ in range(6):
+        add(acc, b"n" * 400)  # batches no longer grow to the refused batch's size
+    assert max(b.size for b in drain_one_each(acc, 4, 5)) < grown.size
+
+
+def test_a_single_record_refused_as_too_large_fails() -> None:
+    acc = make()
+    handle = add(acc, b"x" * 900)
+    (batch,) = drain_one_each(acc, 0, 5)
+    assert acc.on_response(batch, E.MESSAGE_TOO_LARGE, -1, 1) == [batch]
+    with pytest.raises(RecordTooLargeError):
+        handle.get(0)
+
+
+def test_a_grown_batch_does_not_wait_for_linger_once_a_slot_frees() -> None:
+    acc, in_flight = full_pipeline(linger_ms=10_000)
+    for _ in range(3):
+        add(acc, b"l" * 400)
+    assert acc.next_deadline(5, can_send=True) == 5  # ready: it outgrew batch_size
+    acc.on_response(in_flight[0], E.NONE, 0, 6)
+    (grown,) = drain_one_each(acc, 6, 5)
+    assert grown.record_count == 3
+
+
 MIXED_RECORDS = [
     # (timestamp_ms, key, value, headers): every shape record_parts frames itself or leaves
     # to msgpack: keyless and keyed, None key or value, headers, deltas from -1 to 70,000.
@@ -523,6 +658,7 @@ class ModelBroker:
         self.epochs: dict[int, int] = {}
         self.state: dict[tuple[str, int, int], _ProducerEntry] = {}
         self.next_pid = 100
+        self.message_max_bytes: int | None = None  # larger batches: MESSAGE_TOO_LARGE
 
     def init_producer_id(self, pid: int, epoch: int) -> tuple[int, int]:
         if pid < 0:
@@ -535,6 +671,8 @@ class ModelBroker:
 
     def produce(self, topic: str, partition: int, wire: bytes) -> tuple[int, int]:
         header = validate(wire)
+        if self.message_max_bytes is not None and len(wire) > self.message_max_bytes:
+            return E.MESSAGE_TOO_LARGE, -1
         pid, epoch, first = header.producer_id, header.producer_epoch, header.base_sequence
         last = header.last_sequence
         if pid not in self.epochs:
@@ -575,14 +713,22 @@ def simulate(seed: int, *, records: int = 400, partitions: int = 3) -> None:
     rng = random.Random(seed)
     broker = ModelBroker()
     clock = Clock()
+    batch_size = rng.choice([60, 200, 1_000])
+    max_request_size = rng.choice([2, 4, 100]) * batch_size
     acc = RecordAccumulator(
         clock=clock,
-        batch_size=rng.choice([60, 200, 1_000]),
+        batch_size=batch_size,
+        max_request_size=max_request_size,
+        adaptive_batching=rng.random() < 0.75,
         linger_ms=rng.choice([0, 3]),
         retry_backoff_ms=5,
         retry_backoff_max_ms=40,
         buffer_memory=1_000_000,
     )
+    # A broker that takes less than max_request_size: grown batches are split.
+    # (At least 100 bytes: every record here fits in a batch of its own of that size.)
+    smallest = max(batch_size, 100)
+    broker.message_max_bytes = rng.choice([None, smallest, 2 * smallest])
     link: deque[tuple[list[ProducerBatch], list[tuple[int, int]] | None]] = deque()
     sent: dict[int, list[bytes]] = defaultdict(list)
     attempted: set[tuple[int, int, int | None]] = set()
@@ -620,6 +766,7 @@ def simulate(seed: int, *, records: int = 400, partitions: int = 3) -> None:
             results = []
             for b in batches:
                 wire = b.wire(acc.producer_id, acc.producer_epoch, acc.compression)
+                assert len(wire) <= max_request_size
                 first_attempt = (b.partition, acc.producer_epoch, b.sequence) not in attempted
                 attempted.add((b.partition, acc.producer_epoch, b.sequence))
                 kind = rng.random()
@@ -664,3 +811,12 @@ def test_model_broker_follows_the_contract() -> None:
     assert broker.produce("t", 0, wire1) == (E.NONE, 0)  # duplicate
     assert broker.produce("t", 0, wire2) == (E.NONE, 2)
     assert msgpack.unpackb(msgpack.packb(broker.logs[("t", 0)])) == broker.logs[("t", 0)]
+
+
+def test_the_producer_passes_adaptive_batching_and_its_in_flight_limit_on() -> None:
+    from client import AsyncProducer
+
+    default = AsyncProducer()._acc
+    assert (default.adaptive_batching, default.max_in_flight) == (True, 5)
+    capped = AsyncProducer(adaptive_batching=False, max_in_flight_requests_per_connection=3)._acc
+    assert (capped.adaptive_batching, capped.max_in_flight) == (False, 3)

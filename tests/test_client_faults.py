@@ -36,6 +36,8 @@ TOPIC = "exactly-once"
 PRODUCER_CONFIG: dict[str, Any] = {
     "max_in_flight_requests_per_connection": 5,
     "batch_size": 1_024,  # small batches: many requests, so faults land at many points
+    # and small grown ones: a full pipeline's batch grows (adaptive batching) to 2 KiB only
+    "max_request_size": 2_048,
     "linger_ms": 2,
     "retry_backoff_ms": 20,
     "retry_backoff_max_ms": 200,

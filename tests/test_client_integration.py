@@ -556,3 +556,27 @@ async def test_async_consumer_waits_for_records_produced_later(broker: BrokerPro
             tg.start_soon(produce_later)
             values = [(await consumer.getone()).value for _ in range(2)]
         assert values == [b"warm-up", b"later"]
+
+
+def test_batches_grown_past_the_brokers_message_max_bytes_are_split(tmp_path: Path) -> None:
+    """A broker that takes batches of at most 64 KiB, a producer whose batches grow up to
+    1 MiB while its one in-flight slot is taken: every batch the broker refuses as too
+    large is split and resent, and every record lands once, in order, at its offset."""
+    broker = BrokerProcess(tmp_path / "data", config="message_max_bytes = 65536\n").start()
+    values = [b"%05d" % i + bytes(1_019) for i in range(3_000)]
+    try:
+        create_topic(broker.bootstrap, "split", partitions=1)
+        with Producer(broker.bootstrap, max_in_flight_requests_per_connection=1) as producer:
+            handles = [producer.send("split", value, partition=0) for value in values]
+            producer.flush(60)
+            assert [h.get(0).offset for h in handles] == list(range(len(values)))
+        tp = TopicPartition("split", 0)
+        with Consumer(tp, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest") as c:
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(got) < len(values) and time.monotonic() < deadline:
+                for records in c.poll(timeout_ms=500).values():
+                    got += [r.value for r in records]
+        assert got == values
+    finally:
+        broker.kill()
