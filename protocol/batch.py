@@ -266,7 +266,7 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
     size = len(buf)
     if size < HEADER_BYTES:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"batch truncated: {size} bytes < header")
-    header = read_header(buf)
+    header = BatchHeader._make(HEADER.unpack_from(buf))
     if header.batch_length + LENGTH_PREFIX_BYTES != size:
         raise BatchError(
             ErrorCode.CORRUPT_MESSAGE,

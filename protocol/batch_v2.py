@@ -37,8 +37,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-import crc32c
-
 from protocol.batch_header import (
     COMPRESSION_MASK,
     CONTROL_FLAG,
@@ -66,7 +64,6 @@ HEADER_V2 = struct.Struct(">qiibIhiqqqhii")
 HEADER_V2_BYTES = HEADER_V2.size  # 61
 CRC_V2_AT = 17
 CRC_V2_START = 21
-ATTRIBUTES_V2_AT = 21
 SEQUENCE_V2_AT = 51  # producer_epoch int16, then base_sequence int32
 NO_PARTITION_LEADER_EPOCH = -1
 
@@ -82,6 +79,18 @@ assert HEADER_V2_BYTES == 61
 HeadersV2 = Sequence[tuple[str, bytes | None]] | None
 RowV2 = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]
 """A parsed record: (timestamp_delta, key, value, headers or None when it has none)."""
+
+try:
+    from protocol._records_fast import crc32c, v2_records_parse, v2_records_valid
+except ImportError:  # not built here: the Python walk below decides alone
+    # The crc32c package imports importlib.metadata, and with it socket: only here.
+    from crc32c import crc32c
+
+    def v2_records_valid(records: bytes | memoryview, record_count: int, /) -> bool:
+        return False
+
+    def v2_records_parse(records: bytes | memoryview, record_count: int, /) -> list[RowV2] | None:
+        return None
 
 
 def read_header_v2(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
@@ -119,7 +128,7 @@ def read_header_v2(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHe
 
 def crc_v2(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> int:
     """The CRC-32C the v2 batch at `pos` should carry."""
-    result: int = crc32c.crc32c(memoryview(buf)[pos + CRC_V2_START : pos + header.size_bytes])
+    result: int = crc32c(memoryview(buf)[pos + CRC_V2_START : pos + header.size_bytes])
     return result
 
 
@@ -178,12 +187,12 @@ def _payload(
     pos: int,
     header: BatchHeader,
     max_bytes: int = DECOMPRESSED_BYTES_MAX,
-) -> bytes:
+) -> bytes | memoryview:
     """The records bytes of the batch at `pos`, inflated when compressed."""
     body = memoryview(buf)[pos + HEADER_V2_BYTES : pos + header.size_bytes]
     codec = header.compression
     if codec == Compression.NONE:
-        return bytes(body)
+        return body
     return decompress(codec, body, max_bytes)
 
 
@@ -202,14 +211,16 @@ def _varint(data: bytes, pos: int, limit: int, max_bytes: int) -> tuple[int, int
     raise ValueError(f"varint cut or longer than {max_bytes} bytes")
 
 
-def parse_records_v2(data: bytes, record_count: int, *, keep: bool = True) -> list[RowV2]:
+def parse_records_v2(
+    data: bytes | memoryview, record_count: int, *, keep: bool = True
+) -> list[RowV2]:
     """The `record_count` records in `data`, strictly: each record's length must be its
     bytes, its offset_delta its index, header keys UTF-8, and nothing may follow the last.
 
     Raises ValueError on anything else. With `keep` false the records are only checked
     (no key, value or header objects are made) and an empty list is returned."""
     try:
-        return _parse(data, record_count, keep)
+        return _parse(bytes(data), record_count, keep)
     except IndexError:  # a field read past the end: a cut record
         raise ValueError("record cut short") from None
 
@@ -304,18 +315,27 @@ def _headers(
     return headers, pos
 
 
-def check_records_v2(data: bytes, record_count: int) -> None:
-    """Raise ValueError unless `data` is exactly `record_count` well-formed records."""
-    parse_records_v2(data, record_count, keep=False)
+def check_records_v2(data: bytes | memoryview, record_count: int) -> None:
+    """Raise ValueError unless `data` is exactly `record_count` well-formed records.
+
+    The C walk (protocol/_records_fast.c) answers for valid records; when it refuses,
+    the reference walk here runs, to say why (and to decide, were the two to differ)."""
+    if not v2_records_valid(data, record_count):
+        parse_records_v2(data, record_count, keep=False)
 
 
 def decode_records_v2(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
 ) -> list[RowV2]:
     """The parsed records of the v2 batch at `pos`, decompressed; CORRUPT_MESSAGE when
-    they do not parse (a batch served from a log was validated when appended)."""
+    they do not parse (a batch served from a log was validated when appended).
+    The C walk parses first; the reference runs where it declines, to decide and say why."""
+    payload = _payload(buf, pos, header)
+    rows = v2_records_parse(payload, header.record_count)
+    if rows is not None:
+        return rows
     try:
-        return parse_records_v2(_payload(buf, pos, header), header.record_count)
+        return parse_records_v2(payload, header.record_count)
     except ValueError as exc:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"records undecodable: {exc}") from exc
 
@@ -353,7 +373,7 @@ def with_sequence_v2(batch: bytes, producer_epoch: int, base_sequence: int) -> b
     """The same v2 batch re-stamped with a new epoch and base sequence, CRC-32C redone."""
     buf = bytearray(batch)
     struct.pack_into(">hi", buf, SEQUENCE_V2_AT, producer_epoch, base_sequence)
-    struct.pack_into(">I", buf, CRC_V2_AT, crc32c.crc32c(memoryview(buf)[CRC_V2_START:]))
+    struct.pack_into(">I", buf, CRC_V2_AT, crc32c(memoryview(buf)[CRC_V2_START:]))
     return bytes(buf)
 
 
@@ -438,7 +458,7 @@ def encode_batch_v2(
             len(records),
         )
     )
-    crc = crc32c.crc32c(payload, crc32c.crc32c(memoryview(head)[CRC_V2_START:]))
+    crc = crc32c(payload, crc32c(memoryview(head)[CRC_V2_START:]))
     struct.pack_into(">I", head, CRC_V2_AT, crc)
     return bytes(head) + payload
 
