@@ -12,6 +12,7 @@ requests.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from broker.kafka.entities import (
     response_class,
     write_response,
 )
+from broker.kafka.records import ONLY_V2, as_v2
 from broker.kafka.requests import TRANSLATIONS, Exchange, Reply
 from broker.kafka.responses import CONVERSIONS, supported_ranges
 from protocol import messages as m
@@ -99,11 +101,22 @@ class KafkaCodec:
 
     def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]:
         """A Fetch response as bytes to send and, between them, indexes into the
-        reply's file spans: the records go from the log files with sendfile."""
+        reply's file spans: a span of v2 batches alone goes from the log file with
+        sendfile; one holding our magic-1 batches is read and converted here."""
         call = self._calls[cid]
+        holes: list[tuple[int, bytes, int]] = []
+        converted: dict[bytes, bytes] = {}
+        for index, (hole, span) in enumerate(zip(reply.holes, reply.spans, strict=True)):
+            if span.magics == ONLY_V2:
+                holes.append((index, hole, span.length))
+            else:
+                converted[hole] = as_v2(_read_span(span.fd, span.position, span.length))
+        if converted:
+            for topic in reply.response.topics:
+                for p in topic.partitions:
+                    p.records = converted.get(p.records, p.records)
         data = self.encode(reply.response, cid)
         compact = response_class(call.key, call.version).__flexible__  # type: ignore[attr-defined]
-        holes = [(hole, span.length) for hole, span in zip(reply.holes, reply.spans, strict=True)]
         return splice(data, holes, compact=compact)
 
     def _unserved(
@@ -126,15 +139,15 @@ class KafkaCodec:
         raise FrameError(f"{what} is not served (ApiVersions lists what is)")
 
 
-def splice(data: bytes, holes: list[tuple[bytes, int]], *, compact: bool) -> list[bytes | int]:
+def splice(data: bytes, holes: list[tuple[int, bytes, int]], *, compact: bool) -> list[bytes | int]:
     """A response frame whose `records` fields are sent separately (zero-copy from a
     file): `data` carries, in place of each, a unique placeholder; `holes` lists
-    (placeholder, real length). The result alternates bytes to send with the index of
-    the hole whose bytes go there; length fields already count the real lengths."""
+    (index, placeholder, real length). The result alternates bytes to send with the
+    index whose bytes go there; length fields already count the real lengths."""
     pieces: list[bytes | int] = []
     total = len(data) - 4
     cursor = 4
-    for index, (placeholder, length) in enumerate(holes):
+    for index, placeholder, length in holes:
         encoded = _records_length(len(placeholder), compact) + placeholder
         at = data.find(encoded, cursor)
         assert at >= 0 and data.find(encoded, at + 1) < 0, "placeholder must occur once"
@@ -145,6 +158,13 @@ def splice(data: bytes, holes: list[tuple[bytes, int]], *, compact: bool) -> lis
     pieces.append(data[cursor:])
     pieces[0] = _INT32.pack(total) + pieces[0]  # type: ignore[operator]
     return pieces
+
+
+def _read_span(fd: int, position: int, length: int) -> bytes:
+    data = os.pread(fd, length, position)
+    if len(data) != length:
+        raise OSError(f"log file shorter than its span ({len(data)} of {length} bytes)")
+    return data
 
 
 def _records_length(length: int, compact: bool) -> bytes:

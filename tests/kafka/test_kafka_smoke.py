@@ -7,7 +7,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 
-from client import Consumer
+from client import Consumer, Producer
 from tests.kafka.conftest import TwoListeners
 
 RECORDS = 20
@@ -53,9 +53,7 @@ def test_kafka_python_produces_idempotently_and_reads_back(two_listeners: TwoLis
         committed = [consumer.committed(tp) for tp in partitions]
     finally:
         consumer.close()
-    assert got == {
-        b"k%d" % i: (b"v%d" % i, [("n", b"%d" % i)], offsets[i]) for i in range(RECORDS)
-    }
+    assert got == {b"k%d" % i: (b"v%d" % i, [("n", b"%d" % i)], offsets[i]) for i in range(RECORDS)}
     assert committed == [5, 5]
 
 
@@ -74,3 +72,33 @@ def test_our_sdk_reads_what_a_kafka_client_wrote(two_listeners: TwoListeners) ->
             if records:
                 break
     assert [(r.offset, r.value) for r in records] == [(0, b"from kafka")]
+
+
+def test_kafka_python_reads_what_our_sdk_wrote(two_listeners: TwoListeners) -> None:
+    """Our magic-1 batches reach a Kafka consumer converted to v2, beside v2 ones."""
+    with Producer(bootstrap_servers=two_listeners.minibroker, acks="all") as ours:
+        for i in range(3):
+            ours.send("mixed", value=b"ours %d" % i, key=b"k", headers=[("h", b"1")])
+        ours.flush(30)
+    producer = KafkaProducer(bootstrap_servers=two_listeners.kafka, acks="all")
+    try:
+        producer.send("mixed", value=b"theirs").get(timeout=30)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(
+        bootstrap_servers=two_listeners.kafka,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
+    try:
+        consumer.assign([TopicPartition("mixed", 0)])
+        got = [(r.offset, r.key, r.value, r.headers) for r in consumer]
+    finally:
+        consumer.close()
+    assert got == [
+        (0, b"k", b"ours 0", [("h", b"1")]),
+        (1, b"k", b"ours 1", [("h", b"1")]),
+        (2, b"k", b"ours 2", [("h", b"1")]),
+        (3, None, b"theirs", []),
+    ]
