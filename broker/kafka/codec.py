@@ -23,6 +23,7 @@ from broker.kafka.entities import (
     HEAD,
     build,
     error_entity,
+    has_error_code,
     read_request,
     request_class,
     response_class,
@@ -125,13 +126,15 @@ class KafkaCodec:
         """The answer to a request of an API or version not served. KIP-511: an
         ApiVersions newer than served gets UNSUPPORTED_VERSION in a v0 response listing
         the served ranges, so the client can retry with one of them. An API Kafka has
-        but this broker does not serve yet gets UNSUPPORTED_VERSION in its own response;
-        a version of a served API outside its range, or a key Kafka does not have,
-        closes the connection as Kafka does."""
+        but this broker does not serve yet gets UNSUPPORTED_VERSION in its own response
+        where that has a top-level error code (where it has per-partition codes alone,
+        an empty answer would read as success: the connection closes); a version of a
+        served API outside its range, or a key Kafka does not have, closes the
+        connection as Kafka does."""
         if key == apis.API_VERSIONS:
             values = {"error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": supported_ranges()}
             return write_response(build(response_class(key, 0), values), correlation_id)
-        if api is None and request_class(key, version) is not None:
+        if api is None and request_class(key, version) is not None and has_error_code(key, version):
             message = "not served by this broker yet"
             entity = error_entity(key, version, ErrorCode.UNSUPPORTED_VERSION, message)
             return write_response(entity, correlation_id)

@@ -164,6 +164,11 @@ def _convert(plan: Plan, value: Any) -> Any:
     return value
 
 
+def has_error_code(key: int, version: int) -> bool:
+    """Whether the response of (key, version) has a top-level error code."""
+    return any(plan.name == "error_code" for plan in _plans(response_class(key, version)))
+
+
 def error_entity(key: int, version: int, code: int, message: str | None = None) -> Any:
     """A response of (key, version) that carries only `code` (and `message` where the
     version has one): how Kafka answers a request it will not run."""
