@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from broker.handlers import SplicedReply
 from broker.kafka import apis
@@ -48,6 +48,7 @@ class Call:
     version: int
     correlation_id: int
     extra: dict[str, Any]
+    request: m.Request
 
 
 class KafkaCodec:
@@ -87,13 +88,15 @@ class KafkaCodec:
         out.cid = cid
         out.client_id = header.client_id
         if out.expects_answer():
-            self._calls[cid] = Call(key, version, correlation_id, exchange.extra)
+            self._calls[cid] = Call(key, version, correlation_id, exchange.extra, out)
         return out
 
     def encode(self, response: m.Response, cid: int) -> bytes:
         """The Kafka response frame answering the request the codec gave `cid`."""
         call = self._calls.pop(cid)
-        if type(response) is m.Response:  # a refusal before the handler ran
+        if type(response) is m.Response:  # a refusal before or instead of the handler
+            response = refusal(call.request, response)
+        if type(response) is m.Response:
             entity = error_entity(call.key, call.version, response.error, response.message)
         else:
             values = CONVERSIONS[call.key](response, call.version, call.extra)
@@ -140,6 +143,24 @@ class KafkaCodec:
             return write_response(entity, correlation_id)
         what = f"API key {key}" if api is None else f"{api.name} v{version}"
         raise FrameError(f"{what} is not served (ApiVersions lists what is)")
+
+
+def refusal(request: m.Request, refused: m.Response) -> m.Response:
+    """A refusal of the whole request as the request's own response, every entry
+    (topic, partition, resource) answered with its code, where the request declares
+    its entries: Kafka's responses to Produce, Fetch v4-6 and the others keep their
+    errors there, and an empty list would read as success."""
+    entries = type(request).requirements.entries
+    if entries is None:
+        return refused
+    code = ErrorCode(refused.error)
+    why = refused.message or code.name
+    answers = [entries.refused(e, code, why) for e in entries.of_request(request)]
+    response: Any = type(request).response
+    return cast(
+        m.Response,
+        response(error=refused.error, message=refused.message, **{entries.answers: answers}),
+    )
 
 
 def splice(data: bytes, holes: list[tuple[int, bytes, int]], *, compact: bool) -> list[bytes | int]:
