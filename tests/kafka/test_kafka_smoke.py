@@ -3,11 +3,17 @@ with acks=all, and a consumer with manually assigned partitions and manual commi
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from kafka.structs import OffsetAndMetadata
 
 from client import Consumer, Producer
+from harness.broker_process import BrokerProcess
+from harness.wire import WireClient, fetched_values
 from tests.kafka.conftest import TwoListeners
 
 RECORDS = 20
@@ -102,3 +108,77 @@ def test_kafka_python_reads_what_our_sdk_wrote(two_listeners: TwoListeners) -> N
         (2, b"k", b"ours 2", [("h", b"1")]),
         (3, None, b"theirs", []),
     ]
+
+
+SECURED = """\
+authorizer = true
+super_users = ["User:admin"]
+sasl_mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
+allow_plain_without_tls = true
+[[listeners]]
+name = "minibroker"
+host = "127.0.0.1"
+port = 0
+security = "sasl_plaintext"
+[[listeners]]
+name = "kafka"
+host = "127.0.0.1"
+port = 0
+security = "sasl_plaintext"
+protocol = "kafka"
+"""
+
+
+def test_sasl_and_acls_hold_for_kafkas_clients(tmp_path: Path, backend: str) -> None:
+    """SCRAM and PLAIN through SaslHandshake and SaslAuthenticate, and the ACLs the
+    minibroker listener applies: alice may write the topic she was granted, bob not."""
+    env = {"MINIBROKER_BOOTSTRAP_USERS": "admin:admin-pw,alice:alice-pw,bob:bob-pw"}
+    broker = BrokerProcess(tmp_path / "data", backend=backend, config=SECURED, env=env).start()
+    try:
+        with WireClient(broker.address("minibroker")) as admin:
+            admin.authenticate("admin", "admin-pw")
+            assert admin.create_topic("payments", 1) == 0
+            grant = {
+                "resource_type": "topic",
+                "resource_name": "payments",
+                "pattern_type": "literal",
+                "principal": "User:alice",
+                "host": "*",
+                "operation": "write",
+                "permission": "allow",
+            }
+            assert admin.call("CreateAcls", creations=[grant])["results"] == [
+                {"error": 0, "message": None}
+            ]
+
+        def producer(user: str, mechanism: str) -> KafkaProducer:
+            return KafkaProducer(
+                bootstrap_servers=broker.address("kafka"),
+                security_protocol="SASL_PLAINTEXT",
+                sasl_mechanism=mechanism,
+                sasl_plain_username=user,
+                sasl_plain_password=f"{user}-pw",
+                acks="all",
+                max_block_ms=10_000,
+                retries=0,
+            )
+
+        alice = producer("alice", "SCRAM-SHA-512")
+        try:
+            written = alice.send("payments", value=b"paid").get(timeout=30)
+        finally:
+            alice.close()
+        bob = producer("bob", "PLAIN")
+        try:
+            with pytest.raises(KafkaError) as refused:
+                bob.send("payments", value=b"stolen").get(timeout=30)
+        finally:
+            bob.close()
+        with WireClient(broker.address("minibroker")) as admin:
+            admin.authenticate("admin", "admin-pw")
+            values = fetched_values(admin.fetch("payments", 0, 0)["records"])
+    finally:
+        broker.kill()
+    assert written.offset == 0
+    assert isinstance(refused.value, TopicAuthorizationFailedError)
+    assert values == [(0, b"paid")]
