@@ -3,12 +3,19 @@ with acks=all, and a consumer with manually assigned partitions and manual commi
 
 from __future__ import annotations
 
+import socket
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.structs import OffsetAndMetadata
 
 from client import Consumer, Producer
@@ -182,3 +189,97 @@ def test_sasl_and_acls_hold_for_kafkas_clients(tmp_path: Path, backend: str) -> 
     assert written.offset == 0
     assert isinstance(refused.value, TopicAuthorizationFailedError)
     assert values == [(0, b"paid")]
+
+
+def _call(sock: socket.socket, message: ApiMessage, response: Any, version: int) -> Any:
+    """One request on a raw connection, its answer read by kafka-python's classes."""
+    message.with_header(correlation_id=11, client_id="raw")
+    body = bytes(message.encode(header=True))
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    (length,) = struct.unpack(">i", _exactly(sock, 4))
+    return response[version].decode(_exactly(sock, length), header=True)
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        assert chunk, "connection closed"
+        data += chunk
+    return data
+
+
+def test_a_batch_comes_back_as_a_kafka_broker_would_serve_it(two_listeners: TwoListeners) -> None:
+    """Stored as it arrived: only base_offset and partition leader epoch (0, outside
+    the CRC) are the broker's, as on a Kafka leader."""
+    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    for i in range(3):
+        builder.append(i, 1_700_000_000_000 + i, b"k", b"value %d" % i, [("h", b"1")])
+    batch = bytes(builder.build())
+    produce_topic = ProduceRequest.TopicProduceData
+    fetch_topic = FetchRequest.FetchTopic
+    host, port = two_listeners.kafka.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        produced = _call(
+            sock,
+            ProduceRequest[9](
+                transactional_id=None,
+                acks=1,
+                timeout_ms=10_000,
+                topic_data=[
+                    produce_topic(
+                        name="raw",
+                        partition_data=[produce_topic.PartitionProduceData(index=0, records=batch)],
+                    )
+                ],
+            ),
+            ProduceResponse,
+            9,
+        )
+        assert produced.responses[0].partition_responses[0].error_code == 3  # no topic yet
+        admin = KafkaAdminClient(bootstrap_servers=two_listeners.kafka)
+        try:
+            admin.create_topics([NewTopic("raw", 1, 1)])
+        finally:
+            admin.close()
+        for offset in (0, 3):
+            produce = ProduceRequest[9](
+                transactional_id=None,
+                acks=1,
+                timeout_ms=10_000,
+                topic_data=[
+                    produce_topic(
+                        name="raw",
+                        partition_data=[produce_topic.PartitionProduceData(index=0, records=batch)],
+                    )
+                ],
+            )
+            answer = _call(sock, produce, ProduceResponse, 9).responses[0].partition_responses[0]
+            assert (answer.error_code, answer.base_offset) == (0, offset)
+        fetched = _call(
+            sock,
+            FetchRequest[12](
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=1 << 20,
+                isolation_level=0,
+                topics=[
+                    fetch_topic(
+                        topic="raw",
+                        partitions=[
+                            fetch_topic.FetchPartition(
+                                partition=0, fetch_offset=0, partition_max_bytes=1 << 20
+                            )
+                        ],
+                    )
+                ],
+            ),
+            FetchResponse,
+            12,
+        )
+    partition = fetched.responses[0].partitions[0]
+    assert (partition.error_code, partition.high_watermark) == (0, 6)
+    epoch_0 = struct.pack(">i", 0)
+    assert bytes(partition.records) == b"".join(
+        struct.pack(">q", offset) + batch[8:12] + epoch_0 + batch[16:] for offset in (0, 3)
+    )
