@@ -173,7 +173,7 @@ def delete_topics(r: m.DeleteTopicsResponse, _version: int, _extra: dict[str, An
 def describe_configs(r: m.DescribeConfigsResponse, _version: int, extra: dict[str, Any]) -> Values:
     results = []
     for result, keys in zip(r.results, extra["keys"], strict=True):
-        wanted = None if keys is None else set(keys)
+        wanted = set(keys) if keys else None  # null or empty: all, as Kafka reads it
         results.append(
             {
                 "error_code": result.error,

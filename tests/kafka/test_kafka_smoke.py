@@ -14,6 +14,7 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.structs import OffsetAndMetadata
@@ -256,6 +257,21 @@ def test_a_batch_comes_back_as_a_kafka_broker_would_serve_it(two_listeners: TwoL
             )
             answer = _call(sock, produce, ProduceResponse, 9).responses[0].partition_responses[0]
             assert (answer.error_code, answer.base_offset) == (0, offset)
+        # acks=0: no answer at all, so the next frame read is the Fetch's.
+        silent = ProduceRequest[9](
+            transactional_id=None,
+            acks=0,
+            timeout_ms=10_000,
+            topic_data=[
+                produce_topic(
+                    name="raw",
+                    partition_data=[produce_topic.PartitionProduceData(index=0, records=batch)],
+                )
+            ],
+        )
+        silent.with_header(correlation_id=12, client_id="raw")
+        body = bytes(silent.encode(header=True))
+        sock.sendall(struct.pack(">i", len(body)) + body)
         fetched = _call(
             sock,
             FetchRequest[12](
@@ -277,9 +293,22 @@ def test_a_batch_comes_back_as_a_kafka_broker_would_serve_it(two_listeners: TwoL
             FetchResponse,
             12,
         )
+    assert fetched.header.correlation_id == 11
     partition = fetched.responses[0].partitions[0]
-    assert (partition.error_code, partition.high_watermark) == (0, 6)
+    assert (partition.error_code, partition.high_watermark) == (0, 9)
     epoch_0 = struct.pack(">i", 0)
     assert bytes(partition.records) == b"".join(
-        struct.pack(">q", offset) + batch[8:12] + epoch_0 + batch[16:] for offset in (0, 3)
+        struct.pack(">q", offset) + batch[8:12] + epoch_0 + batch[16:] for offset in (0, 3, 6)
     )
+
+
+def test_bytes_that_are_no_kafka_request_close_that_connection_only(
+    two_listeners: TwoListeners,
+) -> None:
+    host, port = two_listeners.kafka.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as bad:
+        bad.sendall(struct.pack(">ihhi", 8, 999, 0, 1))  # an API key Kafka does not have
+        assert bad.recv(1) == b""
+    with socket.create_connection((host, int(port)), timeout=30) as good:
+        answer = _call(good, ApiVersionsRequest[3](), ApiVersionsResponse, 3)
+    assert answer.error_code == 0 and answer.header.correlation_id == 11
