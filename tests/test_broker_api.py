@@ -124,7 +124,7 @@ def test_produce_validation_errors(broker: BrokerProcess) -> None:
             return bytes(buf)
 
         bad_magic = bytearray(good)
-        bad_magic[16] = 2
+        bad_magic[16] = 3  # 1 is ours, 2 is Kafka's v2: 3 is neither
         assert c.produce("v", 0, restamp(bad_magic))["error"] == ErrorCode.INVALID_RECORD
         bad_delta = bytearray(good)
         struct.pack_into(">i", bad_delta, 18, 5)
