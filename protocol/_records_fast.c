@@ -269,9 +269,11 @@ check_chunk(const chunk_t *c)
 }
 
 /* A column from a sequence of (length, offset, validity|None, offsets, data|None,
- * wide) tuples (protocol.records.BinaryChunk). */
+ * wide) tuples (protocol.records.BinaryChunk). Only the chunks holding rows of
+ * [start, stop) are checked (check_chunk): the others are never read, and a send
+ * of a few MiB is encoded as several runs that each touch a few of its chunks. */
 static int
-parse_column(PyObject *sequence, column_t *col)
+parse_column(PyObject *sequence, column_t *col, Py_ssize_t start, Py_ssize_t stop)
 {
     col->count = 0;
     col->rows = 0;
@@ -310,7 +312,11 @@ parse_column(PyObject *sequence, column_t *col)
             }
             c->has_data = 1;
         }
-        if (check_chunk(c) < 0) {
+        if (c->length < 0) {
+            PyErr_SetString(PyExc_ValueError, "binary chunk: bad length or offset");
+            goto fail;
+        }
+        if (col->rows < stop && col->rows + c->length > start && check_chunk(c) < 0) {
             goto fail;
         }
         col->rows += c->length;
@@ -476,13 +482,14 @@ write_records(unsigned char *out, const column_t *values, const column_t *keys,
 }
 
 static int
-parse_columns(PyObject *values_arg, PyObject *keys_arg, column_t *values, column_t *keys)
+parse_columns(PyObject *values_arg, PyObject *keys_arg, column_t *values, column_t *keys,
+              Py_ssize_t start, Py_ssize_t stop)
 {
-    if (parse_column(values_arg, values) < 0) {
+    if (parse_column(values_arg, values, start, stop) < 0) {
         return -1;
     }
     if (keys_arg != Py_None) {
-        if (parse_column(keys_arg, keys) < 0) {
+        if (parse_column(keys_arg, keys, start, stop) < 0) {
             release_column(values);
             return -1;
         }
@@ -506,7 +513,7 @@ encode_binary_records(PyObject *module, PyObject *args)
         return NULL;
     }
     column_t values, keys = {0, 0, NULL};
-    if (parse_columns(values_arg, keys_arg, &values, &keys) < 0) {
+    if (parse_columns(values_arg, keys_arg, &values, &keys, start, stop) < 0) {
         return NULL;
     }
     const column_t *keyed = keys_arg != Py_None ? &keys : NULL;
@@ -551,7 +558,7 @@ binary_record_bounds(PyObject *module, PyObject *args)
         return NULL;
     }
     column_t values, keys = {0, 0, NULL};
-    if (parse_columns(values_arg, keys_arg, &values, &keys) < 0) {
+    if (parse_columns(values_arg, keys_arg, &values, &keys, 0, PY_SSIZE_T_MAX) < 0) {
         return NULL;
     }
     const column_t *keyed = keys_arg != Py_None ? &keys : NULL;

@@ -156,7 +156,7 @@ def test_arrow_columns_match_list_columns() -> None:
 )
 def test_malformed_buffers_are_refused_not_read(chunk: BinaryChunk) -> None:
     with pytest.raises(ValueError):
-        encode_binary_records([chunk], None, 0, 0)
+        encode_binary_records([chunk], None, 0, max(chunk.length, 0))
     with pytest.raises(ValueError):
         binary_record_bounds([chunk], None, 1 << 20, RECORD_OVERHEAD)
 
@@ -172,3 +172,14 @@ def test_rows_outside_the_column_and_mismatched_keys_are_refused() -> None:
             encode(values, chunks_of(pa.array([b"k"])), 0, 1)
     with pytest.raises(ValueError):
         binary_record_bounds(values, chunks_of(pa.array([b"k"])), 100, RECORD_OVERHEAD)
+
+
+def test_only_the_chunks_a_run_reads_are_checked() -> None:
+    """A send is encoded as several runs; each checks the chunks it reads, not all."""
+    good = chunks_of(pa.array([b"a", b"bc"]))[0]
+    bad = BinaryChunk(3, 0, None, bytes(12), b"", False)  # offsets for 2 rows, not 3
+    assert encode_binary_records([good, bad], None, 0, 2) == reference([b"a", b"bc"], None)
+    with pytest.raises(ValueError):
+        encode_binary_records([good, bad], None, 1, 3)
+    with pytest.raises(ValueError):
+        binary_record_bounds([good, bad], None, 1 << 20, RECORD_OVERHEAD)
