@@ -1,9 +1,12 @@
 """send_batch's columns: from lists or Arrow arrays, cut into wire batches.
 
-Encoding is protocol.records.RecordColumns' (its C-level join fast path); what
-is added here is the client's side: turning what callers pass into columns of
-bytes, and cutting them into runs that fit max_request_size by the same size
-accounting the accumulator uses for send().
+Lists are encoded by protocol.records.RecordColumns (its C-level join fast
+path). Arrow binary and string arrays without headers go to ArrowColumns, which
+hands their buffers to protocol.records.encode_binary_records: no Python object
+per row (Spark's writer sends millions of rows this way). What is added here is
+the client's side: turning what callers pass into columns, and cutting them into
+runs that fit max_request_size by the same size accounting the accumulator uses
+for send().
 """
 
 from __future__ import annotations
@@ -15,26 +18,39 @@ from typing import Any
 
 from client.accumulator import headers_size
 from client.errors import RecordTooLargeError
-from protocol.records import RECORD_OVERHEAD, RecordColumns
+from protocol.records import (
+    RECORD_OVERHEAD,
+    BinaryChunk,
+    RecordColumns,
+    binary_record_bounds,
+    encode_binary_records,
+)
+
+
+def is_arrow(data: Any) -> bool:
+    """Whether `data` is an Arrow array or chunked array (duck-typed: pyarrow is optional)."""
+    return hasattr(data, "to_pylist") and hasattr(data, "type")
+
+
+def _arrow_binary(data: Any, what: str) -> Any:
+    """An Arrow array of binary or large_binary: strings as their UTF-8 bytes (no copy),
+    fixed-size binary widened to binary."""
+    import pyarrow as pa
+
+    kind = data.type
+    if pa.types.is_string(kind) or pa.types.is_fixed_size_binary(kind):
+        return data.cast(pa.binary())
+    if pa.types.is_large_string(kind):
+        return data.cast(pa.large_binary())
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return data
+    raise TypeError(f"{what} must be a binary or string Arrow array, not {kind}")
 
 
 def to_column(data: Any, what: str) -> list[bytes | None]:
     """A column of bytes-or-None as a list, from a list/tuple or an Arrow (chunked) array."""
-    if hasattr(data, "to_pylist"):
-        import pyarrow as pa
-
-        kind = data.type
-        if pa.types.is_string(kind):
-            data = data.cast(pa.binary())
-        elif pa.types.is_large_string(kind):
-            data = data.cast(pa.large_binary())
-        elif not (
-            pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind)
-            or pa.types.is_fixed_size_binary(kind)
-        ):
-            raise TypeError(f"{what} must be a binary or string Arrow array, not {kind}")
-        return data.to_pylist()
+    if is_arrow(data):
+        return list(_arrow_binary(data, what).to_pylist())
     items = data if isinstance(data, list) else list(data)
     if set(map(type, items)) <= {bytes, type(None)}:
         return items
@@ -97,3 +113,72 @@ class Columns(RecordColumns):
             consumed = ends[stop - 1]
             start = stop
         return bounds
+
+
+class ArrowColumns:
+    """Arrow binary values with optional Arrow binary keys, no headers: send_batch's
+    columns encoded straight from the arrays' buffers (protocol.records'
+    encode_binary_records), with Columns' interface for the producer."""
+
+    __slots__ = ("_key_chunks", "_keys", "_value_chunks", "key_array", "value_array")
+
+    def __init__(self, values: Any, keys: Any = None) -> None:
+        self.value_array = _arrow_binary(values, "values")
+        self.key_array = None if keys is None else _arrow_binary(keys, "keys")
+        if self.key_array is not None and len(self.key_array) != len(self.value_array):
+            raise ValueError(f"{len(self.key_array)} keys for {len(self.value_array)} values")
+        self._value_chunks = _chunks(self.value_array)
+        self._key_chunks = None if self.key_array is None else _chunks(self.key_array)
+        self._keys: list[bytes | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.value_array)
+
+    @property
+    def keys(self) -> list[bytes | None] | None:
+        """The keys as bytes, made on first use: only the key partitioner reads them."""
+        if self.key_array is None:
+            return None
+        if self._keys is None:
+            self._keys = self.key_array.to_pylist()
+        return self._keys
+
+    def select(self, rows: list[int]) -> ArrowColumns:
+        """The given rows only (keyed records split by partition)."""
+        import pyarrow as pa
+
+        take = pa.array(rows, pa.int64())
+        return ArrowColumns(
+            self.value_array.take(take),
+            None if self.key_array is None else self.key_array.take(take),
+        )
+
+    def bounds(self, limit: int) -> list[tuple[int, int]]:
+        """[start, stop) row ranges whose records add up to at most `limit` bytes each,
+        each record counted as Columns.record_sizes counts it."""
+        bounds = binary_record_bounds(self._value_chunks, self._key_chunks, limit, RECORD_OVERHEAD)
+        if bounds and bounds[-1][0] == bounds[-1][1]:
+            raise RecordTooLargeError(
+                f"record {bounds[-1][0]} of send_batch exceeds max_request_size ({limit} bytes "
+                "of records)"
+            )
+        return bounds
+
+    def encode(self, start: int = 0, stop: int | None = None) -> bytes:
+        """The records array of rows [start, stop), every timestamp_delta 0."""
+        return encode_binary_records(
+            self._value_chunks, self._key_chunks, start, len(self) if stop is None else stop
+        )
+
+
+def _chunks(array: Any) -> tuple[BinaryChunk, ...]:
+    """The buffers of every chunk of an Arrow binary or large_binary (chunked) array."""
+    import pyarrow as pa
+
+    wide = pa.types.is_large_binary(array.type)
+    chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+    chunked = []
+    for chunk in chunks:
+        validity, offsets, data = chunk.buffers()
+        chunked.append(BinaryChunk(len(chunk), chunk.offset, validity, offsets, data, wide))
+    return tuple(chunked)

@@ -51,7 +51,7 @@ from client.accumulator import (
     monotonic_ms,
     record_size,
 )
-from client.columns import Columns, to_bytes, to_column
+from client.columns import ArrowColumns, Columns, is_arrow, to_bytes, to_column
 from client.config import ProducerConfig
 from client.coordinator import commit_errors, commit_topics, normalize_offsets
 from client.errors import MinibrokerError, MinibrokerTimeoutError
@@ -319,11 +319,16 @@ class AsyncProducer:
         Keyed records go to their key's partition; keyless ones fill one wire batch
         per sticky partition, which then moves on, as for send()."""
         count = self._metadata.counts[topic]
-        columns = Columns(
-            to_column(values, "values"),
-            None if keys is None else to_column(keys, "keys"),
-            None if headers is None else [_headers(h) if h else None for h in headers],
-        )
+        columns: Columns | ArrowColumns
+        if headers is None and is_arrow(values) and (keys is None or is_arrow(keys)):
+            # Encoded from the arrays' buffers: no Python object per row.
+            columns = ArrowColumns(values, keys)
+        else:
+            columns = Columns(
+                to_column(values, "values"),
+                None if keys is None else to_column(keys, "keys"),
+                None if headers is None else [_headers(h) if h else None for h in headers],
+            )
         timestamp = time.time_ns() // 1_000_000
         limit = self.config.max_request_size - HEADER_BYTES
         if partition is None and columns.keys is not None:

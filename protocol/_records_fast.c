@@ -18,6 +18,14 @@
  * faster than the reference in Python. crc32c(buffer, value=0)
  * is the CRC-32C those batches carry.
  *
+ * encode_binary_records(values, keys, start, stop) -> bytes writes the records
+ * array of rows [start, stop) of Arrow binary columns straight from their buffers
+ * (offsets, data, validity), and binary_record_bounds(values, keys, limit,
+ * overhead) cuts such columns into runs of at most `limit` bytes: the producer's
+ * send_batch path for Arrow arrays (Spark's writer), with no Python object per
+ * row. Their pure-Python references are in protocol/records.py, and
+ * tests/test_records_fast.py checks both give the same answers.
+ *
  * Every read is bounds-checked against the buffer's end before it happens.
  */
 #define PY_SSIZE_T_CLEAN
@@ -487,6 +495,464 @@ crc32c(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLong(~crc);
 }
 
+/* ------------------------------------------------------------------ binary columns */
+
+/* One Arrow binary array (a chunk of a column): rows [offset, offset + length) of
+ * its buffers. Offsets are int32, or int64 when `wide` (large_binary); a row is
+ * null when its validity bit is clear (no validity buffer: no nulls). */
+typedef struct {
+    Py_ssize_t length;
+    Py_ssize_t offset;
+    int wide;
+    int has_validity;
+    int has_data;
+    Py_buffer validity;
+    Py_buffer offsets;
+    Py_buffer data;
+} chunk_t;
+
+typedef struct {
+    Py_ssize_t count;
+    Py_ssize_t rows;
+    chunk_t *chunks;
+} column_t;
+
+static int64_t
+chunk_offset(const chunk_t *c, Py_ssize_t row)
+{
+    Py_ssize_t at = c->offset + row;
+    if (c->wide) {
+        int64_t v;
+        memcpy(&v, (const char *)c->offsets.buf + at * 8, 8);
+        return v;
+    }
+    int32_t v;
+    memcpy(&v, (const char *)c->offsets.buf + at * 4, 4);
+    return v;
+}
+
+static int
+chunk_is_null(const chunk_t *c, Py_ssize_t row)
+{
+    if (!c->has_validity) {
+        return 0;
+    }
+    Py_ssize_t bit = c->offset + row;
+    return !((((const unsigned char *)c->validity.buf)[bit >> 3] >> (bit & 7)) & 1);
+}
+
+static void
+release_column(column_t *col)
+{
+    for (Py_ssize_t i = 0; i < col->count; i++) {
+        chunk_t *c = &col->chunks[i];
+        if (c->has_validity) {
+            PyBuffer_Release(&c->validity);
+        }
+        if (c->offsets.obj != NULL) {
+            PyBuffer_Release(&c->offsets);
+        }
+        if (c->has_data) {
+            PyBuffer_Release(&c->data);
+        }
+    }
+    PyMem_Free(col->chunks);
+    col->chunks = NULL;
+    col->count = 0;
+}
+
+/* Check one chunk's buffers before any row is read: sizes cover every row, and
+ * offsets never decrease nor point past the data. Arrow guarantees this for a
+ * valid array; the check keeps a malformed one from reading out of bounds. */
+static int
+check_chunk(const chunk_t *c)
+{
+    Py_ssize_t width = c->wide ? 8 : 4;
+    if (c->length < 0 || c->offset < 0 || c->offset > PY_SSIZE_T_MAX / 16 - c->length) {
+        PyErr_SetString(PyExc_ValueError, "binary chunk: bad length or offset");
+        return -1;
+    }
+    if (c->offsets.len / width < c->offset + c->length + 1) {
+        PyErr_SetString(PyExc_ValueError, "binary chunk: offsets buffer too short");
+        return -1;
+    }
+    if (c->has_validity && c->validity.len < (c->offset + c->length + 7) / 8) {
+        PyErr_SetString(PyExc_ValueError, "binary chunk: validity buffer too short");
+        return -1;
+    }
+    Py_ssize_t data_len = c->has_data ? c->data.len : 0;
+    int64_t previous = chunk_offset(c, 0);
+    if (previous < 0) {
+        PyErr_SetString(PyExc_ValueError, "binary chunk: negative offset");
+        return -1;
+    }
+    for (Py_ssize_t row = 1; row <= c->length; row++) {
+        int64_t next = chunk_offset(c, row);
+        if (next < previous) {
+            PyErr_SetString(PyExc_ValueError, "binary chunk: offsets decrease");
+            return -1;
+        }
+        previous = next;
+    }
+    if (previous > data_len) {
+        PyErr_SetString(PyExc_ValueError, "binary chunk: offsets past the data buffer");
+        return -1;
+    }
+    return 0;
+}
+
+/* A column from a sequence of (length, offset, validity|None, offsets, data|None,
+ * wide) tuples (protocol.records.BinaryChunk). Only the chunks holding rows of
+ * [start, stop) are checked (check_chunk): the others are never read, and a send
+ * of a few MiB is encoded as several runs that each touch a few of its chunks. */
+static int
+parse_column(PyObject *sequence, column_t *col, Py_ssize_t start, Py_ssize_t stop)
+{
+    col->count = 0;
+    col->rows = 0;
+    col->chunks = NULL;
+    PyObject *fast = PySequence_Fast(sequence, "a column is a sequence of BinaryChunk");
+    if (fast == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    col->chunks = PyMem_Calloc(n ? (size_t)n : 1, sizeof(chunk_t));
+    if (col->chunks == NULL) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *validity, *offsets, *data;
+        chunk_t *c = &col->chunks[i];
+        col->count = i + 1;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "nnOOOp;a BinaryChunk",
+                              &c->length, &c->offset, &validity, &offsets, &data, &c->wide)) {
+            goto fail;
+        }
+        if (validity != Py_None) {
+            if (PyObject_GetBuffer(validity, &c->validity, PyBUF_SIMPLE) < 0) {
+                goto fail;
+            }
+            c->has_validity = 1;
+        }
+        if (PyObject_GetBuffer(offsets, &c->offsets, PyBUF_SIMPLE) < 0) {
+            goto fail;
+        }
+        if (data != Py_None) {
+            if (PyObject_GetBuffer(data, &c->data, PyBUF_SIMPLE) < 0) {
+                goto fail;
+            }
+            c->has_data = 1;
+        }
+        if (c->length < 0) {
+            PyErr_SetString(PyExc_ValueError, "binary chunk: bad length or offset");
+            goto fail;
+        }
+        if (col->rows < stop && col->rows + c->length > start && check_chunk(c) < 0) {
+            goto fail;
+        }
+        col->rows += c->length;
+    }
+    Py_DECREF(fast);
+    return 0;
+fail:
+    Py_DECREF(fast);
+    release_column(col);
+    return -1;
+}
+
+/* Walks a column's rows in order across its chunks. */
+typedef struct {
+    const column_t *col;
+    Py_ssize_t chunk;
+    Py_ssize_t row;
+} cursor_t;
+
+static void
+cursor_seek(cursor_t *cur, const column_t *col, Py_ssize_t row)
+{
+    cur->col = col;
+    cur->chunk = 0;
+    while (cur->chunk < col->count && row >= col->chunks[cur->chunk].length) {
+        row -= col->chunks[cur->chunk].length;
+        cur->chunk++;
+    }
+    cur->row = row;
+}
+
+/* The current row's bytes and length, NULL for a null row; then step on. A chunk
+ * without a data buffer holds only empty or null rows. */
+static const unsigned char *
+cursor_next(cursor_t *cur, Py_ssize_t *length)
+{
+    static const unsigned char empty[1] = {0};
+    while (cur->row >= cur->col->chunks[cur->chunk].length) {
+        cur->chunk++;
+        cur->row = 0;
+    }
+    const chunk_t *c = &cur->col->chunks[cur->chunk];
+    Py_ssize_t row = cur->row++;
+    *length = 0;
+    if (chunk_is_null(c, row)) {
+        return NULL;
+    }
+    int64_t begin = chunk_offset(c, row);
+    *length = (Py_ssize_t)(chunk_offset(c, row + 1) - begin);
+    return c->has_data ? (const unsigned char *)c->data.buf + begin : empty;
+}
+
+/* msgpack's bin header for `length` (or nil for a null row): its size, and its
+ * bytes at `out` when out is not NULL. */
+static Py_ssize_t
+bin_header(unsigned char *out, const unsigned char *item, Py_ssize_t length)
+{
+    if (item == NULL) {
+        if (out) {
+            out[0] = 0xc0;
+        }
+        return 1;
+    }
+    if (length < 0x100) {
+        if (out) {
+            out[0] = 0xc4;
+            out[1] = (unsigned char)length;
+        }
+        return 2;
+    }
+    if (length < 0x10000) {
+        if (out) {
+            out[0] = 0xc5;
+            out[1] = (unsigned char)(length >> 8);
+            out[2] = (unsigned char)length;
+        }
+        return 3;
+    }
+    if (out) {
+        out[0] = 0xc6;
+        out[1] = (unsigned char)(length >> 24);
+        out[2] = (unsigned char)(length >> 16);
+        out[3] = (unsigned char)(length >> 8);
+        out[4] = (unsigned char)length;
+    }
+    return 5;
+}
+
+static Py_ssize_t
+array_header(unsigned char *out, Py_ssize_t n)
+{
+    if (n < 16) {
+        if (out) {
+            out[0] = (unsigned char)(0x90 | n);
+        }
+        return 1;
+    }
+    if (n < 0x10000) {
+        if (out) {
+            out[0] = 0xdc;
+            out[1] = (unsigned char)(n >> 8);
+            out[2] = (unsigned char)n;
+        }
+        return 3;
+    }
+    if (out) {
+        out[0] = 0xdd;
+        out[1] = (unsigned char)(n >> 24);
+        out[2] = (unsigned char)(n >> 16);
+        out[3] = (unsigned char)(n >> 8);
+        out[4] = (unsigned char)n;
+    }
+    return 5;
+}
+
+/* The records of rows [start, stop) into `out`, or only their size when out is
+ * NULL: [0, key bin|nil, value bin|nil, nil] each, after the array header. */
+static Py_ssize_t
+write_records(unsigned char *out, const column_t *values, const column_t *keys,
+              Py_ssize_t start, Py_ssize_t stop)
+{
+    cursor_t vcur, kcur;
+    cursor_seek(&vcur, values, start);
+    if (keys) {
+        cursor_seek(&kcur, keys, start);
+    }
+    Py_ssize_t pos = array_header(out, stop - start);
+    for (Py_ssize_t i = start; i < stop; i++) {
+        Py_ssize_t klen = 0, vlen;
+        const unsigned char *key = NULL;
+        if (keys) {
+            key = cursor_next(&kcur, &klen);
+        }
+        const unsigned char *value = cursor_next(&vcur, &vlen);
+        if (klen > 0xffffffffLL || vlen > 0xffffffffLL) {
+            return -1; /* over msgpack's bin32: no batch could hold it anyway */
+        }
+        if (out) {
+            out[pos] = 0x94;
+            out[pos + 1] = 0x00;
+        }
+        pos += 2;
+        pos += bin_header(out ? out + pos : NULL, key, klen);
+        if (key != NULL) {
+            if (out) {
+                memcpy(out + pos, key, (size_t)klen);
+            }
+            pos += klen;
+        }
+        pos += bin_header(out ? out + pos : NULL, value, vlen);
+        if (value != NULL) {
+            if (out) {
+                memcpy(out + pos, value, (size_t)vlen);
+            }
+            pos += vlen;
+        }
+        if (out) {
+            out[pos] = 0xc0;
+        }
+        pos += 1;
+    }
+    return pos;
+}
+
+static int
+parse_columns(PyObject *values_arg, PyObject *keys_arg, column_t *values, column_t *keys,
+              Py_ssize_t start, Py_ssize_t stop)
+{
+    if (parse_column(values_arg, values, start, stop) < 0) {
+        return -1;
+    }
+    if (keys_arg != Py_None) {
+        if (parse_column(keys_arg, keys, start, stop) < 0) {
+            release_column(values);
+            return -1;
+        }
+        if (keys->rows != values->rows) {
+            PyErr_Format(PyExc_ValueError, "%zd keys for %zd values", keys->rows, values->rows);
+            release_column(keys);
+            release_column(values);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+encode_binary_records(PyObject *module, PyObject *args)
+{
+    PyObject *values_arg, *keys_arg;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "OOnn:encode_binary_records", &values_arg, &keys_arg, &start,
+                          &stop)) {
+        return NULL;
+    }
+    column_t values, keys = {0, 0, NULL};
+    if (parse_columns(values_arg, keys_arg, &values, &keys, start, stop) < 0) {
+        return NULL;
+    }
+    const column_t *keyed = keys_arg != Py_None ? &keys : NULL;
+    PyObject *result = NULL;
+    if (start < 0 || stop < start || stop > values.rows) {
+        PyErr_Format(PyExc_ValueError, "rows [%zd, %zd) of %zd", start, stop, values.rows);
+        goto done;
+    }
+    Py_ssize_t size;
+    Py_BEGIN_ALLOW_THREADS
+    size = write_records(NULL, &values, keyed, start, stop);
+    Py_END_ALLOW_THREADS
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "a key or value of 4 GiB or more");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, size);
+    if (result == NULL) {
+        goto done;
+    }
+    /* The bytes object is not shared yet and Arrow buffers are immutable: the
+     * copy needs no GIL, and the caller's other threads go on meanwhile. */
+    unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
+    Py_BEGIN_ALLOW_THREADS
+    write_records(out, &values, keyed, start, stop);
+    Py_END_ALLOW_THREADS
+done:
+    release_column(&values);
+    if (keyed) {
+        release_column(&keys);
+    }
+    return result;
+}
+
+static PyObject *
+binary_record_bounds(PyObject *module, PyObject *args)
+{
+    PyObject *values_arg, *keys_arg;
+    Py_ssize_t limit, overhead;
+    if (!PyArg_ParseTuple(args, "OOnn:binary_record_bounds", &values_arg, &keys_arg, &limit,
+                          &overhead)) {
+        return NULL;
+    }
+    column_t values, keys = {0, 0, NULL};
+    if (parse_columns(values_arg, keys_arg, &values, &keys, 0, PY_SSIZE_T_MAX) < 0) {
+        return NULL;
+    }
+    const column_t *keyed = keys_arg != Py_None ? &keys : NULL;
+    PyObject *bounds = PyList_New(0);
+    if (bounds == NULL) {
+        goto done;
+    }
+    cursor_t vcur, kcur;
+    cursor_seek(&vcur, &values, 0);
+    if (keyed) {
+        cursor_seek(&kcur, keyed, 0);
+    }
+    /* Greedy, as client.columns.Columns.bounds: each run takes records while their
+     * sizes add up to at most `limit`; a record alone over it ends the list with
+     * an empty run at its row. */
+    Py_ssize_t begin = 0, used = 0;
+    for (Py_ssize_t i = 0; i <= values.rows; i++) {
+        Py_ssize_t size = 0;
+        if (i < values.rows) {
+            Py_ssize_t klen = 0, vlen;
+            if (keyed) {
+                cursor_next(&kcur, &klen);
+            }
+            cursor_next(&vcur, &vlen);
+            size = overhead + klen + vlen;
+            if (i > begin && used <= limit - size) {
+                used += size;
+                continue;
+            }
+        }
+        if (i > begin) {
+            PyObject *run = Py_BuildValue("(nn)", begin, i);
+            if (run == NULL || PyList_Append(bounds, run) < 0) {
+                Py_XDECREF(run);
+                Py_CLEAR(bounds);
+                goto done;
+            }
+            Py_DECREF(run);
+        }
+        if (i == values.rows) {
+            break;
+        }
+        if (size > limit) {
+            PyObject *run = Py_BuildValue("(nn)", i, i);
+            if (run == NULL || PyList_Append(bounds, run) < 0) {
+                Py_CLEAR(bounds);
+            }
+            Py_XDECREF(run);
+            goto done;
+        }
+        begin = i;
+        used = size;
+    }
+done:
+    release_column(&values);
+    if (keyed) {
+        release_column(&keys);
+    }
+    return bounds;
+}
+
 static PyMethodDef methods[] = {
     {"count_plain_records", count_plain_records, METH_O,
      "Records in a records array of plain records, or -1 when msgspec must decide."},
@@ -496,12 +962,18 @@ static PyMethodDef methods[] = {
      "Whether bytes are exactly record_count well-formed Kafka v2 records."},
     {"v2_records_parse", (PyCFunction)(void (*)(void))v2_records_parse, METH_FASTCALL,
      "The rows of exactly record_count well-formed Kafka v2 records, or None."},
+    {"encode_binary_records", encode_binary_records, METH_VARARGS,
+     "The records array of rows [start, stop) of Arrow binary columns, from their buffers."},
+    {"binary_record_bounds", binary_record_bounds, METH_VARARGS,
+     "[start, stop) runs of Arrow binary columns whose records fit `limit` bytes each."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "protocol._records_fast",
-    "The record count of plain records arrays, in C (see protocol/records.py).", -1, methods,
+    "Records arrays in C: plain counts, Arrow binary columns, Kafka's v2 records and "
+    "CRC-32C (see protocol/records.py, protocol/batch_v2.py).",
+    -1, methods,
 };
 
 PyMODINIT_FUNC

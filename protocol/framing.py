@@ -22,6 +22,10 @@ import msgpack
 LENGTH = struct.Struct(">I")
 LENGTH_BYTES = 4
 DEFAULT_FRAME_BYTES_MAX = 16 * 1024 * 1024
+# A read of a begun frame at least this long is kept as a view of the read's bytes
+# (which it keeps alive: at most one read's worth more than the frame), a shorter one
+# is copied into the frame's last part.
+_VIEW_BYTES_MIN = 64 * 1024
 
 
 class FrameError(Exception):
@@ -51,11 +55,18 @@ def decode_body(body: bytes | memoryview) -> Any:
 class FrameDecoder:
     """Incremental decoder: `feed` bytes as they arrive, get whole messages back."""
 
-    __slots__ = ("_buffer", "_waiting", "frame_bytes_max")
+    __slots__ = ("_filled", "_length", "_parts", "_waiting", "frame_bytes_max")
 
     def __init__(self, frame_bytes_max: int = DEFAULT_FRAME_BYTES_MAX) -> None:
         self.frame_bytes_max = frame_bytes_max
-        self._buffer = bytearray()
+        # A frame begun in earlier reads, as views of them (each read is bytes nobody
+        # changes; short reads copied together, _keep): joined once when whole, instead
+        # of appended to a growing buffer read by read and copied out again (a 1 MiB
+        # produce arrives in several reads).
+        self._parts: list[memoryview | bytearray] = []
+        self._filled = 0
+        # Its body's length once its 4 length bytes arrived, else -1.
+        self._length = -1
         # What a call that stopped at frames_max left unread of its data: a view,
         # not a copy, handed out by the next call.
         self._waiting: memoryview | None = None
@@ -64,7 +75,7 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         """Bytes of a frame begun but not yet whole (a frame at the end of the waiting
         ones is counted once they are taken)."""
-        return len(self._buffer)
+        return self._filled
 
     @property
     def frames_waiting(self) -> bool:
@@ -102,18 +113,17 @@ class FrameDecoder:
             if not isinstance(data, bytes):
                 data = bytes(data)  # a view must not see the caller change its buffer
             view = memoryview(data)
-            if self._buffer:
+            if self._filled:
                 view = self._finish_buffered(view, bodies)
-                if self._buffer:
+                if self._filled:
                     return bodies
-        buf = self._buffer
         pos = 0
         end = len(view)
         room = len(view) if frames_max is None else frames_max - len(bodies)
         while end - pos >= LENGTH_BYTES:
             (length,) = LENGTH.unpack_from(view, pos)
             if length > self.frame_bytes_max:
-                buf += view[pos:]
+                self._keep(view[pos:])
                 raise FrameTooLarge(length, self.frame_bytes_max)
             start = pos + LENGTH_BYTES
             if end - start < length:
@@ -124,34 +134,59 @@ class FrameDecoder:
             bodies.append(view[start : start + length])
             pos = start + length
             room -= 1
-        buf += view[pos:]
+        if pos < end:
+            self._keep(view[pos:])
         return bodies
 
     def _finish_buffered(self, view: memoryview, bodies: list[bytes | memoryview]) -> memoryview:
         """Complete the frame begun in earlier reads from the front of `view`; return the
-        rest of `view`. The buffer stays non-empty while that frame is still partial."""
-        buf = self._buffer
-        if len(buf) < LENGTH_BYTES:
-            take = LENGTH_BYTES - len(buf)
-            buf += view[:take]
+        rest of `view`. The frame stays begun (`_filled`) while it is still partial."""
+        if self._length < 0:
+            take = LENGTH_BYTES - self._filled
+            self._keep(view[:take])
             view = view[take:]
-            if len(buf) < LENGTH_BYTES:
+            if self._length < 0:
                 return view
-        length = self._check_length()
-        take = LENGTH_BYTES + length - len(buf)
-        buf += view[:take]
+            if self._length > self.frame_bytes_max:
+                raise FrameTooLarge(self._length, self.frame_bytes_max)
+        take = LENGTH_BYTES + self._length - self._filled
         if take > len(view):
+            self._keep(view)
             return view[len(view) :]
-        with memoryview(buf) as whole:
-            bodies.append(bytes(whole[LENGTH_BYTES:]))
-        buf.clear()
+        parts = self._parts
+        parts.append(view[:take])
+        # Drop the length bytes from the front (they may span parts), join the body once.
+        skip = LENGTH_BYTES
+        while skip:
+            first = parts[0]
+            if len(first) > skip:
+                parts[0] = first[skip:]
+                break
+            skip -= len(first)
+            del parts[0]
+        bodies.append(b"".join(parts))
+        self._parts = []
+        self._filled = 0
+        self._length = -1
         return view[take:]
 
-    def _check_length(self) -> int:
-        (length,) = LENGTH.unpack_from(self._buffer)
-        if length > self.frame_bytes_max:
-            raise FrameTooLarge(length, self.frame_bytes_max)
-        return int(length)
+    def _keep(self, view: memoryview) -> None:
+        """Hold `view` as the next bytes of the frame begun, without copying it; read
+        the body's length once its 4 bytes are there."""
+        if len(view) >= _VIEW_BYTES_MIN:
+            self._parts.append(view)
+        elif view:
+            # Small reads are copied together: a peer trickling a frame byte by byte
+            # must not cost an object per byte.
+            last = self._parts[-1] if self._parts else None
+            if isinstance(last, bytearray):
+                last += view
+            else:
+                self._parts.append(bytearray(view))
+        self._filled += len(view)
+        if self._length < 0 and self._filled >= LENGTH_BYTES:
+            head = b"".join(part[:LENGTH_BYTES] for part in self._parts)
+            (self._length,) = LENGTH.unpack_from(head)
 
 
 def _bin_header(length: int) -> bytes:

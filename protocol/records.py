@@ -16,6 +16,10 @@ framed as it is sent, the batch one join at the end), `RecordColumns.encode` for
 whole columns that share one timestamp (send_batch, Spark, bench). The last two
 skip msgpack's per-record work in the common case. All give the same bytes for
 the same records.
+`encode_binary_records` encodes Arrow binary columns (Spark's writer) from
+their buffers, `binary_record_bounds` cuts them into runs that fit a request:
+in C (protocol/_records_fast.c) without an object per row, in Python through
+RecordColumns where the extension is not built.
 `count_records` is the broker's strict check of what a client sent: msgspec is
 its reference, and a C walk (protocol/_records_fast.c) answers first for the
 plain shape [int, bin|nil, bin|nil, nil] without building an object per record.
@@ -25,19 +29,11 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Sequence
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeVar, cast
 
 import msgpack
 import msgspec
-
-try:
-    from protocol._records_fast import count_plain_records
-except ImportError:  # not built here (no C compiler at install): msgspec counts alone
-
-    def count_plain_records(records: bytes | memoryview, /) -> int:
-        return -1
-
 
 Headers = Sequence[tuple[str, bytes]] | None
 Row = tuple[int, bytes | None, bytes | None, Headers]
@@ -240,6 +236,120 @@ def _join(parts: list[Any], n: int) -> bytes:
     parts[0] = _array_header(n) + parts[0][1:]
     parts[-1] = _NIL
     return b"".join(parts)
+
+
+class BinaryChunk(NamedTuple):
+    """One Arrow binary (or large_binary) array as its buffers, for the column encoder.
+
+    Its `length` rows start at row `offset` of the buffers (a sliced array). Row i
+    runs from offsets[offset + i] to offsets[offset + i + 1] in `data`; offsets are
+    int32, int64 when `wide`. Row i is null when bit offset + i of `validity` is
+    clear (None: no nulls). Buffers are any objects with the buffer protocol
+    (pyarrow.Buffer), so protocol/ needs no pyarrow. `data` None holds no bytes."""
+
+    length: int
+    offset: int
+    validity: Any
+    offsets: Any
+    data: Any
+    wide: bool
+
+
+BinaryColumn = Sequence[BinaryChunk]
+
+
+def binary_rows(column: BinaryColumn, start: int, stop: int) -> list[bytes | None]:
+    """Rows [start, stop) of a column as bytes-or-None, one object per row: the
+    reference the C encoder is tested against, and its stand-in where it is not built."""
+    rows: list[bytes | None] = []
+    first = 0
+    for chunk in column:
+        begin, end = max(start - first, 0), min(stop - first, chunk.length)
+        first += chunk.length
+        if begin >= end:
+            continue
+        offsets = memoryview(chunk.offsets).cast("B").cast("q" if chunk.wide else "i")
+        validity = None if chunk.validity is None else memoryview(chunk.validity).cast("B")
+        data = memoryview(b"" if chunk.data is None else chunk.data).cast("B")
+        for row in range(chunk.offset + begin, chunk.offset + end):
+            if validity is not None and not validity[row >> 3] >> (row & 7) & 1:
+                rows.append(None)
+            else:
+                rows.append(bytes(data[offsets[row] : offsets[row + 1]]))
+    return rows
+
+
+def _rows_of(column: BinaryColumn) -> int:
+    return sum(chunk.length for chunk in column)
+
+
+def encode_binary_records_py(
+    values: BinaryColumn, keys: BinaryColumn | None, start: int, stop: int, /
+) -> bytes:
+    """The records array of rows [start, stop), every timestamp_delta 0 (RecordColumns')."""
+    n = _rows_of(values)
+    if keys is not None and _rows_of(keys) != n:
+        raise ValueError(f"{_rows_of(keys)} keys for {n} values")
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"rows [{start}, {stop}) of {n}")
+    if start == stop:
+        return _array_header(0)  # RecordColumns' fast paths assume a record
+    return RecordColumns(
+        binary_rows(values, start, stop),
+        None if keys is None else binary_rows(keys, start, stop),
+    ).encode()
+
+
+def binary_record_bounds_py(
+    values: BinaryColumn, keys: BinaryColumn | None, limit: int, overhead: int, /
+) -> list[tuple[int, int]]:
+    """[start, stop) runs whose records, each `overhead` plus its key and value bytes,
+    add up to at most `limit`; a record alone over `limit` ends the list with an
+    empty run (i, i) at its row."""
+    n = _rows_of(values)
+    sizes = [overhead + (0 if v is None else len(v)) for v in binary_rows(values, 0, n)]
+    if keys is not None:
+        if _rows_of(keys) != n:
+            raise ValueError(f"{_rows_of(keys)} keys for {n} values")
+        key_rows = binary_rows(keys, 0, n)
+        sizes = [
+            size + (0 if k is None else len(k)) for size, k in zip(sizes, key_rows, strict=True)
+        ]
+    bounds: list[tuple[int, int]] = []
+    begin = used = 0
+    for i, size in enumerate(sizes):
+        if i > begin and used + size <= limit:
+            used += size
+            continue
+        if i > begin:
+            bounds.append((begin, i))
+        if size > limit:
+            bounds.append((i, i))
+            return bounds
+        begin, used = i, size
+    if n > begin:
+        bounds.append((begin, n))
+    return bounds
+
+
+def _undecided(records: bytes | memoryview, /) -> int:
+    """count_plain_records without the extension: msgspec decides every array."""
+    return -1
+
+
+count_plain_records: Callable[[bytes | memoryview], int]
+encode_binary_records: Callable[[BinaryColumn, BinaryColumn | None, int, int], bytes]
+binary_record_bounds: Callable[[BinaryColumn, BinaryColumn | None, int, int], list[tuple[int, int]]]
+try:
+    from protocol import _records_fast
+except ImportError:  # not built here (no C compiler at install): the Python paths alone
+    count_plain_records = _undecided
+    encode_binary_records = encode_binary_records_py
+    binary_record_bounds = binary_record_bounds_py
+else:
+    count_plain_records = _records_fast.count_plain_records
+    encode_binary_records = _records_fast.encode_binary_records
+    binary_record_bounds = _records_fast.binary_record_bounds
 
 
 class _CheckedRecord(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):

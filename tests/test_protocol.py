@@ -8,7 +8,7 @@ import zlib
 
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import messages as m
@@ -589,6 +589,27 @@ def test_frames_max_hands_out_the_same_bodies_a_few_at_a_time(
             taken = decoder.feed_views(frames_max=frames_max)
             assert taken, "frames_waiting promised a whole frame"
     assert out == bodies
+    assert decoder.buffered_bytes == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([0, 3, 70_000, 300_000]), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(0, 1_200_000), max_size=12),
+)
+def test_large_frames_split_across_reads_come_out_whole(sizes: list[int], cuts: list[int]) -> None:
+    """Frames begun in one read and finished in later ones (a 1 MiB produce in 256 KiB
+    reads), cut into long reads kept as views and short ones copied together: each
+    body comes out as bytes, equal to what was sent."""
+    bodies = [bytes([i % 251]) * size + b"end%d" % i for i, size in enumerate(sizes)]
+    stream = b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+    edges = [0, *sorted(c for c in cuts if c < len(stream)), len(stream)]
+    decoder = FrameDecoder()
+    out: list[bytes | memoryview] = []
+    for start, stop in itertools.pairwise(edges):
+        out += decoder.feed_views(stream[start:stop])
+        assert decoder.buffered_bytes == (stop - sum(4 + len(b) for b in map(bytes, out)))
+    assert [bytes(b) for b in out] == bodies
     assert decoder.buffered_bytes == 0
 
 
