@@ -200,6 +200,9 @@ class Listener:
 
 
 SECURITY = ("plaintext", "tls", "sasl_plaintext", "sasl_tls")
+PROTOCOLS = ("minibroker", "kafka")
+"""What a listener speaks: this broker's own protocol, or Apache Kafka's
+(docs/kafka-compatibility.md)."""
 LISTENER_NAME = re.compile(r"[a-z0-9_]{1,32}")
 LISTENERS_MAX = 16
 _LISTENER_KEYS = tuple(f.name for f in fields(Listener))
@@ -259,12 +262,9 @@ def parse_listeners(value: Any) -> tuple[Listener, ...]:
             raise ConfigError(
                 f"{where}: security={listener.security!r} is invalid: expected {_one_of(SECURITY)}"
             )
-        if listener.protocol == "kafka":
-            raise ConfigError(f"{where}: protocol='kafka' is not supported yet: only 'minibroker'")
-        if listener.protocol != "minibroker":
+        if listener.protocol not in PROTOCOLS:
             raise ConfigError(
-                f"{where}: protocol={listener.protocol!r} is invalid: expected 'minibroker' "
-                "('kafka' is not supported yet)"
+                f"{where}: protocol={listener.protocol!r} is invalid: expected {_one_of(PROTOCOLS)}"
             )
         if port:  # port 0 picks a free port each time: never a clash
             address = (listener.host, port)
@@ -342,7 +342,7 @@ class BrokerConfig:
         "plaintext listener at `host`:`port` (with listeners, leave those two unset).",
         parse=parse_listeners,
         shape=f"up to {LISTENERS_MAX} tables: name [a-z0-9_]{{1,32}}, unique; security "
-        f"{_one_of(SECURITY)}; protocol minibroker",
+        f"{_one_of(SECURITY)}; protocol {_one_of(PROTOCOLS)}",
     )
     tls_certfile: str = _setting(
         "",

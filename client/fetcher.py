@@ -10,6 +10,11 @@ tuples are built by C-level iterators (zip/map) with no Python frame per
 record, and with the cyclic GC paused while they are made (these tuples
 cannot form cycles, and letting the GC rescan them mid-poll costs a fifth of
 the consumer's time).
+
+A partition may also hold Kafka's v2 batches (magic 2, written through the
+kafka listener), served as they lie: byte 16 of each batch says its format, and
+a v2 batch's records are parsed by protocol/batch_v2.py into the same
+ConsumerRecords (a header value may then be None, as Kafka allows).
 """
 
 from __future__ import annotations
@@ -34,9 +39,17 @@ from protocol.batch import (
     HEADER_BYTES,
     LENGTH_PREFIX_BYTES,
     MAGIC,
+    MAGIC_AT,
+    MAGIC_V2,
     BatchHeader,
     control_type,
     read_header,
+)
+from protocol.batch_v2 import (
+    HEADER_V2_BYTES,
+    LOG_APPEND_TIME_FLAG,
+    crc_v2,
+    decode_records_v2,
 )
 from protocol.compression import Compression, decompress
 from protocol.errors import ProtocolError
@@ -70,6 +83,8 @@ def decode_batch(
 def _decode(
     topic: str, partition: int, buf: memoryview, pos: int, header: BatchHeader, first: int
 ) -> list[ConsumerRecord]:
+    if header.magic == MAGIC_V2:
+        return _decode_v2(topic, partition, buf, pos, header, first)
     payload: Any = buf[pos + HEADER_BYTES : pos + header.size_bytes]
     base_offset = header.base_offset
     try:
@@ -116,6 +131,35 @@ def _decode(
             ),
         )
     )
+
+
+def _decode_v2(
+    topic: str, partition: int, buf: memoryview, pos: int, header: BatchHeader, first: int
+) -> list[ConsumerRecord]:
+    """A Kafka v2 batch's records from `first` on. Under log-append time (attributes bit
+    3) every record's timestamp is the batch's max_timestamp, as Kafka's clients read it."""
+    try:
+        rows = decode_records_v2(buf, pos, header)
+    except ProtocolError as exc:
+        raise CorruptRecordError(topic, partition, header.base_offset, exc.message) from exc
+    base_offset = header.base_offset
+    log_append = header.attributes & LOG_APPEND_TIME_FLAG
+    base_ts = header.base_timestamp
+    skip = max(first - base_offset, 0)
+    return [
+        _new_record(
+            (
+                topic,
+                partition,
+                base_offset + i,
+                header.max_timestamp if log_append else base_ts + delta,
+                key,
+                value,
+                tuple(headers) if headers else _NO_HEADERS,
+            )
+        )
+        for i, (delta, key, value, headers) in enumerate(rows[skip:], skip)
+    ]
 
 
 class FetchedRecords:
@@ -177,16 +221,22 @@ class FetchedRecords:
         end = len(buf)
         pos = 0
         while pos + HEADER_BYTES <= end:
+            v2 = buf[pos + MAGIC_AT] == MAGIC_V2
+            header_bytes = HEADER_V2_BYTES if v2 else HEADER_BYTES
+            if pos + header_bytes > end:
+                break
             header = read_header(buf, pos)
             size = header.batch_length + LENGTH_PREFIX_BYTES
             reason = None
-            if header.batch_length < HEADER_BYTES - LENGTH_PREFIX_BYTES:
+            if header.batch_length < header_bytes - LENGTH_PREFIX_BYTES:
                 reason = f"batch_length {header.batch_length}"
             elif pos + size > end:
                 break
-            elif header.magic != MAGIC or header.record_count < 1:
+            elif header.magic not in (MAGIC, MAGIC_V2) or header.record_count < 1:
                 reason = f"magic {header.magic}, record_count {header.record_count}"
-            elif check_crcs and zlib.crc32(buf[pos + CRC_START : pos + size]) != header.crc:
+            elif check_crcs and header.crc != (
+                crc_v2(buf, pos, header) if v2 else zlib.crc32(buf[pos + CRC_START : pos + size])
+            ):
                 reason = "CRC mismatch"
             if reason is not None:
                 self._failure = CorruptRecordError(

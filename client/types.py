@@ -44,7 +44,9 @@ class BatchMetadata(NamedTuple):
 
 
 class ConsumerRecord(NamedTuple):
-    """One consumed record; headers is a sequence of (str, bytes) pairs, empty when none."""
+    """One consumed record; headers is a sequence of (str, bytes) pairs, empty when none.
+
+    A header value is None only in records a Kafka client wrote (its format allows it)."""
 
     topic: str
     partition: int
@@ -52,7 +54,7 @@ class ConsumerRecord(NamedTuple):
     timestamp: int
     key: bytes | None
     value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
+    headers: Sequence[tuple[str, bytes | None]]
 
 
 class OffsetAndMetadata(NamedTuple):

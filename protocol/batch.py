@@ -21,13 +21,18 @@ All integers are big-endian. The same bytes lie on disk and travel on the wire:
 the broker validates (decoding the records to count them) and stamps
 ``base_offset`` but never re-encodes records. Every batch is made by
 `encode_batch` around an array from protocol/records.py.
+
+A log may also hold Kafka's v2 batches (magic 2, protocol/batch_v2.py), stored as
+they arrived. The functions here that read a batch look at byte 16 and hand a v2
+batch to batch_v2, so the broker's storage, recovery, producer state and
+transactions need not know which format a batch is in; magic 1 pays one byte compare.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
@@ -39,94 +44,94 @@ try:
 except ImportError:
     from zlib import crc32 as crc32
 
-from protocol.compression import DECOMPRESSED_BYTES_MAX, Compression, compress, decompress
+from protocol.batch_header import (
+    COMPRESSION_MASK,
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    CONTROL_FLAG,
+    LENGTH_PREFIX_BYTES,
+    MAGIC,
+    MAGIC_AT,
+    MAGIC_V2,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    SEQUENCE_MODULUS,
+    TRANSACTIONAL_FLAG,
+    BatchError,
+    BatchHeader,
+    Record,
+)
+from protocol.batch_v2 import (
+    HEADER_V2_BYTES,
+    control_type_v2,
+    crc_v2,
+    decode_records_v2,
+    iter_records_v2,
+    read_header_v2,
+    validate_v2,
+    with_sequence_v2,
+)
+from protocol.compression import (
+    DECOMPRESSED_BYTES_MAX,
+    MAGIC1_CODECS,
+    UNKNOWN_CODEC,
+    Compression,
+    compress,
+    decompress,
+)
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.records import Headers, RecordColumns, count_records, encode_rows
 
-MAGIC = 1
 HEADER = struct.Struct(">qiIBBiqqqhii")
-HEADER_BYTES = HEADER.size  # 56
-LENGTH_PREFIX_BYTES = 12  # base_offset + batch_length: the part not counted in batch_length
+HEADER_BYTES = HEADER.size  # 56: magic 1's header
+HEADER_BYTES_MAX = HEADER_V2_BYTES  # 61: enough to read the header of either format
 CRC_START = 16
 OFFSET = struct.Struct(">q")
 LENGTH = struct.Struct(">i")
 
-COMPRESSION_MASK = 0x07
-TRANSACTIONAL_FLAG = 0x10
-CONTROL_FLAG = 0x20
-
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
-NO_SEQUENCE = -1
-SEQUENCE_MODULUS = 2**31
-
-CONTROL_ABORT = 0
-CONTROL_COMMIT = 1
-
 assert HEADER_BYTES == 56
+# Every whole batch of either format is longer than the larger header (a record takes
+# 6 bytes or more in both), so a reader that has HEADER_BYTES_MAX bytes at a batch's
+# start may decode its header whatever its magic.
+assert HEADER_BYTES_MAX == 61 > HEADER_BYTES
 
-
-class BatchHeader(NamedTuple):
-    """The fixed 56-byte header of a batch, decoded."""
-
-    base_offset: int
-    batch_length: int
-    crc: int
-    magic: int
-    attributes: int
-    last_offset_delta: int
-    base_timestamp: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    record_count: int
-
-    @property
-    def size_bytes(self) -> int:
-        return LENGTH_PREFIX_BYTES + self.batch_length
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta + 1
-
-    @property
-    def compression(self) -> int:
-        return self.attributes & COMPRESSION_MASK
-
-    @property
-    def is_transactional(self) -> bool:
-        return bool(self.attributes & TRANSACTIONAL_FLAG)
-
-    @property
-    def is_control(self) -> bool:
-        return bool(self.attributes & CONTROL_FLAG)
-
-    @property
-    def is_idempotent(self) -> bool:
-        return self.producer_id != NO_PRODUCER_ID
-
-    @property
-    def last_sequence(self) -> int:
-        return (self.base_sequence + self.record_count - 1) % SEQUENCE_MODULUS
-
-
-class Record(NamedTuple):
-    """One record as a consumer sees it."""
-
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes]] | None
-
-
-class BatchError(ProtocolError):
-    """A batch that fails validation; `code` is what the broker answers with."""
+__all__ = [
+    "COMPRESSION_MASK",
+    "CONTROL_ABORT",
+    "CONTROL_COMMIT",
+    "CONTROL_FLAG",
+    "CRC_START",
+    "HEADER",
+    "HEADER_BYTES",
+    "HEADER_BYTES_MAX",
+    "LENGTH",
+    "LENGTH_PREFIX_BYTES",
+    "MAGIC",
+    "MAGIC_AT",
+    "MAGIC_V2",
+    "NO_PRODUCER_EPOCH",
+    "NO_PRODUCER_ID",
+    "NO_SEQUENCE",
+    "OFFSET",
+    "SEQUENCE_MODULUS",
+    "TRANSACTIONAL_FLAG",
+    "BatchError",
+    "BatchHeader",
+    "Record",
+    "build_batch",
+    "build_batch_from_columns",
+    "build_control_batch",
+    "control_type",
+    "crc32",
+    "decode_records",
+    "encode_batch",
+    "iter_records",
+    "read_header",
+    "scan_batches",
+    "validate",
+    "with_sequence",
+]
 
 
 def encode_batch(
@@ -144,6 +149,8 @@ def encode_batch(
 ) -> bytes:
     """A whole batch around an encoded records array (protocol/records.py), compressed
     here when `compression` says so: the header, lengths and CRC are then always right."""
+    if compression not in MAGIC1_CODECS:
+        raise ValueError(f"compression {compression} has no magic-1 code")
     payload = compress(compression, records) if compression != Compression.NONE else records
     attributes = (
         (compression & COMPRESSION_MASK)
@@ -227,6 +234,8 @@ def with_sequence(batch: bytes, producer_epoch: int, base_sequence: int) -> byte
 
     Clients use this to re-sequence unacknowledged batches after an epoch bump
     without encoding their records again."""
+    if batch[MAGIC_AT] == MAGIC_V2:
+        return with_sequence_v2(batch, producer_epoch, base_sequence)
     buf = bytearray(batch)
     struct.pack_into(">hi", buf, 46, producer_epoch, base_sequence)
     struct.pack_into(">I", buf, 12, crc32(memoryview(buf)[CRC_START:]))
@@ -234,7 +243,10 @@ def with_sequence(batch: bytes, producer_epoch: int, base_sequence: int) -> byte
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Decode the header at `pos`; the caller has checked 56 bytes are there."""
+    """Decode the header at `pos` of either format; the caller has checked that
+    HEADER_BYTES_MAX bytes are there, or that the batch there is magic 1 and 56 are."""
+    if buf[pos + MAGIC_AT] == MAGIC_V2:
+        return read_header_v2(buf, pos)
     return BatchHeader._make(HEADER.unpack_from(buf, pos))
 
 
@@ -246,12 +258,15 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
     strictly (protocol/records.py) and must be exactly record_count records: a
     header that lies about its count would shift every later offset.
     `max_bytes` bounds the batch and also its records once decompressed, so a
-    small body that inflates to gigabytes is refused before it is inflated."""
+    small body that inflates to gigabytes is refused before it is inflated.
+    Kafka's v2 batches (magic 2 at byte 16) are checked by batch_v2.validate_v2."""
+    if len(buf) > MAGIC_AT and buf[MAGIC_AT] == MAGIC_V2:
+        return validate_v2(buf, max_bytes=max_bytes)
     inflated_max = DECOMPRESSED_BYTES_MAX if max_bytes is None else max_bytes
     size = len(buf)
     if size < HEADER_BYTES:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"batch truncated: {size} bytes < header")
-    header = read_header(buf)
+    header = BatchHeader._make(HEADER.unpack_from(buf))
     if header.batch_length + LENGTH_PREFIX_BYTES != size:
         raise BatchError(
             ErrorCode.CORRUPT_MESSAGE,
@@ -269,9 +284,10 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
             f"magic={header.magic} record_count={header.record_count} "
             f"last_offset_delta={header.last_offset_delta}",
         )
-    if header.compression not in Compression.known():
+    if header.compression == UNKNOWN_CODEC:
         raise BatchError(
-            ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"compression code {header.compression}"
+            ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+            f"compression code {header.attributes & COMPRESSION_MASK}",
         )
     records = memoryview(buf)[HEADER_BYTES:]
     try:
@@ -309,24 +325,44 @@ def scan_batches(
 
     Stops silently at the first truncated or invalid batch: a fetch response's
     tail and a torn log tail both end that way, and the caller decides what the
-    stopping point means (`pos + size` of the last yielded batch)."""
+    stopping point means (`pos + size` of the last yielded batch). Batches of both
+    formats may follow one another; each is checked against its own CRC."""
     view = memoryview(buf)
     end = len(view)
     while pos + HEADER_BYTES <= end:
-        header = read_header(view, pos)
+        magic = view[pos + MAGIC_AT]
+        if magic == MAGIC:
+            header = BatchHeader._make(HEADER.unpack_from(view, pos))
+            header_bytes = HEADER_BYTES
+        elif magic == MAGIC_V2 and pos + HEADER_V2_BYTES <= end:
+            header = read_header_v2(view, pos)
+            header_bytes = HEADER_V2_BYTES
+        else:
+            return
         size = header.batch_length + LENGTH_PREFIX_BYTES
-        if header.batch_length < HEADER_BYTES - LENGTH_PREFIX_BYTES or pos + size > end:
+        if header.batch_length < header_bytes - LENGTH_PREFIX_BYTES or pos + size > end:
             return
-        if header.magic != MAGIC or header.record_count < 1:
+        if header.record_count < 1:
             return
-        if check_crc and crc32(view[pos + CRC_START : pos + size]) != header.crc:
+        if (
+            check_crc
+            and (
+                crc32(view[pos + CRC_START : pos + size])
+                if magic == MAGIC
+                else crc_v2(view, pos, header)
+            )
+            != header.crc
+        ):
             return
         yield pos, header
         pos += size
 
 
 def decode_records(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> list[Any]:
-    """The raw msgpack record arrays of the batch at `pos`, decompressed."""
+    """The records of the batch at `pos`, decompressed, each [timestamp_delta, key, value,
+    headers]: magic 1's msgpack arrays as they are, a v2 batch's parsed into that shape."""
+    if header.magic == MAGIC_V2:
+        return [list(row) for row in decode_records_v2(buf, pos, header)]
     payload = memoryview(buf)[pos + HEADER_BYTES : pos + header.size_bytes]
     if header.compression != Compression.NONE:
         payload = memoryview(decompress(header.compression, payload))
@@ -347,6 +383,9 @@ def iter_records(
     buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader
 ) -> Iterator[Record]:
     """Records of the batch at `pos` with their absolute offsets and timestamps."""
+    if header.magic == MAGIC_V2:
+        yield from iter_records_v2(buf, pos, header)
+        return
     base_offset = header.base_offset
     base_ts = header.base_timestamp
     for i, (delta, key, value, headers) in enumerate(decode_records(buf, pos, header)):
@@ -361,5 +400,7 @@ def iter_records(
 
 def control_type(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> int:
     """CONTROL_ABORT or CONTROL_COMMIT for the control batch at `pos`."""
+    if header.magic == MAGIC_V2:
+        return control_type_v2(buf, pos, header)
     key = decode_records(buf, pos, header)[0][1]
     return int(msgpack.unpackb(key)[1])

@@ -44,6 +44,17 @@ def test_listeners_parse_with_their_defaults(tmp_path: Path) -> None:
     assert [(x.tls, x.sasl) for x in c.listeners] == [(False, False), (False, True)]
 
 
+@pytest.mark.parametrize("security", cfg.SECURITY)
+def test_a_kafka_listener_takes_any_security(tmp_path: Path, security: str) -> None:
+    c = _load(
+        tmp_path,
+        'tls_certfile = "c.pem"\ntls_keyfile = "k.pem"\n[[listeners]]\n'
+        f'name = "k"\nhost = "127.0.0.1"\nport = 0\nsecurity = "{security}"\n'
+        'protocol = "kafka"\n',
+    )
+    assert c.listeners == (cfg.Listener("k", "127.0.0.1", 0, security, "", "kafka"),)
+
+
 def test_without_listeners_host_and_port_are_the_one_plaintext_listener() -> None:
     c = cfg.load(None, {"host": "127.0.0.2", "port": "0"})
     assert c.effective_listeners() == (cfg.Listener("default", "127.0.0.2", 0, "plaintext"),)
@@ -74,10 +85,9 @@ LISTENER = '[[listeners]]\nname = "a"\nhost = "127.0.0.1"\nport = 0\n'
             "sasl_plaintext or sasl_tls",
         ),
         (
-            LISTENER + 'protocol = "kafka"\n',
-            "listeners[1] (a): protocol='kafka' is not supported yet: only 'minibroker'",
+            LISTENER + 'protocol = "http"\n',
+            "listeners[1] (a): protocol='http' is invalid: expected minibroker or kafka",
         ),
-        (LISTENER + 'protocol = "http"\n', "protocol='http' is invalid: expected 'minibroker'"),
         ('[[listeners]]\nname = "a"\nhost = "h"\n', "listeners[1] (a): missing key 'port'"),
         (LISTENER.replace("port = 0", "port = 70000"), "port=70000 is invalid"),
         (LISTENER.replace("port = 0", 'port = "9092"'), "port='9092' is invalid"),
@@ -183,7 +193,6 @@ def test_the_default_listener_keeps_its_log_line_and_metadata(broker: BrokerProc
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        (LISTENER + 'protocol = "kafka"\n', "protocol='kafka' is not supported yet"),
         (
             'tls_certfile = "/nonexistent/cert.pem"\ntls_keyfile = "/nonexistent/key.pem"\n'
             + LISTENER

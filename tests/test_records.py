@@ -30,7 +30,7 @@ from protocol.batch import (
     encode_batch,
     validate,
 )
-from protocol.compression import Compression, compress, decompress
+from protocol.compression import MAGIC1_CODECS, Compression, compress, decompress
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.records import RecordColumns, encode_rows
 
@@ -153,7 +153,7 @@ def refused(batch: bytes, max_bytes: int | None = MiB) -> str:
 OK = [0, b"k", b"v", [["h", b"x"]]]
 
 
-@pytest.mark.parametrize("codec", list(Compression))
+@pytest.mark.parametrize("codec", MAGIC1_CODECS[:4])
 @pytest.mark.parametrize(
     ("records", "record_count"),
     [
@@ -187,7 +187,7 @@ def test_bytes_around_the_records_array_are_refused() -> None:
 
 def test_well_formed_records_pass_with_every_codec() -> None:
     records = [[0, None, None, None], [5, b"", b"v", []], OK]
-    for codec in Compression:
+    for codec in MAGIC1_CODECS[:4]:
         assert validate(lying(records, 3, codec), max_bytes=MiB).record_count == 3
 
 

@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import anyio
 from anyio.abc import ByteStream, SocketListener, SocketStream, TaskStatus
@@ -58,6 +58,7 @@ from broker.handlers import (
     SplicedReply,
     now_ms,
 )
+from broker.kafka import KafkaCodec
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
@@ -83,6 +84,7 @@ from protocol.messages import (
     ProduceRequest,
     Request,
     RequestRefused,
+    Response,
     decode_request,
     encode_response,
     error_response,
@@ -146,6 +148,35 @@ class CloseConnection:
     reason: str
 
 
+class Codec(Protocol):
+    """A listener's wire protocol: a frame body in, the broker's request (or, when the
+    protocol answers it alone, the response frame) out; the broker's response out as a
+    frame. FrameError from `decode`: close the connection."""
+
+    def decode(self, body: bytes | memoryview) -> Request | bytes: ...
+
+    def encode(self, response: Response, cid: int) -> bytes: ...
+
+    def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]: ...
+
+
+class MinibrokerCodec:
+    """This broker's own protocol (docs/protocol.md): msgpack frames."""
+
+    decode = staticmethod(decode_request)
+
+    @staticmethod
+    def encode(response: Response, cid: int) -> bytes:
+        return frame(encode_response(response, cid))
+
+    @staticmethod
+    def pieces(reply: SplicedReply, cid: int) -> list[bytes | int]:
+        return reply.pieces(cid)
+
+
+MINIBROKER = MinibrokerCodec()
+
+
 Reply = bytes | SplicedFrame | AwaitingDurability
 """One request's answer on its way from the reader to the writer: a whole frame,
 a frame with file spans, or a frame still waiting for its fsync."""
@@ -159,6 +190,7 @@ class Connection:
     inflight_max: int
     unsent_bytes_max: int
     session: Session
+    codec: Codec
     tls: bool = False
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     handshake_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -677,6 +709,7 @@ class Broker:
             self.config.max_inflight_requests_per_connection,
             self.config.queued_max_response_bytes,
             session,
+            self._codec(listener),
             tls=listener.tls,
         )
         self.connections.add(conn)
@@ -700,6 +733,13 @@ class Broker:
         finally:
             self.connections.discard(conn)
             self.metrics.connection_closed(listener.name)
+
+    def _codec(self, listener: Listener) -> Codec:
+        """What the listener's connections speak (its `protocol`)."""
+        if listener.protocol == "kafka":
+            mechanisms = self.config.sasl_mechanisms if listener.sasl else ()
+            return KafkaCodec(mechanisms, self.config.default_partitions)
+        return MINIBROKER
 
     async def _handshake(self, raw: ByteStream, conn: Connection) -> ByteStream | None:
         """`raw` secured by TLS, its principal taken from a client certificate on a
@@ -852,8 +892,9 @@ class Broker:
         if isinstance(item, Decoded):
             return item.request
         started = time.perf_counter()
+        codec = conn.codec
         try:
-            request = decode_request(item)
+            request = codec.decode(item)
         except FrameError as exc:
             return CloseConnection(str(exc))
         except RequestRefused as exc:
@@ -864,12 +905,14 @@ class Broker:
                 if refusal is not None:
                     return refusal
             self.metrics.observe_request(exc.api, code, time.perf_counter() - started)
-            return frame(encode_response(error_response(code, message), exc.cid))
-        refusal = self._admit(request.api, request.cid, conn, started)
+            return codec.encode(error_response(code, message), exc.cid)
+        if isinstance(request, bytes):
+            return request  # the protocol answered it alone
+        # A Produce with acks=0 gets no answer at all (section 4), a refusal neither.
+        answered = not (isinstance(request, ProduceRequest) and request.acks == 0)
+        refusal = self._admit(request.api, request.cid, conn, started, answered=answered)
         if refusal is not None:
-            # A Produce with acks=0 gets no answer at all (section 4), a refusal neither.
-            acks_0 = isinstance(request, ProduceRequest) and request.acks == 0
-            return NoAnswer() if acks_0 and isinstance(refusal, bytes) else refusal
+            return refusal
         limit = self.config.max_entries_per_request
         if request.entry_count() > limit:
             code = ErrorCode.INVALID_REQUEST
@@ -877,15 +920,16 @@ class Broker:
             message = (
                 f"request names more than max_entries_per_request={limit} topics and partitions"
             )
-            return frame(encode_response(error_response(code, message), request.cid))
+            return codec.encode(error_response(code, message), request.cid)
         return request
 
     def _admit(
-        self, api: str, cid: int, conn: Connection, started: float
-    ) -> bytes | CloseConnection | None:
+        self, api: str, cid: int, conn: Connection, started: float, *, answered: bool = True
+    ) -> bytes | NoAnswer | CloseConnection | None:
         """None when the connection's session lets the request run; else its refusal
-        (SASL_AUTHENTICATION_FAILED before authentication) or the close after the
-        session's end (docs/protocol.md section 7)."""
+        (SASL_AUTHENTICATION_FAILED before authentication; nothing for a request that is
+        never `answered`) or the close after the session's end (docs/protocol.md
+        section 7)."""
         sasl = conn.session.sasl
         if sasl is None:
             return None
@@ -898,8 +942,10 @@ class Broker:
             )
         code = ErrorCode.SASL_AUTHENTICATION_FAILED
         self.metrics.observe_request(api, code, time.perf_counter() - started)
+        if not answered:
+            return NoAnswer()
         message = f"authenticate first: listener {conn.session.listener!r} takes SaslAuthenticate"
-        return frame(encode_response(error_response(code, message), cid))
+        return conn.codec.encode(error_response(code, message), cid)
 
     def _run_from(
         self,
@@ -938,28 +984,33 @@ class Broker:
                 # A run holds only requests that append together: Produce requests.
                 outcomes = handlers.produce_many(cast(list[ProduceRequest], requests), conn.session)
         except ProtocolError as exc:
-            return [self._refusal(r, exc.code, exc.message, started) for r in requests]
+            return [self._refusal(r, exc.code, exc.message, started, conn) for r in requests]
         except (OSError, StorageError) as exc:
             # A file the request had to write (producer ids, a topic) could not be: the
             # disk's trouble, said as Kafka says it, not an internal error.
             api = requests[0].api
             log.error("event=storage_error api=%s peer=%s error=%r", api, conn.peer, str(exc))
             code = ErrorCode.KAFKA_STORAGE_ERROR
-            return [self._refusal(r, code, f"storage: {exc}", started) for r in requests]
+            return [self._refusal(r, code, f"storage: {exc}", started, conn) for r in requests]
         except Exception:
             log.exception("event=request_failed api=%s peer=%s", requests[0].api, conn.peer)
             code = ErrorCode.UNKNOWN_SERVER_ERROR
-            return [self._refusal(r, code, "internal error", started) for r in requests]
+            return [self._refusal(r, code, "internal error", started, conn) for r in requests]
+        codec = conn.codec
         return [
-            self._reply(request, outcome, started)
+            self._reply(request, outcome, started, codec)
             for request, outcome in zip(requests, outcomes, strict=True)
         ]
 
-    def _refusal(self, request: Request, code: ErrorCode, message: str, started: float) -> bytes:
+    def _refusal(
+        self, request: Request, code: ErrorCode, message: str, started: float, conn: Connection
+    ) -> bytes:
         self.metrics.observe_request(request.api, code, time.perf_counter() - started)
-        return frame(encode_response(error_response(code, message), request.cid))
+        return conn.codec.encode(error_response(code, message), request.cid)
 
-    def _reply(self, request: Request, result: Outcome, started: float) -> Reply | NoAnswer:
+    def _reply(
+        self, request: Request, result: Outcome, started: float, codec: Codec
+    ) -> Reply | NoAnswer:
         """What the writer sends for a request's outcome."""
         cid = request.cid
         api = request.api
@@ -967,11 +1018,11 @@ class Broker:
             return AwaitingDurability(cid, started, api, result)
         if isinstance(result, Answer):
             self.metrics.observe_request(api, result.response.error, time.perf_counter() - started)
-            return frame(encode_response(result.response, cid))
+            return codec.encode(result.response, cid)
         self.metrics.observe_request(api, 0, time.perf_counter() - started)
         if isinstance(result, SplicedReply):
             try:
-                pieces = result.pieces(cid)
+                pieces = codec.pieces(result, cid)
                 size_bytes = sum(
                     len(p) if isinstance(p, bytes) else result.spans[p].length for p in pieces
                 )
@@ -1027,7 +1078,7 @@ class Broker:
                 self.metrics.observe_request(
                     reply.api, response.error, time.perf_counter() - reply.started_s
                 )
-                data = frame(encode_response(response, reply.cid))
+                data = conn.codec.encode(response, reply.cid)
                 conn.unsent_bytes += len(data)  # counted from now, when it takes memory
                 pending.append(data)
             if pending and not receive.statistics().current_buffer_used:

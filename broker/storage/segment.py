@@ -25,9 +25,10 @@ from broker.storage.offset_index import (
 )
 from broker.storage.recovery import SegmentScan, scan_segment
 from protocol.batch import (
-    HEADER_BYTES,
+    HEADER_BYTES_MAX,
     LENGTH_PREFIX_BYTES,
     MAGIC,
+    MAGIC_V2,
     OFFSET,
     BatchHeader,
     iter_records,
@@ -262,7 +263,7 @@ class Segment:
             self.index_dirty = False
             return True
         tail_start = offsets.last_position
-        if tail_start + HEADER_BYTES > self.size_bytes:
+        if tail_start + HEADER_BYTES_MAX > self.size_bytes:
             return False
         # Every segment's tail is walked, not only the last one's: bytes after its last
         # batch (junk appended, a torn copy) would otherwise be served as a batch.
@@ -325,7 +326,9 @@ class Segment:
         return data
 
     def _read_header(self, position: int) -> BatchHeader:
-        return read_header(self._read_at(position, HEADER_BYTES))
+        """The header of the batch at `position`, of either format (a whole batch is
+        longer than HEADER_BYTES_MAX, so the read stays inside the file)."""
+        return read_header(self._read_at(position, HEADER_BYTES_MAX))
 
     def _headers(self, start: tuple[int, int]) -> Iterator[tuple[int, BatchHeader]]:
         """(position, header) of each batch from `start` (an index entry: the offset and
@@ -340,11 +343,11 @@ class Segment:
         while position < end:
             window = self._read_at(position, min(_HEADER_WINDOW_BYTES, end - position))
             at = 0
-            while at + HEADER_BYTES <= len(window):
+            while at + HEADER_BYTES_MAX <= len(window):
                 header = read_header(window, at)
                 if not (
-                    header.magic == MAGIC
-                    and header.batch_length >= HEADER_BYTES - LENGTH_PREFIX_BYTES
+                    header.magic in (MAGIC, MAGIC_V2)
+                    and header.batch_length >= HEADER_BYTES_MAX - LENGTH_PREFIX_BYTES
                     and header.base_offset == expected
                     and position + at + header.size_bytes <= end
                 ):
@@ -376,10 +379,10 @@ class Segment:
         size = max(first.size_bytes, min(max_bytes, self.size_bytes - position))
         data = self._read_at(position, size)
         end = first.size_bytes
-        while end + HEADER_BYTES <= size:
+        while end + HEADER_BYTES_MAX <= size:
             header = read_header(data, end)
             if (
-                header.size_bytes < HEADER_BYTES
+                header.size_bytes < HEADER_BYTES_MAX
                 or end + header.size_bytes > size
                 or header.base_offset >= upper_offset
             ):
@@ -446,14 +449,14 @@ class Segment:
         while position < end:
             chunk = self._read_at(position, min(_READ_CHUNK_BYTES, end - position))
             at = 0
-            while at + HEADER_BYTES <= len(chunk):
+            while at + HEADER_BYTES_MAX <= len(chunk):
                 header = read_header(chunk, at)
                 if at + header.size_bytes > len(chunk):
                     break
                 yield header, chunk[at : at + header.size_bytes]
                 at += header.size_bytes
             if at == 0:  # one batch larger than a chunk
-                assert len(chunk) >= HEADER_BYTES, (position, end)
+                assert len(chunk) >= HEADER_BYTES_MAX, (position, end)
                 header = read_header(chunk)
                 yield header, self._read_at(position, header.size_bytes)
                 at = header.size_bytes

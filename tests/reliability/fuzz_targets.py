@@ -5,7 +5,7 @@ the rest of the bytes go through the frame decoder (fed in chunks) and every bod
 it yields through `decode_request`, or straight into `decode_request`, or into the
 batch validator (selector % 3). From `SECURITY_SELECTORS` on they go to the pure
 code behind the security and administration APIs, which the broker runs on what a
-client sends:
+client sends, and from `V2_SELECTORS` to the validator of Kafka's v2 batches:
 
 - `sasl_rounds`: two SaslAuthenticate rounds of one connection's `SaslState` (a
   mechanism, a client-first and a client-final, or PLAIN's message checked as the
@@ -14,7 +14,10 @@ client sends:
   DescribeUserScramCredentials, AlterUserScramCredentials, DescribeConfigs or
   IncrementalAlterConfigs, judged and applied as the broker's handlers do (ACL
   validation and the `Authorizer`, the credential state's `alter`/`describe`, a
-  topic's config overrides).
+  topic's config overrides);
+- `batch_v2_bytes`: the bytes as a v2 batch whose magic, batch_length and CRC-32C
+  are made right first, so mutations reach the records parser and the codecs
+  rather than stopping at the CRC.
 
 Each may raise only the errors the contract names: FrameError or RequestRefused for
 frames and requests, BatchError for batches, ConfigError for a refused config
@@ -25,7 +28,9 @@ Anything else escapes, and the fuzzer keeps the input as a crash file.
 from __future__ import annotations
 
 import contextlib
+import struct
 
+import crc32c
 import msgspec
 
 from broker.config import BrokerConfig, ConfigError, altered_overrides, describe_topic
@@ -45,14 +50,17 @@ from broker.security import (
 from broker.security import credentials as creds
 from broker.security.scram import ITERATIONS_MIN, credential_from_password
 from protocol import messages as m
-from protocol.batch import BatchError
+from protocol.batch import LENGTH_PREFIX_BYTES, MAGIC_AT, MAGIC_V2, BatchError
 from protocol.batch import validate as validate_batch
+from protocol.batch_v2 import CRC_V2_AT, CRC_V2_START, HEADER_V2_BYTES
 from protocol.framing import FrameDecoder, FrameError
 from protocol.messages import RequestRefused, decode_request
 
 FRAME_BYTES_MAX = 1 << 16
 SECURITY_SELECTORS = 0xF0
 """Selectors from here on feed the security targets; 0xF0..0xF7 SASL, 0xF8.. the rest."""
+V2_SELECTORS = 0xFC
+"""Selectors from here on feed `batch_v2_bytes` (0xF8..0xFB stay the admin target's)."""
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "GSSAPI")
 USER, PASSWORD = "alice", "alice-password"
 MOCK_SECRET = b"\x07" * 32
@@ -83,6 +91,16 @@ def request_bytes(body: bytes) -> None:
 def batch_bytes(data: bytes) -> None:
     with contextlib.suppress(BatchError):
         validate_batch(data, max_bytes=1 << 20)
+
+
+def batch_v2_bytes(data: bytes) -> None:
+    batch = bytearray(data)
+    if len(batch) >= HEADER_V2_BYTES:
+        batch[MAGIC_AT] = MAGIC_V2
+        struct.pack_into(">i", batch, 8, len(batch) - LENGTH_PREFIX_BYTES)
+        struct.pack_into(">I", batch, CRC_V2_AT, crc32c.crc32c(bytes(batch[CRC_V2_START:])))
+    with contextlib.suppress(BatchError):
+        validate_batch(bytes(batch), max_bytes=1 << 20)
 
 
 def _lookup(user: str, mechanism: str) -> ScramCredential | None:
@@ -163,8 +181,10 @@ def one_input(data: bytes) -> None:
     if selector >= SECURITY_SELECTORS:
         if selector < SECURITY_SELECTORS + 8:
             sasl_rounds(rest)
-        else:
+        elif selector < V2_SELECTORS:
             admin_request(rest)
+        else:
+            batch_v2_bytes(rest)
     elif selector % 3 == 0:
         frames(rest, 1 + selector // 3)
     elif selector % 3 == 1:

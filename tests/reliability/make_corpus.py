@@ -12,8 +12,10 @@ from pathlib import Path
 
 from protocol import messages as m
 from protocol.batch import build_batch
+from protocol.batch_v2 import encode_batch_v2
+from protocol.compression import Compression
 from protocol.framing import frame
-from tests.reliability.fuzz_targets import PASSWORD, SECURITY_SELECTORS, USER
+from tests.reliability.fuzz_targets import PASSWORD, SECURITY_SELECTORS, USER, V2_SELECTORS
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -53,6 +55,15 @@ def seeds() -> dict[str, bytes]:
     }
     security = security_requests()
     out: dict[str, bytes] = {"batch": bytes([2]) + batch}
+    for codec in Compression:
+        v2 = encode_batch_v2(
+            [(1_700_000_000_000, b"k", b"v", [("h", b"x"), ("n", None)]), (0, None, None, None)],
+            compression=codec,
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+        )
+        out[f"batch_v2_{codec.name.lower()}"] = bytes([V2_SELECTORS]) + v2
     for name, request in {**requests, **security}.items():
         body = m.encode_request(request, cid=1, client_id="corpus")
         out[f"frame_{name}"] = bytes([3]) + frame(body) + frame(body)  # two frames, chunk 2

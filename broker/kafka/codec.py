@@ -1,0 +1,161 @@
+"""One Kafka connection's codec: a Kafka request frame in, the broker's request out;
+the broker's response out as the Kafka response that request asked for.
+
+The connection machinery (broker/network/server.py) runs a `kafka` listener's
+connections as it runs its own: the same reader, handlers, SASL state and in-order
+writer, with this codec in place of msgpack. A broker request carries a `cid` of the
+codec's choosing; the codec keeps, per cid, what the Kafka response needs (API key,
+version, correlation id: any int32 the client picked) until it is encoded. Requests
+are answered strictly in order, so those are at most the connection's in-flight
+requests.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from broker.handlers import SplicedReply
+from broker.kafka import apis
+from broker.kafka.entities import (
+    HEAD,
+    build,
+    error_entity,
+    read_request,
+    request_class,
+    response_class,
+    write_response,
+)
+from broker.kafka.requests import TRANSLATIONS, Exchange, Reply
+from broker.kafka.responses import CONVERSIONS, supported_ranges
+from protocol import messages as m
+from protocol.errors import ErrorCode, ProtocolError
+from protocol.framing import FrameError
+
+CID_MASK = 2**31 - 1
+_INT32 = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What the response to one Kafka request needs besides the broker's answer."""
+
+    key: int
+    version: int
+    correlation_id: int
+    extra: dict[str, Any]
+
+
+class KafkaCodec:
+    """Kafka's wire protocol for one connection of a `kafka` listener."""
+
+    __slots__ = ("_calls", "_exchange", "_next_cid")
+
+    def __init__(self, sasl_mechanisms: tuple[str, ...], default_partitions: int) -> None:
+        self._exchange = Exchange(sasl_mechanisms, default_partitions)
+        self._calls: dict[int, Call] = {}
+        self._next_cid = 0
+
+    def decode(self, body: bytes | memoryview) -> m.Request | bytes:
+        """The broker request in a Kafka request frame body, or the whole response
+        frame when the listener answers it itself. FrameError: close the connection
+        (bytes that are no Kafka request, an API key Kafka does not have), as Kafka
+        does."""
+        if len(body) < HEAD.size:
+            raise FrameError(f"Kafka request of {len(body)} bytes: shorter than its header")
+        key, version, correlation_id = HEAD.unpack_from(body)
+        api = apis.BY_KEY.get(key)
+        if api is None or not api.serves(version):
+            return self._unserved(key, version, correlation_id, api)
+        cls = request_class(key, version)
+        assert cls is not None, f"kio lacks {api.name} v{version}"
+        header, request = read_request(cls, body)
+        exchange = self._exchange
+        exchange.extra = {}
+        try:
+            out = TRANSLATIONS[key](request, version, exchange)
+        except ProtocolError as exc:
+            raise FrameError(f"{api.name} v{version}: {exc.message}") from exc
+        if isinstance(out, Reply):
+            return write_response(build(response_class(key, version), out.values), correlation_id)
+        cid = self._next_cid
+        self._next_cid = (cid + 1) & CID_MASK
+        out.cid = cid
+        out.client_id = header.client_id
+        if out.expects_answer():
+            self._calls[cid] = Call(key, version, correlation_id, exchange.extra)
+        return out
+
+    def encode(self, response: m.Response, cid: int) -> bytes:
+        """The Kafka response frame answering the request the codec gave `cid`."""
+        call = self._calls.pop(cid)
+        if type(response) is m.Response:  # a refusal before the handler ran
+            entity = error_entity(call.key, call.version, response.error, response.message)
+        else:
+            values = CONVERSIONS[call.key](response, call.version, call.extra)
+            entity = build(response_class(call.key, call.version), values)
+        return write_response(entity, call.correlation_id)
+
+    def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]:
+        """A Fetch response as bytes to send and, between them, indexes into the
+        reply's file spans: the records go from the log files with sendfile."""
+        call = self._calls[cid]
+        data = self.encode(reply.response, cid)
+        compact = response_class(call.key, call.version).__flexible__  # type: ignore[attr-defined]
+        holes = [(hole, span.length) for hole, span in zip(reply.holes, reply.spans, strict=True)]
+        return splice(data, holes, compact=compact)
+
+    def _unserved(
+        self, key: int, version: int, correlation_id: int, api: apis.KafkaApi | None
+    ) -> bytes:
+        """The answer to a request of an API or version not served. KIP-511: an
+        ApiVersions newer than served gets UNSUPPORTED_VERSION in a v0 response listing
+        the served ranges, so the client can retry with one of them. An API Kafka has
+        but this broker does not serve yet gets UNSUPPORTED_VERSION in its own response;
+        a version of a served API outside its range, or a key Kafka does not have,
+        closes the connection as Kafka does."""
+        if key == apis.API_VERSIONS:
+            values = {"error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": supported_ranges()}
+            return write_response(build(response_class(key, 0), values), correlation_id)
+        if api is None and request_class(key, version) is not None:
+            message = "not served by this broker yet"
+            entity = error_entity(key, version, ErrorCode.UNSUPPORTED_VERSION, message)
+            return write_response(entity, correlation_id)
+        what = f"API key {key}" if api is None else f"{api.name} v{version}"
+        raise FrameError(f"{what} is not served (ApiVersions lists what is)")
+
+
+def splice(data: bytes, holes: list[tuple[bytes, int]], *, compact: bool) -> list[bytes | int]:
+    """A response frame whose `records` fields are sent separately (zero-copy from a
+    file): `data` carries, in place of each, a unique placeholder; `holes` lists
+    (placeholder, real length). The result alternates bytes to send with the index of
+    the hole whose bytes go there; length fields already count the real lengths."""
+    pieces: list[bytes | int] = []
+    total = len(data) - 4
+    cursor = 4
+    for index, (placeholder, length) in enumerate(holes):
+        encoded = _records_length(len(placeholder), compact) + placeholder
+        at = data.find(encoded, cursor)
+        assert at >= 0 and data.find(encoded, at + 1) < 0, "placeholder must occur once"
+        header = _records_length(length, compact)
+        pieces += [data[cursor:at] + header, index]
+        total += len(header) + length - len(encoded)
+        cursor = at + len(encoded)
+    pieces.append(data[cursor:])
+    pieces[0] = _INT32.pack(total) + pieces[0]  # type: ignore[operator]
+    return pieces
+
+
+def _records_length(length: int, compact: bool) -> bytes:
+    """How a `records` field's length precedes its bytes: an unsigned varint of
+    length + 1 in flexible versions, an int32 before them."""
+    if not compact:
+        return _INT32.pack(length)
+    value = length + 1
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
