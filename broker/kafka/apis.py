@@ -71,3 +71,13 @@ NEXT_STEP: dict[str, str] = {
 }
 """APIs not in ApiVersions yet, answered UNSUPPORTED_VERSION in their own response,
 and the step that brings them (docs/kafka-compatibility.md)."""
+
+
+def markdown_table() -> str:
+    """The served APIs as docs/kafka-compatibility.md shows them."""
+    rows = [
+        "| API | key | versions |",
+        "|-----|----:|---------:|",
+        *(f"| {a.name} | {a.key} | {a.min_version}-{a.max_version} |" for a in SERVED),
+    ]
+    return "\n".join(rows) + "\n"

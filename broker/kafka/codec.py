@@ -12,9 +12,10 @@ requests.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from broker.handlers import SplicedReply
 from broker.kafka import apis
@@ -22,11 +23,13 @@ from broker.kafka.entities import (
     HEAD,
     build,
     error_entity,
+    has_error_code,
     read_request,
     request_class,
     response_class,
     write_response,
 )
+from broker.kafka.records import ONLY_V2, as_v2
 from broker.kafka.requests import TRANSLATIONS, Exchange, Reply
 from broker.kafka.responses import CONVERSIONS, supported_ranges
 from protocol import messages as m
@@ -45,6 +48,7 @@ class Call:
     version: int
     correlation_id: int
     extra: dict[str, Any]
+    request: m.Request
 
 
 class KafkaCodec:
@@ -84,13 +88,15 @@ class KafkaCodec:
         out.cid = cid
         out.client_id = header.client_id
         if out.expects_answer():
-            self._calls[cid] = Call(key, version, correlation_id, exchange.extra)
+            self._calls[cid] = Call(key, version, correlation_id, exchange.extra, out)
         return out
 
     def encode(self, response: m.Response, cid: int) -> bytes:
         """The Kafka response frame answering the request the codec gave `cid`."""
         call = self._calls.pop(cid)
-        if type(response) is m.Response:  # a refusal before the handler ran
+        if type(response) is m.Response:  # a refusal before or instead of the handler
+            response = refusal(call.request, response)
+        if type(response) is m.Response:
             entity = error_entity(call.key, call.version, response.error, response.message)
         else:
             values = CONVERSIONS[call.key](response, call.version, call.extra)
@@ -99,11 +105,22 @@ class KafkaCodec:
 
     def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]:
         """A Fetch response as bytes to send and, between them, indexes into the
-        reply's file spans: the records go from the log files with sendfile."""
+        reply's file spans: a span of v2 batches alone goes from the log file with
+        sendfile; one holding our magic-1 batches is read and converted here."""
         call = self._calls[cid]
+        holes: list[tuple[int, bytes, int]] = []
+        converted: dict[bytes, bytes] = {}
+        for index, (hole, span) in enumerate(zip(reply.holes, reply.spans, strict=True)):
+            if span.magics == ONLY_V2:
+                holes.append((index, hole, span.length))
+            else:
+                converted[hole] = as_v2(_read_span(span.fd, span.position, span.length))
+        if converted:
+            for topic in reply.response.topics:
+                for p in topic.partitions:
+                    p.records = converted.get(p.records, p.records)
         data = self.encode(reply.response, cid)
         compact = response_class(call.key, call.version).__flexible__  # type: ignore[attr-defined]
-        holes = [(hole, span.length) for hole, span in zip(reply.holes, reply.spans, strict=True)]
         return splice(data, holes, compact=compact)
 
     def _unserved(
@@ -112,13 +129,15 @@ class KafkaCodec:
         """The answer to a request of an API or version not served. KIP-511: an
         ApiVersions newer than served gets UNSUPPORTED_VERSION in a v0 response listing
         the served ranges, so the client can retry with one of them. An API Kafka has
-        but this broker does not serve yet gets UNSUPPORTED_VERSION in its own response;
-        a version of a served API outside its range, or a key Kafka does not have,
-        closes the connection as Kafka does."""
+        but this broker does not serve yet gets UNSUPPORTED_VERSION in its own response
+        where that has a top-level error code (where it has per-partition codes alone,
+        an empty answer would read as success: the connection closes); a version of a
+        served API outside its range, or a key Kafka does not have, closes the
+        connection as Kafka does."""
         if key == apis.API_VERSIONS:
             values = {"error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": supported_ranges()}
             return write_response(build(response_class(key, 0), values), correlation_id)
-        if api is None and request_class(key, version) is not None:
+        if api is None and request_class(key, version) is not None and has_error_code(key, version):
             message = "not served by this broker yet"
             entity = error_entity(key, version, ErrorCode.UNSUPPORTED_VERSION, message)
             return write_response(entity, correlation_id)
@@ -126,15 +145,33 @@ class KafkaCodec:
         raise FrameError(f"{what} is not served (ApiVersions lists what is)")
 
 
-def splice(data: bytes, holes: list[tuple[bytes, int]], *, compact: bool) -> list[bytes | int]:
+def refusal(request: m.Request, refused: m.Response) -> m.Response:
+    """A refusal of the whole request as the request's own response, every entry
+    (topic, partition, resource) answered with its code, where the request declares
+    its entries: Kafka's responses to Produce, Fetch v4-6 and the others keep their
+    errors there, and an empty list would read as success."""
+    entries = type(request).requirements.entries
+    if entries is None:
+        return refused
+    code = ErrorCode(refused.error)
+    why = refused.message or code.name
+    answers = [entries.refused(e, code, why) for e in entries.of_request(request)]
+    response: Any = type(request).response
+    return cast(
+        m.Response,
+        response(error=refused.error, message=refused.message, **{entries.answers: answers}),
+    )
+
+
+def splice(data: bytes, holes: list[tuple[int, bytes, int]], *, compact: bool) -> list[bytes | int]:
     """A response frame whose `records` fields are sent separately (zero-copy from a
     file): `data` carries, in place of each, a unique placeholder; `holes` lists
-    (placeholder, real length). The result alternates bytes to send with the index of
-    the hole whose bytes go there; length fields already count the real lengths."""
+    (index, placeholder, real length). The result alternates bytes to send with the
+    index whose bytes go there; length fields already count the real lengths."""
     pieces: list[bytes | int] = []
     total = len(data) - 4
     cursor = 4
-    for index, (placeholder, length) in enumerate(holes):
+    for index, placeholder, length in holes:
         encoded = _records_length(len(placeholder), compact) + placeholder
         at = data.find(encoded, cursor)
         assert at >= 0 and data.find(encoded, at + 1) < 0, "placeholder must occur once"
@@ -145,6 +182,13 @@ def splice(data: bytes, holes: list[tuple[bytes, int]], *, compact: bool) -> lis
     pieces.append(data[cursor:])
     pieces[0] = _INT32.pack(total) + pieces[0]  # type: ignore[operator]
     return pieces
+
+
+def _read_span(fd: int, position: int, length: int) -> bytes:
+    data = os.pread(fd, length, position)
+    if len(data) != length:
+        raise OSError(f"log file shorter than its span ({len(data)} of {length} bytes)")
+    return data
 
 
 def _records_length(length: int, compact: bool) -> bytes:

@@ -28,7 +28,15 @@ from protocol.framing import FrameError
 HEAD = struct.Struct(">hhi")
 """api_key, api_version and correlation_id: where every request header begins."""
 
-_ZEROS: dict[str, Any] = {"string": "", "bool": False, "bytes": b"", "records": b"", "uuid": None}
+_ZEROS: dict[str, Any] = {
+    "string": "",
+    "bool": False,
+    "bytes": b"",
+    "records": b"",
+    "uuid": None,
+    "datetime_i64": -1,
+    "float64": 0.0,
+}
 
 
 class Plan(typing.NamedTuple):
@@ -148,7 +156,17 @@ def _convert(plan: Plan, value: Any) -> Any:
         return KafkaErrorCode(value)
     if kind.startswith("timedelta"):
         return datetime.timedelta(milliseconds=value)
+    if kind == "datetime_i64":
+        # Kafka's -1 (no time: log append time not used) is kio's None.
+        if value < 0:
+            return None
+        return datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
     return value
+
+
+def has_error_code(key: int, version: int) -> bool:
+    """Whether the response of (key, version) has a top-level error code."""
+    return any(plan.name == "error_code" for plan in _plans(response_class(key, version)))
 
 
 def error_entity(key: int, version: int, code: int, message: str | None = None) -> Any:

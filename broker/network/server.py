@@ -908,9 +908,7 @@ class Broker:
             return codec.encode(error_response(code, message), exc.cid)
         if isinstance(request, bytes):
             return request  # the protocol answered it alone
-        # A Produce with acks=0 gets no answer at all (section 4), a refusal neither.
-        answered = not (isinstance(request, ProduceRequest) and request.acks == 0)
-        refusal = self._admit(request.api, request.cid, conn, started, answered=answered)
+        refusal = self._admit(request.api, request.cid, conn, started, request)
         if refusal is not None:
             return refusal
         limit = self.config.max_entries_per_request
@@ -924,12 +922,16 @@ class Broker:
         return request
 
     def _admit(
-        self, api: str, cid: int, conn: Connection, started: float, *, answered: bool = True
+        self,
+        api: str,
+        cid: int,
+        conn: Connection,
+        started: float,
+        request: Request | None = None,
     ) -> bytes | NoAnswer | CloseConnection | None:
         """None when the connection's session lets the request run; else its refusal
-        (SASL_AUTHENTICATION_FAILED before authentication; nothing for a request that is
-        never `answered`) or the close after the session's end (docs/protocol.md
-        section 7)."""
+        (SASL_AUTHENTICATION_FAILED before authentication) or the close after the
+        session's end (docs/protocol.md section 7)."""
         sasl = conn.session.sasl
         if sasl is None:
             return None
@@ -942,8 +944,8 @@ class Broker:
             )
         code = ErrorCode.SASL_AUTHENTICATION_FAILED
         self.metrics.observe_request(api, code, time.perf_counter() - started)
-        if not answered:
-            return NoAnswer()
+        if request is not None and not request.expects_answer():
+            return NoAnswer()  # a Produce with acks=0 (section 4): a refusal neither
         message = f"authenticate first: listener {conn.session.listener!r} takes SaslAuthenticate"
         return conn.codec.encode(error_response(code, message), cid)
 

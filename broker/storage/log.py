@@ -93,6 +93,8 @@ class FileSpan(NamedTuple):
     length: int
     record_count: int
     next_offset: int
+    magics: int
+    """Bit m set when a batch of magic m lies in the span."""
 
 
 class OffsetOutOfRange(ValueError):
@@ -325,10 +327,12 @@ class PartitionLog:
         segment, limit = self._segment_for_read(fetch_offset, upper_offset)
         if segment is None:
             return None
-        position, length, records, next_offset = segment.span(fetch_offset, max_bytes, limit)
+        position, length, records, next_offset, magics = segment.span(
+            fetch_offset, max_bytes, limit
+        )
         if not length:
             return None
-        return FileSpan(os.dup(segment.fd), position, length, records, next_offset)
+        return FileSpan(os.dup(segment.fd), position, length, records, next_offset, magics)
 
     def _segment_for_read(
         self, fetch_offset: int, upper_offset: int | None

@@ -47,6 +47,8 @@ SEGMENT_SUFFIXES = (LOG_SUFFIX, *INDEX_SUFFIXES)
 APPEND_BATCHES_MAX = os.sysconf("SC_IOV_MAX") // 2
 # Header walks read this much per pread: several small batches' headers in one call.
 _HEADER_WINDOW_BYTES = 4096
+LEADER_EPOCH = (0).to_bytes(4, "big")
+"""partition_leader_epoch (bytes 12..15) of every v2 batch appended."""
 _READ_CHUNK_BYTES = 1 << 20
 
 
@@ -195,7 +197,12 @@ class Segment:
         for batch, header in zip(batches, headers, strict=True):
             size = header.size_bytes
             assert len(batch) == size, (len(batch), size)
-            pieces += (OFFSET.pack(offset), memoryview(batch)[8:])
+            if header.magic == MAGIC_V2:
+                # Kafka's leader writes its leader epoch into every v2 batch it appends
+                # (outside the CRC); a single broker's is its first, 0.
+                pieces += (OFFSET.pack(offset) + batch[8:12] + LEADER_EPOCH, memoryview(batch)[16:])
+            else:
+                pieces += (OFFSET.pack(offset), memoryview(batch)[8:])
             entries.append((position, offset, header.max_timestamp))
             position += size
             offset += header.last_offset_delta + 1
@@ -411,15 +418,18 @@ class Segment:
             )
         return intact
 
-    def span(self, offset: int, max_bytes: int, upper_offset: int) -> tuple[int, int, int, int]:
-        """(position, length, record count, next offset) of the batches `read` would
-        return, found from their headers alone: what a zero-copy send needs, without
-        the bytes."""
+    def span(
+        self, offset: int, max_bytes: int, upper_offset: int
+    ) -> tuple[int, int, int, int, int]:
+        """(position, length, record count, next offset, magics) of the batches `read`
+        would return, found from their headers alone: what a zero-copy send needs,
+        without the bytes. `magics` has bit m set when a batch of magic m is among them
+        (the kafka listener sends a span of v2 batches alone as it lies)."""
         position, first = self.locate(offset)
-        length = records = 0
+        length = records = magics = 0
         next_offset = first.base_offset
         if first.base_offset >= upper_offset:
-            return position, 0, 0, next_offset
+            return position, 0, 0, next_offset, 0
         # Damage past the first batch ends the span there: what precedes it is served,
         # and the damaged batch is refused when it is fetched itself.
         with suppress(CorruptBatchError):
@@ -431,6 +441,7 @@ class Segment:
                 length += header.size_bytes
                 records += header.record_count
                 next_offset = header.next_offset
+                magics |= 1 << header.magic
         if length and position < self.checked_from:
             # Below the checked mark the bytes are read once to check them; above it (all
             # that this process appended) the send stays zero-copy.
@@ -440,8 +451,9 @@ class Segment:
                 kept = [h for _, h in scan_batches(self._read_at(position, intact))]
                 records = sum(h.record_count for h in kept)
                 next_offset = kept[-1].next_offset
+                magics = sum({1 << h.magic for h in kept})
                 length = intact
-        return position, length, records, next_offset
+        return position, length, records, next_offset, magics
 
     def batches(self, position: int) -> Iterator[tuple[BatchHeader, bytes]]:
         """Each batch from `position` to the end, read a chunk of many batches at a time."""
