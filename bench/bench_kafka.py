@@ -29,7 +29,7 @@ from typing import Any
 
 import confluent_kafka
 import crc32c
-from kafka.record.default_records import DefaultRecordBatchBuilder  # type: ignore[import-untyped]
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from bench import progress
 from bench.bench_broker import (

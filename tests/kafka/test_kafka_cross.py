@@ -128,10 +128,9 @@ def test_kafka_clients_read_what_the_sdk_wrote(stack: KafkaStack, client: str) -
     a read_committed Kafka consumer must get every committed record with its fields at
     the SDK's acknowledged offset, and none of the aborted ones."""
     topic = stack.new_topic(f"from-sdk-{client}")
-    visible, aborted = write_with_sdk(stack.mb, topic)
+    visible, _aborted = write_with_sdk(stack.mb, topic)
     back = read_back(client, stack.kafka, topic, len(visible))
-    assert back == visible
-    assert not {r.value for r in aborted} & {r.value for r in back}
+    assert back == visible  # the aborted records, in the middle, are not among them
 
 
 def test_a_read_uncommitted_kafka_consumer_sees_the_aborted_records(stack: KafkaStack) -> None:
