@@ -1,13 +1,14 @@
 """Cost per request of the kafka listener's codec (broker/kafka), in process.
 
-Two cases, each the kafka listener's work on the hot path beside kafka-python's own
-protocol classes on the same bytes (the alternative to kio that was weighed) and
-beside the minibroker listener's msgpack codec on the same request:
+Each case is one request's codec work, decoding it and encoding its answer, on the
+kafka listener, beside kafka-python's own protocol classes on the same bytes (the
+alternative to kio that was weighed) and beside the minibroker listener's msgpack
+codec on the same request:
 
-- decode a Produce v9 request of one partition holding one 16 KiB v2 batch, from the
-  frame body to the broker's ProduceRequest;
-- encode the Fetch v12 response of one partition whose records go with sendfile (the
-  frame around the records, spliced), the broker's FetchResponse in.
+- Produce v9 of one partition holding one 16 KiB v2 batch, answered (and the same
+  with kio's encoder for the answer, which the hand-written one is held to);
+- Fetch v12 of one partition, answered with its records spliced from a file (the
+  frame around them, as sendfile sends them).
 
 Best of `REPEAT` rounds, microseconds per request:
 
@@ -22,14 +23,18 @@ import timeit
 from collections.abc import Callable
 
 from kafka.protocol.consumer import FetchRequest, FetchResponse
-from kafka.protocol.producer import ProduceRequest
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from broker.handlers import SplicedReply
 from broker.kafka import KafkaCodec
+from broker.kafka.apis import PRODUCE
+from broker.kafka.entities import build, response_class, write_response
 from broker.kafka.records import ONLY_V2
+from broker.kafka.responses import CONVERSIONS
 from broker.storage import FileSpan
 from protocol import messages as m
+from protocol.framing import frame
 
 REPEAT = 5
 BATCH_BYTES = 16 * 1024
@@ -57,25 +62,63 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
         ],
     )
     produce.with_header(correlation_id=1, client_id="bench")
-    body = bytes(produce.encode(header=True))
-    codec = KafkaCodec((), 1)
-    ours = m.encode_request(
+    produce_body = bytes(produce.encode(header=True))
+    ours_produce = m.encode_request(
         m.ProduceRequest(acks=-1, topics=[m.ProduceTopic("bench", [m.ProducePartition(0, batch)])]),
         1,
     )
+    answer = m.ProduceResponse(
+        topics=[m.ProduceTopicResponse("bench", [m.ProducePartitionResponse(0, 0, 1234, -1, 0)])]
+    )
+    kp_answer = ProduceResponse[9](
+        responses=[
+            ProduceResponse.TopicProduceResponse(
+                name="bench",
+                partition_responses=[
+                    ProduceResponse.TopicProduceResponse.PartitionProduceResponse(
+                        index=0, error_code=0, base_offset=1234, log_start_offset=0
+                    )
+                ],
+            )
+        ],
+        throttle_time_ms=0,
+    )
+    kp_answer.with_header(correlation_id=1)
+    codec = KafkaCodec((), 1)
+
+    def kafka_produce() -> object:
+        request = codec.decode(produce_body)
+        assert isinstance(request, m.Request)
+        return codec.encode(answer, request.cid)
+
+    def kio_produce() -> object:
+        request = codec.decode(produce_body)
+        assert isinstance(request, m.Request)
+        codec.encode(answer, request.cid)  # the pending call, taken
+        values = CONVERSIONS[PRODUCE](answer, 9, {})
+        return write_response(build(response_class(PRODUCE, 9), values), 1)
+
+    def kafka_python_produce() -> object:
+        ProduceRequest[9].decode(produce_body, header=True)
+        return kp_answer.encode(header=True)
+
+    def minibroker_produce() -> object:
+        request = m.decode_request(ours_produce)
+        return frame(m.encode_response(answer, request.cid))
 
     placeholder = os.urandom(12) + (0).to_bytes(4, "big")
     fd = os.open(os.devnull, os.O_RDONLY)
     span = FileSpan(fd, 0, len(batch), 100, 100, ONLY_V2)
 
-    def fetch_response() -> m.FetchResponse:
-        return m.FetchResponse(
+    def fetched() -> SplicedReply:
+        response = m.FetchResponse(
             topics=[
                 m.FetchTopicResponse(
                     "bench", [m.FetchPartitionResponse(0, 0, 100, 100, 0, None, placeholder)]
                 )
             ]
         )
+        return SplicedReply(response, [span], [placeholder])
 
     fetch_topic = FetchRequest.FetchTopic
     fetch = FetchRequest[12](
@@ -96,12 +139,9 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
     )
     fetch.with_header(correlation_id=2, client_id="bench")
     fetch_body = bytes(fetch.encode(header=True))
-
-    def kafka_fetch() -> object:
-        request = codec.decode(fetch_body)
-        assert isinstance(request, m.Request)
-        return codec.pieces(SplicedReply(fetch_response(), [span], [placeholder]), request.cid)
-
+    ours_fetch = m.encode_request(
+        m.FetchRequest(topics=[m.FetchTopic("bench", [m.FetchPartition(0, 0)])]), 2
+    )
     kp_fetch = FetchResponse[12](
         throttle_time_ms=0,
         error_code=0,
@@ -124,19 +164,32 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
             )
         ],
     )
-    kp_fetch.with_header(correlation_id=1)
+    kp_fetch.with_header(correlation_id=2)
+
+    def kafka_fetch() -> object:
+        request = codec.decode(fetch_body)
+        assert isinstance(request, m.Request)
+        return codec.pieces(fetched(), request.cid)
+
+    def kafka_python_fetch() -> object:
+        FetchRequest[12].decode(fetch_body, header=True)
+        return kp_fetch.encode(header=True)
+
+    def minibroker_fetch() -> object:
+        request = m.decode_request(ours_fetch)
+        return fetched().pieces(request.cid)
+
     return {
-        "decode Produce v9, one 16 KiB batch": {
-            "kio (kafka listener)": lambda: codec.decode(body),
-            "kafka-python classes": lambda: ProduceRequest[9].decode(body, header=True),
-            "msgpack (minibroker listener)": lambda: m.decode_request(ours),
+        "Produce v9, one 16 KiB batch: decode the request, encode the answer": {
+            "kafka listener (kio decode, hand-written answer)": kafka_produce,
+            "kio both ways": kio_produce,
+            "kafka-python's classes both ways": kafka_python_produce,
+            "minibroker listener (msgpack)": minibroker_produce,
         },
-        "Fetch v12 answer, one spliced partition (decode + encode)": {
-            "kio (kafka listener)": kafka_fetch,
-            "kafka-python classes (encode only)": lambda: kp_fetch.encode(header=True),
-            "msgpack (minibroker listener, encode only)": lambda: SplicedReply(
-                fetch_response(), [span], [placeholder]
-            ).pieces(1),
+        "Fetch v12, one partition spliced from a file: decode, encode the answer": {
+            "kafka listener (kio decode, hand-written answer)": kafka_fetch,
+            "kafka-python's classes both ways": kafka_python_fetch,
+            "minibroker listener (msgpack)": minibroker_fetch,
         },
     }
 
@@ -149,7 +202,7 @@ def main() -> None:
         print(case)
         for name, call in timings.items():
             best = min(timeit.repeat(call, number=args.number, repeat=REPEAT)) / args.number
-            print(f"  {name:<45} {best * 1e6:8.1f} us")
+            print(f"  {name:<50} {best * 1e6:8.1f} us")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from broker.kafka.entities import (
     response_class,
     write_response,
 )
+from broker.kafka.hot_path import fetch_response, produce_response
 from broker.kafka.records import ONLY_V2, as_v2
 from broker.kafka.requests import TRANSLATIONS, Exchange, Reply
 from broker.kafka.responses import CONVERSIONS, supported_ranges
@@ -96,6 +97,13 @@ class KafkaCodec:
         call = self._calls.pop(cid)
         if type(response) is m.Response:  # a refusal before or instead of the handler
             response = refusal(call.request, response)
+        if type(response) is m.ProduceResponse:
+            return produce_response(response, call.version, call.correlation_id)
+        if type(response) is m.FetchResponse:
+            # A placeholder for file bytes (pieces) is shorter than any batch: as_v2
+            # leaves it as it is.
+            records = [as_v2(p.records) for t in response.topics for p in t.partitions]
+            return fetch_response(response, call.version, call.correlation_id, records)
         if type(response) is m.Response:
             entity = error_entity(call.key, call.version, response.error, response.message)
         else:

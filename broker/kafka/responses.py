@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from broker.kafka import apis
-from broker.kafka.records import as_v2
 from broker.kafka.requests import RESOURCE_TYPES
 from protocol import messages as m
 
@@ -25,6 +24,8 @@ STATIC_BROKER_CONFIG (the broker's TOML and flags), DEFAULT_CONFIG."""
 _TYPES = {name: code for code, name in RESOURCE_TYPES.items()}
 
 Values = dict[str, Any]
+# Produce and Fetch answers go out through hot_path.py's encoders; `produce` and `fetch`
+# here are the reference those are held to (tests/kafka/test_kafka_wire.py).
 Conversion = Callable[[Any, int, dict[str, Any]], Values]
 
 
@@ -113,9 +114,7 @@ def fetch(r: m.FetchResponse, _version: int, _extra: dict[str, Any]) -> Values:
                             for a in p.aborted_transactions
                         ],
                         "preferred_read_replica": -1,
-                        # A placeholder for file bytes (codec.pieces) is shorter than
-                        # any batch: as_v2 leaves it as it is.
-                        "records": as_v2(p.records),
+                        "records": p.records,
                     }
                     for p in t.partitions
                 ],
@@ -174,7 +173,7 @@ def delete_topics(r: m.DeleteTopicsResponse, _version: int, _extra: dict[str, An
 def describe_configs(r: m.DescribeConfigsResponse, _version: int, extra: dict[str, Any]) -> Values:
     results = []
     for result, keys in zip(r.results, extra["keys"], strict=True):
-        wanted = None if keys is None else set(keys)
+        wanted = set(keys) if keys else None  # null or empty: all, as Kafka reads it
         results.append(
             {
                 "error_code": result.error,

@@ -32,7 +32,10 @@ from kio.serial import entity_reader
 from broker.handlers import SplicedReply
 from broker.kafka import NEXT_STEP, SERVED, KafkaCodec
 from broker.kafka.apis import BY_KEY, markdown_table
+from broker.kafka.entities import build, response_class, write_response
+from broker.kafka.hot_path import fetch_response, produce_response
 from broker.kafka.records import ONLY_V2
+from broker.kafka.responses import CONVERSIONS
 from broker.storage import FileSpan
 from protocol import messages as m
 from protocol.batch import read_header
@@ -424,3 +427,70 @@ def test_a_fetch_of_v2_batches_goes_from_the_file_as_it_lies(tmp_path: Path, ver
     _, answer = response_of(frame, FetchResponse, version)
     partition = answer.responses[0].partitions[0]
     assert (partition.high_watermark, bytes(partition.records)) == (2, stored)
+
+
+# ------------------------------------------------------------------ the hot path's encoders
+
+_ints = st.integers(-(2**31), 2**31 - 1)
+_offsets = st.integers(-1, 2**62)
+_names = st.text(min_size=1, max_size=20)
+_codes = st.sampled_from([0, 1, 3, 6, 29, 45, 46, 47, 56, 58, 87])
+
+
+@st.composite
+def produce_responses(draw: st.DrawFn) -> m.ProduceResponse:
+    partition = st.builds(
+        m.ProducePartitionResponse,
+        partition=_ints,
+        error=_codes,
+        base_offset=_offsets,
+        log_append_time_ms=st.just(-1),
+        log_start_offset=_offsets,
+        message=st.none() | st.text(max_size=30),
+    )
+    topic = st.builds(
+        m.ProduceTopicResponse, topic=_names, partitions=st.lists(partition, max_size=3)
+    )
+    return m.ProduceResponse(topics=draw(st.lists(topic, max_size=3)))
+
+
+@st.composite
+def fetch_responses(draw: st.DrawFn) -> m.FetchResponse:
+    aborted = st.builds(m.AbortedTransaction, producer_id=_offsets, first_offset=_offsets)
+    partition = st.builds(
+        m.FetchPartitionResponse,
+        partition=_ints,
+        error=_codes,
+        high_watermark=_offsets,
+        last_stable_offset=_offsets,
+        log_start_offset=_offsets,
+        aborted_transactions=st.none() | st.lists(aborted, max_size=3),
+        records=st.sampled_from([b"", v2_batch([b"x"]), v2_batch([b"y", b"z"])]),
+    )
+    topic = st.builds(
+        m.FetchTopicResponse, topic=_names, partitions=st.lists(partition, max_size=3)
+    )
+    return m.FetchResponse(error=draw(_codes), topics=draw(st.lists(topic, max_size=3)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(response=produce_responses(), version=st.integers(3, 9), correlation=_ints)
+def test_the_produce_answer_is_the_bytes_kio_writes(
+    response: m.ProduceResponse, version: int, correlation: int
+) -> None:
+    reference = write_response(
+        build(response_class(0, version), CONVERSIONS[0](response, version, {})), correlation
+    )
+    assert produce_response(response, version, correlation) == reference
+
+
+@settings(max_examples=200, deadline=None)
+@given(response=fetch_responses(), version=st.integers(4, 12), correlation=_ints)
+def test_the_fetch_answer_is_the_bytes_kio_writes(
+    response: m.FetchResponse, version: int, correlation: int
+) -> None:
+    reference = write_response(
+        build(response_class(1, version), CONVERSIONS[1](response, version, {})), correlation
+    )
+    records = [p.records for t in response.topics for p in t.partitions]
+    assert fetch_response(response, version, correlation, records) == reference
