@@ -70,7 +70,7 @@ def test_idempotent_producer_through_dropped_answers(
     skip_unavailable(client, codec)
     topic = stack.new_topic(f"{client}-{codec}")
     sent = records(RECORDS, f"{client}-{codec}")
-    stack.faults(drop_request=0.05, drop_response=0.15)
+    stack.faults(drop_request=0.05, drop_response=0.25)
     try:
         offsets = produce(client, stack.kafka, topic, sent, codec)
         assert stack.proxy is not None
