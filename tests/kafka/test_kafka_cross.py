@@ -78,6 +78,25 @@ def test_sdk_reads_what_kafka_clients_wrote(stack: KafkaStack, client: str, code
     assert without_offsets(back) == sent
 
 
+def sdk_send(producer: Producer, topic: str, chunk: list[Rec]) -> list[Rec]:
+    """`chunk` sent to partition 0 and acknowledged, each with its offset."""
+    handles = [
+        producer.send(
+            topic,
+            r.value,
+            key=r.key,
+            partition=0,
+            headers=list(r.headers),
+            timestamp_ms=r.timestamp,
+        )
+        for r in chunk
+    ]
+    producer.flush(30)
+    return [
+        r._replace(offset=h.get(timeout=30).offset) for r, h in zip(chunk, handles, strict=True)
+    ]
+
+
 def write_with_sdk(bootstrap: str, topic: str) -> tuple[list[Rec], list[Rec]]:
     """Records from minibroker's producers in turn: uncompressed, gzip, zstd and lz4 (each
     its own idempotent producer), a committed transaction, an aborted one, then plain
@@ -88,36 +107,19 @@ def write_with_sdk(bootstrap: str, topic: str) -> tuple[list[Rec], list[Rec]]:
     visible: list[Rec] = []
     aborted: list[Rec] = []
 
-    def send_all(producer: Producer, chunk: list[Rec]) -> list[Rec]:
-        handles = [
-            producer.send(
-                topic,
-                r.value,
-                key=r.key,
-                partition=0,
-                headers=list(r.headers),
-                timestamp_ms=r.timestamp,
-            )
-            for r in chunk
-        ]
-        producer.flush(30)
-        return [
-            r._replace(offset=h.get(timeout=30).offset) for r, h in zip(chunk, handles, strict=True)
-        ]
-
     for chunk, codec in zip(chunks[:4], (None, "gzip", "zstd", "lz4"), strict=True):
         with Producer(bootstrap, compression_type=codec, linger_ms=5) as producer:
-            visible += send_all(producer, chunk)
+            visible += sdk_send(producer, topic, chunk)
     with Producer(bootstrap, transactional_id=f"{topic}-tx", compression_type="zstd") as tx:
         tx.init_transactions()
         tx.begin_transaction()
-        visible += send_all(tx, chunks[4])
+        visible += sdk_send(tx, topic, chunks[4])
         tx.commit_transaction()
         tx.begin_transaction()
-        aborted += send_all(tx, chunks[5])
+        aborted += sdk_send(tx, topic, chunks[5])
         tx.abort_transaction()
     with Producer(bootstrap) as producer:
-        visible += send_all(producer, chunks[6])
+        visible += sdk_send(producer, topic, chunks[6])
     return visible, aborted
 
 
@@ -141,3 +143,31 @@ def test_a_read_uncommitted_kafka_consumer_sees_the_aborted_records(stack: Kafka
     everything = sorted(visible + aborted, key=lambda r: r.offset)
     back = read_back("confluent-kafka", stack.kafka, topic, len(everything), "read_uncommitted")
     assert back == everything
+
+
+def test_a_topic_written_through_both_listeners_reads_the_same_through_both(
+    stack: KafkaStack,
+) -> None:
+    """Kafka's v2 batches and minibroker's own, interleaved in one partition (confluent-kafka
+    zstd, the SDK gzip, kafka-python lz4, the SDK again): minibroker's consumer and two
+    Kafka consumers each read every record once, in order, at its acknowledged offset."""
+    topic = stack.new_topic("mixed")
+    sent = records(4 * 50, "mixed")
+    chunks = [sent[i : i + 50] for i in range(0, len(sent), 50)]
+    expected: list[Rec] = []
+    for chunk, writer, codec in zip(
+        chunks,
+        ("confluent-kafka", "sdk", "kafka-python", "sdk"),
+        ("zstd", "gzip", "lz4", "none"),
+        strict=True,
+    ):
+        if writer == "sdk":
+            with Producer(stack.mb, compression_type=None if codec == "none" else codec) as p:
+                expected += sdk_send(p, topic, chunk)
+        else:
+            offsets = produce(writer, stack.kafka, topic, chunk, codec)
+            expected += [r._replace(offset=o) for r, o in zip(chunk, offsets, strict=True)]
+    assert [r.offset for r in expected] == list(range(len(sent)))
+    assert read_sdk(stack.mb, topic, len(sent)) == expected
+    for client in ("confluent-kafka", "kafka-python"):
+        assert read_back(client, stack.kafka, topic, len(sent)) == expected, client
