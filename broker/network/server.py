@@ -190,7 +190,7 @@ class Connection:
     inflight_max: int
     unsent_bytes_max: int
     session: Session
-    codec: Codec
+    codec: Codec = MINIBROKER
     tls: bool = False
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     handshake_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
@@ -709,7 +709,7 @@ class Broker:
             self.config.max_inflight_requests_per_connection,
             self.config.queued_max_response_bytes,
             session,
-            self._codec(listener),
+            codec=self._codec(listener),
             tls=listener.tls,
         )
         self.connections.add(conn)
