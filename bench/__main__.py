@@ -376,6 +376,7 @@ REGISTRY: dict[str, Suite] = {
     "peers": _scaled("peers"),
     "scaling": _scaled("scaling"),
     "security": _scaled("security", plotted=False),
+    "kafka": _scaled("kafka", plotted=False),
 }
 SUITES = tuple(REGISTRY)
 

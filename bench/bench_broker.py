@@ -31,7 +31,7 @@ from bench.stats import min_max
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
 from protocol.batch import build_batch_from_columns, scan_batches, with_sequence
-from protocol.framing import FrameDecoder, encode_frame
+from protocol.framing import FrameDecoder, decode_body, encode_frame
 
 BATCH_BYTES = 16 * 1024
 RECORD_BYTES = 100
@@ -100,10 +100,21 @@ def _frames(
     return frames
 
 
-def _pipeline(bootstrap: str, frames: list[bytes], sock: socket.socket | None = None) -> float:
+def produce_error(body: bytes) -> Any:
+    """The error of a Produce answer's one partition (0: none)."""
+    return decode_body(body)["topics"][0]["partitions"][0]["error"]
+
+
+def _pipeline(
+    bootstrap: str,
+    frames: list[bytes],
+    sock: socket.socket | None = None,
+    error_of: Callable[[bytes], Any] = produce_error,
+) -> float:
     """Send every frame with at most WINDOW unanswered; return elapsed seconds. On a new
     connection to `bootstrap`, or on `sock` (a plain socket, e.g. one that authenticated
-    with SASL first), which the caller closes.
+    with SASL first), which the caller closes. `error_of` reads the error of an answer's
+    body (the frames of Kafka's protocol have the same length prefix).
 
     Each send takes every frame the window has room for, as a Kafka client's network
     thread writes every ready request: one frame per send let the load generator's two
@@ -125,10 +136,10 @@ def _pipeline(bootstrap: str, frames: list[bytes], sock: socket.socket | None = 
             if not data:
                 errors.append("connection closed")
                 return
-            for r in decoder.feed(data):
-                err = r["topics"][0]["partitions"][0]["error"]
+            for body in decoder.feed_bodies(data):
+                err = error_of(body)
                 if err:
-                    errors.append(r)
+                    errors.append(err)
                 seen += 1
                 window.release()
 

@@ -58,8 +58,10 @@ class FaultProxy:
         reject_unknown_producer: float = 0.0,
         reject_out_of_order: float = 0.0,
         corrupt_fetch: float = 0.0,
+        port: int = 0,
     ) -> None:
-        """`target` returns the broker's (host, port) at connect time (it may restart)."""
+        """`target` returns the broker's (host, port) at connect time (it may restart);
+        the proxy listens on 127.0.0.1:`port` (0: a free one)."""
         self.target = target
         self.rates = {
             "drop_request": drop_request,
@@ -73,7 +75,7 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._attempted: set[tuple[Any, ...]] = set()
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", port))
         self.port = self._listener.getsockname()[1]
         self._sockets: set[socket.socket] = set()
         self._closed = False
