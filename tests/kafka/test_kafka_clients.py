@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import kafka.codec
 import pytest
 
 from tests.conftest import BACKENDS
@@ -53,11 +52,6 @@ def assert_exactly_once(sent: list[Rec], offsets: list[int], back: list[Rec]) ->
     assert without_offsets(back) == sent
 
 
-def skip_unavailable(client: str, codec: str) -> None:
-    if client == "kafka-python" and codec == "snappy" and not kafka.codec.has_snappy():
-        pytest.skip("kafka-python compresses snappy with python-snappy, which is not installed")
-
-
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("client", CLIENTS)
 def test_idempotent_producer_through_dropped_answers(
@@ -67,7 +61,6 @@ def test_idempotent_producer_through_dropped_answers(
     answers after the broker appended, cutting the connection each time, so the producer
     retries batches whose fate it cannot know; the broker must recognise the retries of
     appended batches by their sequence numbers and append them no second time."""
-    skip_unavailable(client, codec)
     topic = stack.new_topic(f"{client}-{codec}")
     sent = records(RECORDS, f"{client}-{codec}")
     stack.faults(drop_request=0.05, drop_response=0.25)
