@@ -87,6 +87,11 @@ class Partition:
         self.aborted = aborted
         # Set by the server: queues a background fsync of the segment just rolled.
         self.on_rolled: Callable[[Partition], None] | None = None
+        # producer id -> (epoch, committed) of the last marker the replay at open read:
+        # a marker found after a crash decides its transaction, should the decision
+        # have been lost (the two share an fsync round). The coordinator's recovery
+        # reads and then clears it.
+        self.replayed_markers: dict[int, tuple[int, bool]] = {}
         log_.on_roll = self._rolled
 
     @classmethod
@@ -118,14 +123,17 @@ class Partition:
         aborted.drop_from(replay_from)
         producers.restarted(now_ms)
         replayed = 0
+        markers: dict[int, tuple[int, bool]] = {}
         for header, batch in plog.batches_from(replay_from):
             if header.base_offset < replay_from or not header.is_idempotent:
                 continue
             replayed += 1
             if header.is_control:
                 first = producers.end_txn(header.producer_id)
-                if first is not None and control_type(batch, 0, header) == CONTROL_ABORT:
+                abort = control_type(batch, 0, header) == CONTROL_ABORT
+                if first is not None and abort:
                     aborted.add(header.producer_id, first, header.base_offset)
+                markers[header.producer_id] = (header.producer_epoch, not abort)
                 continue
             if header.is_transactional:
                 producers.begin_txn(header.producer_id, header.base_offset)
@@ -148,6 +156,7 @@ class Partition:
                 replayed,
             )
         partition = cls(topic, index, plog, producers, limits, aborted)
+        partition.replayed_markers = markers
         bases = plog.segment_bases
         for i, base in enumerate(bases):
             if i + 1 == len(bases) or bases[i + 1] > replay_from:

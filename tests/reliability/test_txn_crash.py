@@ -6,8 +6,13 @@ transaction, the batch not yet appended, (c) after EndTxn's decision is durable
 but before any marker, (d) after one marker of three is written, (e) after every
 marker is durable but before COMPLETE is recorded, (f) after PrepareTxn, and
 (g) in a CommitTxns of two transactions with an app version, after its decision
-and one marker. Points (b)-(g) are reached by arming MINIBROKER_CRASH_AT, which
-makes the broker SIGKILL itself there (broker/crash_points.py).
+and one marker, (h) after a transactional batch is appended, before its answer
+(its partition add and the batch share an fsync round). Points (b)-(h) are
+reached by arming MINIBROKER_CRASH_AT, which makes the broker SIGKILL itself
+there (broker/crash_points.py). Since a kill keeps the page cache, (i) and (j)
+repeat (h) and (d) and then cut `txn.wal`'s last record, as a power loss before
+the shared round would: the lost add is adopted, the lost decision is taken from
+the marker.
 
 After each restart: a decided transaction is complete, with its markers, before
 any read is served (read_committed sees it whole at once); an undecided one is
@@ -22,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from broker.crash_points import ENV
+from broker.storage.record_log import scan_records
 from harness.broker_process import BrokerProcess
 from harness.txn import Txn, committed_view, log_view
 from harness.wire import WireClient
@@ -195,5 +201,88 @@ def test_kill_inside_commit_txns_completes_every_transaction(tmp_path: Path, bac
             )
             assert (r["error"], r["already_committed"]) == (0, True)
             assert all_committed(c) == [[b"a"], [b"b"], [b"a", b"b"]]
+    finally:
+        broker.kill()
+
+
+def lose_last_txn_record(broker: BrokerProcess) -> None:
+    """Cut `txn.wal`'s last record, as a power loss would before its fsync: a kill -9
+    keeps the page cache, so this is how a test gets the state where a write that
+    shared an fsync round with another reached the disk and its partner did not."""
+    path = broker.data_dir / "transactions" / "txn.wal"
+    data = path.read_bytes()
+    ends = [end for _, end in scan_records(data, path)]
+    assert len(ends) >= 2, ends
+    with path.open("r+b") as f:
+        f.truncate(ends[-2])
+
+
+@pytest.mark.parametrize("lose_the_add", [False, True])
+def test_kill_after_the_batch_is_appended(tmp_path: Path, backend: str, lose_the_add: bool) -> None:
+    """The partition add and the batch share an fsync round: killed between the append
+    and the answer, the batch is the transaction's whether or not the add reached the
+    disk (adopted by recovery when it did not), and the client's retry is a duplicate."""
+    broker = fresh(tmp_path, backend, "txn_batch_appended")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            with pytest.raises((ConnectionError, OSError, EOFError)):
+                tx.send("t", 0, [b"landed"])
+        assert broker.proc is not None
+        broker.proc.wait(15)
+        if lose_the_add:
+            lose_last_txn_record(broker)
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "ONGOING"
+            assert listing["partitions"] == [{"topic": "t", "partitions": [0]}]
+            assert stable_offsets(c) == [0, 0, 0]
+            tx.c = c
+            retried = tx.send("t", 0, [b"landed"])
+            assert (retried["error"], retried["duplicate"]) == (0, True)
+            assert tx.send("t", 1, [b"more"])["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert all_committed(c) == [[b"landed"], [b"more"], []]
+    finally:
+        broker.kill()
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_marker_decides_when_the_decision_was_lost(
+    tmp_path: Path, backend: str, committed: bool
+) -> None:
+    """The decision and the markers share an fsync round: a marker on disk without its
+    decision decides the transaction, and recovery writes the other markers."""
+    broker = fresh(tmp_path, backend, "txn_marker_written")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            old = (tx.pid, tx.epoch)
+            for p in range(PARTITIONS):
+                assert tx.send("t", p, [b"v%d" % p])["error"] == 0
+            with pytest.raises((ConnectionError, OSError, EOFError)):
+                tx.end(committed=committed)
+        assert broker.proc is not None
+        broker.proc.wait(15)
+        lose_last_txn_record(broker)
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == ("COMPLETE_COMMIT" if committed else "COMPLETE_ABORT")
+            assert stable_offsets(c) == [2, 2, 2]
+            want = [[b"v%d" % p] if committed else [] for p in range(PARTITIONS)]
+            assert all_committed(c) == want
+            for p in range(PARTITIONS):
+                kinds = [k for k, _ in whole_log(c, p)]
+                assert kinds == ["data", "COMMIT" if committed else "ABORT"], (p, kinds)
+            r = c.call(
+                "EndTxn",
+                transactional_id=tx.id,
+                producer_id=old[0],
+                producer_epoch=old[1],
+                committed=committed,
+            )
+            assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
     finally:
         broker.kill()
