@@ -110,8 +110,13 @@ class TxnJoin(Protocol):
         """Raise ProtocolError unless this producer may add offsets to its transaction."""
         ...
 
-    async def add_group(self, transactional_id: str, group_id: str) -> None:
-        """Make the transaction hold the group, durably; ProtocolError when it may not."""
+    def add_group(self, transactional_id: str, group_id: str) -> int:
+        """Make the transaction hold the group, written; return what `durable` must be
+        given before the answer (0: nothing written). ProtocolError when it may not."""
+        ...
+
+    async def durable(self, end: int) -> None:
+        """Return once the transaction log is on disk up to `end`; OSError if not."""
         ...
 
 
@@ -280,7 +285,8 @@ class OffsetStore:
         self, req: m.TxnOffsetCommitRequest, txn: TxnJoin, principal: str
     ) -> m.TxnOffsetCommitResponse:
         """`principal`'s producer is judged, then the member, then the partitions; the group
-        joins the transaction (durably) before the pending offsets are written (durably)."""
+        joins the transaction (written) before the pending offsets are written, and both
+        are synced in one round before the answer."""
         async with txn.locked(req.transactional_id):
             try:
                 txn.judge_offsets(
@@ -305,7 +311,7 @@ class OffsetStore:
             message: str | None = None
             if verdicts.accepted:
                 try:
-                    await txn.add_group(req.transactional_id, req.group_id)
+                    added = txn.add_group(req.transactional_id, req.group_id)
                 except ProtocolError as exc:
                     return _txn_refused(req, exc.code, exc.message)
                 since = empty_since(
@@ -314,7 +320,26 @@ class OffsetStore:
                     now_ms(),
                 )
                 record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
-                message = await self._write(record, verdicts, "txn_offsets_pending_durable")
+                # The group's add and the pending offsets share one fsync round: either
+                # alone on disk after a crash is harmless (pending offsets no entry holds
+                # the group for are dropped by recovery; a group holding none gets no
+                # marker), and the client was answered neither.
+                add_failed: list[OSError] = []
+
+                async def add_durable() -> None:
+                    try:
+                        await txn.durable(added)
+                    except OSError as exc:
+                        add_failed.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    if added:
+                        tg.start_soon(add_durable)
+                    message = await self._write(record, verdicts, "txn_offsets_pending_durable")
+                if add_failed and message is None:
+                    for key, _ in verdicts.accepted:
+                        verdicts.errors[key] = ErrorCode.KAFKA_STORAGE_ERROR
+                    message = f"transaction log: {add_failed[0]}"
         return m.TxnOffsetCommitResponse(
             error=ErrorCode.KAFKA_STORAGE_ERROR if message else ErrorCode.NONE,
             message=message or _partition_message(verdicts),

@@ -429,12 +429,14 @@ class TransactionCoordinator:
                 ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
             )
 
-    async def add_group(self, transactional_id: str, group_id: str) -> None:
-        """Make the transaction hold the group, durably (it starts the transaction if none
-        is open). The caller holds `locked` and had the producer judged."""
+    def add_group(self, transactional_id: str, group_id: str) -> int:
+        """Make the transaction hold the group (it starts the transaction if none is open),
+        written, not synced: return the size `txn.wal` must reach on disk before the
+        TxnOffsetCommit is answered (0: the group was held already). The caller holds
+        `locked`, had the producer judged, and syncs it with the pending offsets."""
         entry = self.entries[transactional_id]
         if entry.state == ONGOING and group_id in entry.groups:
-            return
+            return 0
         limit = self.config.max_partitions_per_transaction
         if entry.state == ONGOING and len(entry.partitions) + len(entry.groups) >= limit:
             raise CoordinatorError(
@@ -443,13 +445,18 @@ class TransactionCoordinator:
                 f"max_partitions_per_transaction={limit} partitions and groups",
             )
         try:
-            await self._persist([with_group(entry, group_id, now_ms())])
+            end = self._write([with_group(entry, group_id, now_ms())])
         except OSError as exc:
             log.error("event=txn_log_write_failed id=%r error=%r", transactional_id, str(exc))
             raise CoordinatorError(
                 ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}"
             ) from exc
         crash_point("txn_group_added")
+        return end
+
+    async def durable(self, end: int) -> None:
+        """Return once `txn.wal` is on disk up to `end` (a change `_write` wrote)."""
+        await self.log.durable(end)
 
     # ------------------------------------------------------------------ ending
 
