@@ -115,11 +115,7 @@ class DurableReply:
                 # Started now, it runs while the partitions' round (already requested) does.
                 await record_log.durable(end)
             except OSError as exc:
-                for t in self.response.topics:
-                    for r in t.partitions:
-                        if not r.error:
-                            r.error = ErrorCode.KAFKA_STORAGE_ERROR
-                            r.message = f"transaction log: {exc}"
+                _storage_failed(self.response, f"transaction log: {exc}")
                 return self.response
         failed: set[int] = set()
         with anyio.move_on_after(self._timeout_s) as scope:
@@ -149,6 +145,16 @@ class DurableReply:
                     )
                     r.message = reason
         return self.response
+
+
+def _storage_failed(response: m.ProduceResponse, message: str) -> None:
+    """Answer KAFKA_STORAGE_ERROR for every batch of `response` appended: what they rest
+    on (a transaction's partition add) could not be made durable."""
+    for t in response.topics:
+        for r in t.partitions:
+            if not r.error:
+                r.error = ErrorCode.KAFKA_STORAGE_ERROR
+                r.message = message
 
 
 class SplicedReply:
@@ -629,9 +635,18 @@ class Handlers:
                     self._count_rejection(code)
             reply = self._append_checked([(req, checked)])[0]
             crash_point("txn_batch_appended")
-            if txn_log_end and isinstance(reply, DurableReply):
+            if not txn_log_end:
+                return reply
+            if isinstance(reply, DurableReply):
                 # The partition add was written, not synced: it shares this reply's round.
                 reply.also_durable(self.coordinator.log, txn_log_end)
+                return reply
+            # acks=0 or 1: the batch is not waited for, but the add is, before any answer.
+            try:
+                await self.coordinator.durable(txn_log_end)
+            except OSError as exc:
+                if reply is not None:
+                    _storage_failed(reply, f"transaction log: {exc}")
             return reply
 
     def _append_checked(

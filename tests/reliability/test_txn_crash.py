@@ -286,3 +286,24 @@ def test_a_marker_decides_when_the_decision_was_lost(
             assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
     finally:
         broker.kill()
+
+
+def test_an_acks_1_batch_answered_is_in_the_transaction_after_a_kill(
+    tmp_path: Path, backend: str
+) -> None:
+    """With acks=1 the batch is not waited for, but its partition add is, before the
+    answer: after a kill the transaction holds the partition and commits the batch."""
+    broker = fresh(tmp_path, backend, None)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            assert tx.send("t", 2, [b"acks-1"], acks=1)["error"] == 0
+        broker.restart(kill=True)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["partitions"] == [{"topic": "t", "partitions": [2]}]
+            tx.c = c
+            assert tx.end(committed=True)["error"] == 0
+            assert all_committed(c) == [[], [], [b"acks-1"]]
+    finally:
+        broker.kill()
