@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Container, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -183,16 +183,19 @@ class OffsetStore:
         *,
         written_point: str | None = None,
         durable_point: str | None = None,
+        on_written: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Write `record`, wait until it is durable, install it. OSError when it could not
         be: then nothing is installed. A failed write leaves the file as it was; after a
         failed fdatasync the file's state is unknown, so the store takes no more writes
-        until a restart reads it again."""
+        until a restart reads it again. `on_written` runs once the record is written."""
         if self._failed is not None:
             raise OSError(f"an earlier fdatasync of {self.log.path} failed: {self._failed}")
         end = self.log.write(record)
         if written_point is not None:
             crash_point(written_point)
+        if on_written is not None:
+            await on_written()
         try:
             await self.log.durable(end)
         except OSError as exc:
@@ -265,12 +268,18 @@ class OffsetStore:
             topics=_answer(req.topics, verdicts.errors),
         )
 
-    async def _write(self, record: list[object], verdicts: Verdicts, point: str) -> str | None:
+    async def _write(
+        self,
+        record: list[object],
+        verdicts: Verdicts,
+        point: str,
+        on_written: Callable[[], Awaitable[None]] | None = None,
+    ) -> str | None:
         """Write a judged commit durably; on failure every accepted partition is answered
         KAFKA_STORAGE_ERROR and the reason returned."""
         self._reserved += verdicts.new_keys
         try:
-            await self._write_durably(record, durable_point=point)
+            await self._write_durably(record, durable_point=point, on_written=on_written)
             return None
         except OSError as exc:
             for key, _ in verdicts.accepted:
@@ -286,8 +295,14 @@ class OffsetStore:
     ) -> m.TxnOffsetCommitResponse:
         """`principal`'s producer is judged, then the member, then the partitions; the group
         joins the transaction (written) before the pending offsets are written, and both
-        are synced in one round before the answer."""
-        async with txn.locked(req.transactional_id):
+        are synced in one round before the answer.
+
+        The transactional id's lock is let go once both are written, so the producer's
+        batches are appended and synced while the offsets are; the group's lock is kept
+        until the pending offsets are installed, and ending the transaction takes it
+        before its groups' marker, so that marker still comes after them."""
+        async with AsyncExitStack() as txn_lock:
+            await txn_lock.enter_async_context(txn.locked(req.transactional_id))
             try:
                 txn.judge_offsets(
                     req.transactional_id, req.producer_id, req.producer_epoch, principal
@@ -299,13 +314,16 @@ class OffsetStore:
                 if refused:
                     why = _member_message(refused, req.group_id, req.member_id, req.member_epoch)
                     return _txn_refused(req, refused, why)
-                return await self._add_pending(req, txn)
+                return await self._add_pending(req, txn, txn_lock.aclose)
 
     async def _add_pending(
-        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin
+        self,
+        req: m.TxnOffsetCommitRequest,
+        txn: TxnJoin,
+        unlock_txn: Callable[[], Awaitable[None]],
     ) -> m.TxnOffsetCommitResponse:
         """The producer and the member passed: judge the partitions, add the group to the
-        transaction, write the pending offsets."""
+        transaction, write the pending offsets; `unlock_txn` once both are written."""
         async with self._locked([req.group_id]):
             verdicts = self._judge(req.group_id, req.topics, req.producer_id)
             message: str | None = None
@@ -335,7 +353,9 @@ class OffsetStore:
                 async with anyio.create_task_group() as tg:
                     if added:
                         tg.start_soon(add_durable)
-                    message = await self._write(record, verdicts, "txn_offsets_pending_durable")
+                    message = await self._write(
+                        record, verdicts, "txn_offsets_pending_durable", unlock_txn
+                    )
                 if add_failed and message is None:
                     for key, _ in verdicts.accepted:
                         verdicts.errors[key] = ErrorCode.KAFKA_STORAGE_ERROR
