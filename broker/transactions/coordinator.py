@@ -712,6 +712,15 @@ class TransactionCoordinator:
                 self.on_markers()
         if failures:
             raise failures[0]
+        for entry in pending:
+            # The decision is durable: txn.wal decides the transaction from now on, so
+            # its partitions no longer keep its markers (written now or before a crash
+            # or a failed round) for recovery.
+            pid, epoch = entry.marker_ids()
+            for topic, index in entry.partitions:
+                partition = self.topics.partition(topic, index)
+                if partition is not None:
+                    partition.producers.forget_marker(pid, epoch)
         if not pending:
             return entries
         crash_point("txn_markers_durable")
@@ -864,7 +873,9 @@ class TransactionCoordinator:
                 partition.log.flush()
                 assert partition.log.flushed_offset > offset
         for partition in self.topics.all_partitions():
-            partition.replayed_markers.clear()
+            # txn.wal was synced at open and every decision made here was synced: no
+            # marker is needed to decide a transaction any more.
+            partition.producers.forget_markers()
         claimed_groups = {
             (group_id, entry.producer_id)
             for entry in self.entries.values()
@@ -881,8 +892,9 @@ class TransactionCoordinator:
             )
 
     def _decided_by_markers(self) -> list[tuple[TxnEntry, bool]]:
-        """Open transactions that a partition's replay found a marker of (same pid and
-        epoch), with that marker's outcome."""
+        """Open transactions that a partition remembers a marker of (same pid and epoch),
+        found by the replay at open or kept by a snapshot taken after it, with that
+        marker's outcome."""
         found = []
         for entry in self.entries.values():
             if entry.state not in OPEN:
@@ -890,7 +902,9 @@ class TransactionCoordinator:
             for topic, index in sorted(entry.partitions):
                 partition = self.topics.partition(topic, index)
                 marker = (
-                    None if partition is None else partition.replayed_markers.get(entry.producer_id)
+                    None
+                    if partition is None
+                    else partition.producers.last_marker(entry.producer_id)
                 )
                 if marker is not None and marker[0] == entry.producer_epoch:
                     found.append((entry, marker[1]))

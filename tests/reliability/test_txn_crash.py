@@ -12,7 +12,10 @@ reached by arming MINIBROKER_CRASH_AT, which makes the broker SIGKILL itself
 there (broker/crash_points.py). Since a kill keeps the page cache, (i) and (j)
 repeat (h) and (d) and then cut `txn.wal`'s last record, as a power loss before
 the shared round would: the lost add is adopted, the lost decision is taken from
-the marker.
+the marker. (k) repeats (j) with a segment roll between a marker and the
+kill, its snapshot past that marker, in a CommitTxns of two transactions: the
+marker the replay no longer reads still decides its transaction, remembered by
+the snapshot (version 3).
 
 After each restart: a decided transaction is complete, with its markers, before
 any read is served (read_committed sees it whole at once); an undecided one is
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from broker.crash_points import ENV
+from broker.producer_state import PartitionProducerState
 from broker.storage.record_log import scan_records
 from harness.broker_process import BrokerProcess
 from harness.txn import Txn, committed_view, log_view
@@ -56,12 +60,12 @@ def stable_offsets(c: WireClient) -> list[int]:
     return [c.fetch("t", p, 0, isolation_level=1)["last_stable_offset"] for p in range(PARTITIONS)]
 
 
-def whole_log(c: WireClient, partition: int) -> list[tuple[str, object]]:
+def whole_log(c: WireClient, partition: int, topic: str = "t") -> list[tuple[str, object]]:
     """log_view of every batch, across segments (a Fetch reads from one at a time)."""
     out: list[tuple[str, object]] = []
     offset = 0
     while True:
-        f = c.fetch("t", partition, offset)
+        f = c.fetch(topic, partition, offset)
         if not f["records"]:
             return out
         out += log_view(f)
@@ -305,5 +309,81 @@ def test_an_acks_1_batch_answered_is_in_the_transaction_after_a_kill(
             tx.c = c
             assert tx.end(committed=True)["error"] == 0
             assert all_committed(c) == [[], [], [b"acks-1"]]
+    finally:
+        broker.kill()
+
+
+def test_a_marker_behind_a_snapshot_decides_when_the_decision_was_lost(
+    tmp_path: Path, backend: str
+) -> None:
+    """CommitTxns ends `a` (partition 0) and `b` (partitions 0 and 1) in one decision.
+    Partition 0's segment is sized so that `b`'s marker rolls it: the roll's snapshot
+    lies past `a`'s marker. The broker dies right after that second marker, and the
+    decision record is cut as a power loss would: a replay from the snapshot no longer
+    reads `a`'s marker, which must still decide `a` (a commit, as it says), and `b`'s
+    marker decides `b`, whose missing marker on partition 1 recovery writes."""
+    # Partition 0 holds a's batch (863 bytes), b's (64) and a's marker (66): 993 bytes
+    # of the 1024 a segment may hold, so b's marker (66 more) rolls first.
+    big = b"x" * 800
+    broker = fresh(tmp_path, backend, "txn_marker_written:2")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("s", 2, {"segment.bytes": "1024"}) == 0
+            a, b = Txn(c, "a"), Txn(c, "b")
+            assert a.send("s", 0, [big])["error"] == 0
+            assert b.send("s", 0, [b"b"])["error"] == 0
+            assert b.send("s", 1, [b"b"])["error"] == 0
+            for tx in (a, b):
+                assert tx.prepare()["error"] == 0
+            refs = [a.ref(), b.ref()]
+            with pytest.raises((ConnectionError, OSError, EOFError)):
+                c.call("CommitTxns", transactions=refs, committed=True)
+        assert broker.proc is not None
+        broker.proc.wait(15)
+        [directory] = [d for d in broker.data_dir.rglob("0") if d.parent.name == "s"]
+        snapshots = sorted(directory.glob("*.snapshot"))
+        assert snapshots and int(snapshots[-1].name.split(".")[0]) == 3, snapshots
+        lose_last_txn_record(broker)
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            states = {
+                t["transactional_id"]: t["state"]
+                for t in c.call("ListTransactions")["transactions"]
+            }
+            assert states == {"a": "COMPLETE_COMMIT", "b": "COMPLETE_COMMIT"}
+            committed = [committed_view(c.fetch("s", p, 0, isolation_level=1)) for p in range(2)]
+            assert committed == [[big, b"b"], [b"b"]]
+            # Every marker once, each a COMMIT; no partition is left unstable.
+            kinds = [[k for k, _ in whole_log(c, p, "s")] for p in range(2)]
+            assert kinds == [["data", "data", "COMMIT", "COMMIT"], ["data", "COMMIT"]]
+            for p, want in ((0, 4), (1, 2)):
+                assert c.fetch("s", p, 0, isolation_level=1)["last_stable_offset"] == want
+            # The driver retries after the lost answer: answered as committed.
+            r = c.call("CommitTxns", transactions=refs, committed=True)
+            assert r["error"] == 0, r
+    finally:
+        broker.kill()
+
+
+def test_markers_whose_decision_is_durable_leave_the_snapshots(
+    tmp_path: Path, backend: str
+) -> None:
+    """A marker is kept in the producer state only until its decision is durable: the
+    snapshot of a clean stop after an answered EndTxn keeps none."""
+    broker = fresh(tmp_path, backend, None)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            for p in range(PARTITIONS):
+                assert tx.send("t", p, [b"v%d" % p])["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+        assert broker.terminate() == 0
+        for p in range(PARTITIONS):
+            [directory] = [d for d in broker.data_dir.rglob(str(p)) if d.parent.name == "t"]
+            newest = sorted(directory.glob("*.snapshot"))[-1]
+            offset, state = PartitionProducerState.decode_snapshot(
+                newest.read_bytes(), max_producers=10, expiration_ms=1000
+            )
+            assert offset == 2 and state.markers == {} and state.open_txns == {}
     finally:
         broker.kill()
