@@ -13,12 +13,19 @@ import struct
 import zlib
 from pathlib import Path
 
+import anyio
 import msgpack
 import pytest
 
+from broker.config import BrokerConfig
 from broker.partition import Partition, ProducerLimits
+from broker.producer_ids import ProducerIdManager
 from broker.producer_state import PartitionProducerState, SnapshotError
 from broker.storage.log import LogConfig
+from broker.topics import TopicRegistry
+from broker.transactions.coordinator import TransactionCoordinator
+from broker.transactions.log import TxnLog
+from broker.transactions.state import COMPLETE_ABORT, COMPLETE_COMMIT, initialized, with_partitions
 from protocol.batch import build_batch, validate
 from protocol.errors import ErrorCode
 
@@ -187,3 +194,78 @@ def test_a_version_3_body_of_the_wrong_shape_is_refused(body: object) -> None:
 def test_a_version_2_body_with_markers_is_refused() -> None:
     with pytest.raises(SnapshotError):
         _decode(_framed([[PRODUCER], [[7, 12]], [[9, 8, 2, 1]]], version=2))
+
+
+# The coordinator's recovery, in process: the hole as a power loss would leave it.
+
+
+class _Committer:
+    """Syncs a partition at once: what the group committer's round would do."""
+
+    def request_flush(self, partition: Partition, batches: int = 0) -> None:
+        pass
+
+    async def wait_durable(self, partition: Partition, last_offset: int) -> None:
+        partition.log.flush()
+        assert partition.log.flushed_offset > last_offset
+
+
+class _NoGroups:
+    def pending_owners(self) -> set[tuple[str, int]]:
+        return set()
+
+    async def write_markers(self, markers: object) -> None:
+        raise AssertionError("no group joined the transaction")
+
+
+def _coordinator(data: Path, registry: TopicRegistry) -> TransactionCoordinator:
+    config = BrokerConfig().validate()
+    return TransactionCoordinator(
+        config,
+        registry,
+        ProducerIdManager(data),
+        _Committer(),  # type: ignore[arg-type]
+        TxnLog(data, config.transaction_log_max_bytes),
+        _NoGroups(),
+    )
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_recovery_decides_by_a_marker_only_a_snapshot_kept(tmp_path: Path, committed: bool) -> None:
+    """Transaction `a` wrote to s-0 and s-1. Its decision record is lost; its marker on
+    s-0 is on disk, and so is a snapshot of s-0 taken past that marker (a roll); s-1
+    got no marker. Recovery must decide `a` by that marker on both partitions."""
+    registry = TopicRegistry(tmp_path, BrokerConfig().validate())
+    registry.open_all(clean_shutdown=True, now_ms=NOW)
+    registry.create("s", 2, None, NOW)
+    s0, s1 = registry.partition("s", 0), registry.partition("s", 1)
+    assert s0 is not None and s1 is not None
+    for p in (s0, s1):
+        _append(p, _txn_batch(PID, 0))
+    txn_log = TxnLog(tmp_path, BrokerConfig().transaction_log_max_bytes)
+    txn_log.open(lambda body: None)
+    entry = with_partitions(
+        initialized(None, "a", PID, EPOCH, 60_000, NOW), {("s", 0), ("s", 1)}, NOW
+    )
+    txn_log.append_now([[entry.encode()], [], []])  # the last record kept: ONGOING
+    txn_log.close()
+    marker = s0.append_marker(PID, EPOCH, committed, NOW)
+    s0.log.roll(NOW)
+    assert s0.log.snapshots()[0][0] > marker
+    for p in registry.all_partitions():
+        p.close_files()  # the process dies: nothing more is written
+
+    again = TopicRegistry(tmp_path, BrokerConfig().validate())
+    again.open_all(clean_shutdown=False, now_ms=NOW)
+    coordinator = _coordinator(tmp_path, again)
+    coordinator.load()
+    anyio.run(coordinator.recover)
+    assert coordinator.entries["a"].state == (COMPLETE_COMMIT if committed else COMPLETE_ABORT)
+    s0, s1 = again.partition("s", 0), again.partition("s", 1)
+    assert s0 is not None and s1 is not None
+    assert s0.log.log_end_offset == marker + 1, "no second marker on s-0"
+    assert s1.log.log_end_offset == 2 and s1.last_stable_offset == 2
+    assert [e.first_offset for e in s1.aborted.between(0, 2**63)] == ([] if committed else [0])
+    assert [p.producers.markers for p in (s0, s1)] == [{}, {}], "forgotten after recovery"
+    coordinator.close()
+    again.close()
