@@ -1,14 +1,22 @@
-"""Transactions: what they cost a producer, how long a commit takes, what ids cost in memory.
+"""Transactions: what they cost a producer, how long a commit takes, what the
+consume-transform-produce loop does, what ids cost in memory. Each figure is taken
+against a broker of each backend (trio, asyncio), and compared within the backend.
 
 - Throughput: the project's `Producer` with acks=all and idempotence, sending
   100-byte records with `send()`, once without transactions and once committing
   every 100, 1,000 and 10,000 records, rounds interleaved (plain, 100, 1,000,
   10,000, then reversed) so a noisy neighbour hits every case alike; the median
   of `ROUNDS` rounds is reported with its min-max, and each transactional figure
-  as a ratio to the plain one of the same run.
+  as a ratio to the plain one of the same backend and run.
 - Commit latency: p50/p99 of `commit_transaction()` (the flush of the last
-  records, then EndTxn: decision, markers and COMPLETE, each fsynced) over the
-  transactions of the 1,000-record case.
+  records, then EndTxn: the decision and the markers in one fsync round, then
+  COMPLETE) over the transactions of the 1,000-record case, beside one fsync
+  round: the median time of a 100 KiB append and its fdatasync in the broker's
+  data dir, sampled between the rounds.
+- The consume-transform-produce loop of examples/exactly_once_loop.py (poll a
+  batch read_committed, send each record's transform, send the offsets to the
+  transaction, commit) with batches of 5 and of 500 records, in records/s, its
+  median and min-max over the rounds.
 - Memory: broker RSS before and after 100,000 transactional ids have each had
   InitProducerId (pipelined over 16 connections, so fsync rounds are shared).
 
@@ -18,6 +26,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import threading
@@ -27,7 +36,7 @@ from typing import Any
 
 from bench import progress
 from bench.bench_broker import _rss_bytes
-from client import Producer
+from client import Consumer, Producer
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
@@ -35,6 +44,8 @@ from harness.wire import WireClient
 RECORD = b"x" * 100
 ROUNDS = 3
 TXN_SIZES = (100, 1_000, 10_000)
+LOOP_BATCHES = (5, 500)
+BACKENDS = ("trio", "asyncio")
 CONFIG: dict[str, Any] = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}
 
 
@@ -62,37 +73,116 @@ def _send(bootstrap: str, records: int, txn_size: int | None, latencies: list[fl
         return records / (time.perf_counter() - started)
 
 
-def throughput(bootstrap: str, records: int) -> list[dict[str, Any]]:
+def fsync_round_s(data_dir: Path, samples: int = 20) -> list[float]:
+    """Times of a 100 KiB append and its fdatasync, in the broker's data dir: what one
+    fsync round of the broker costs on this disk just now."""
+    path = data_dir / "fsync-probe"
+    block = b"x" * (100 * 1024)
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for _ in range(samples):
+            started = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return times
+
+
+def _loop(bootstrap: str, topic: str, batch: int, records: int, tag: str) -> float:
+    """Records per second through examples/exactly_once_loop.py's shape: each poll of at
+    most `batch` records from `topic` is transformed to `<topic>-out`, its offsets sent
+    to the transaction, and committed."""
+    with (
+        Producer(bootstrap, transactional_id=f"loop-{tag}", linger_ms=5) as producer,
+        Consumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=f"loop-{tag}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        ) as consumer,
+    ):
+        producer.init_transactions()
+        done = 0
+        started = 0.0
+        while done < records:
+            polled = consumer.poll(timeout_ms=1_000, max_records=batch)
+            if not polled:
+                continue
+            if not started:
+                started = time.perf_counter()
+            producer.begin_transaction()
+            for items in polled.values():
+                for record in items:
+                    producer.send(f"{topic}-out", (record.value or b"").upper(), key=record.key)
+            offsets = {tp: items[-1].offset + 1 for tp, items in polled.items()}
+            producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
+            producer.commit_transaction()
+            done += sum(len(items) for items in polled.values())
+        return done / (time.perf_counter() - started)
+
+
+def throughput(broker: BrokerProcess, records: int) -> list[dict[str, Any]]:
+    bootstrap, backend = broker.bootstrap, broker.backend
     cases: list[int | None] = [None, *TXN_SIZES]
     figures: dict[int | None, list[float]] = {c: [] for c in cases}
+    loops: dict[int, list[float]] = {b: [] for b in LOOP_BATCHES}
     latencies: list[float] = []
-    for round_ in progress.rounds(ROUNDS, "transactions"):
+    fsyncs: list[float] = []
+    for round_ in progress.rounds(ROUNDS, f"transactions {backend}"):
         for case in cases if round_ % 2 == 0 else cases[::-1]:
             timed = latencies if case == 1_000 else []
             figures[case].append(_send(bootstrap, records, case, timed))
+            fsyncs += fsync_round_s(broker.data_dir)
+        for batch in LOOP_BATCHES:
+            # Each round reads its own input, filled beforehand, so the loop's
+            # consumer never waits for records.
+            count = max(batch * 20, records // 2 if batch > 5 else records // 20)
+            topic = f"loop-{backend}-{batch}-{round_}"
+            create_topic(bootstrap, topic, 1)
+            create_topic(bootstrap, f"{topic}-out", 1)
+            with Producer(bootstrap, enable_idempotence=True, **CONFIG) as filler:
+                for i in range(count):
+                    filler.send(topic, RECORD, key=b"%d" % i, partition=0)
+            loops[batch].append(_loop(bootstrap, topic, batch, count, f"{batch}-{round_}"))
     plain = statistics.median(figures[None])
     rows = []
     for case, values in figures.items():
         median = statistics.median(values)
         rows.append(
             {
-                "benchmark": "send() idempotent, no transaction"
+                "benchmark": f"send() idempotent, no transaction ({backend})"
                 if case is None
-                else f"send() in transactions of {case:,} records",
+                else f"send() in transactions of {case:,} records ({backend})",
                 "records_per_s": median,
                 "min_max": f"{min(values):,.0f}-{max(values):,.0f}",
                 "vs_plain": f"{median / plain:.2f}x",
+                "vs_plain_min_max": f"{min(values) / plain:.2f}-{max(values) / plain:.2f}x",
             }
         )
     ordered = sorted(latencies)
     rows.append(
         {
-            "benchmark": "commit_transaction() latency, 1,000-record transactions",
+            "benchmark": f"commit_transaction() latency, 1,000-record transactions ({backend})",
             "p50_ms": statistics.median(ordered) * 1000,
             "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
             "commits": len(ordered),
+            "fsync_round_p50_ms": statistics.median(fsyncs) * 1000,
         }
     )
+    for batch, values in loops.items():
+        rows.append(
+            {
+                "benchmark": f"consume-transform-produce, batches of {batch} ({backend})",
+                "records_per_s": statistics.median(values),
+                "min_max": f"{min(values):,.0f}-{max(values):,.0f}",
+            }
+        )
     return rows
 
 
@@ -134,15 +224,18 @@ def rss_with_transactional_ids(broker: BrokerProcess, ids: int = 100_000) -> dic
 
 
 def run(records: int = 20_000) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
-        broker = BrokerProcess(Path(tmp) / "data").start()
-        try:
-            create_topic(broker.bootstrap, "bench", 1)
-            rows = throughput(broker.bootstrap, records)
-            rows.append(rss_with_transactional_ids(broker))
-            return rows
-        finally:
-            broker.kill()
+    rows: list[dict[str, Any]] = []
+    for backend in BACKENDS:
+        with tempfile.TemporaryDirectory(dir=".") as tmp:
+            broker = BrokerProcess(Path(tmp) / "data", backend=backend).start()
+            try:
+                create_topic(broker.bootstrap, "bench", 1)
+                rows += throughput(broker, records)
+                if backend == BACKENDS[0]:
+                    rows.append(rss_with_transactional_ids(broker))
+            finally:
+                broker.kill()
+    return rows
 
 
 def main() -> None:

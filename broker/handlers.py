@@ -23,6 +23,7 @@ import msgspec
 from broker import __version__ as BROKER_VERSION
 from broker.admin import Admin
 from broker.config import BrokerConfig
+from broker.crash_points import crash_point
 from broker.group_commit import FlushFailed, GroupCommitter
 from broker.groups import GroupCoordinator, OffsetStore
 from broker.metrics import BrokerMetrics
@@ -40,7 +41,7 @@ from broker.security import (
     Session,
     validate_filter,
 )
-from broker.storage import CorruptBatchError, FileSpan, OffsetOutOfRange
+from broker.storage import CorruptBatchError, FileSpan, OffsetOutOfRange, RecordLog
 from broker.topics import TopicError, TopicRegistry
 from broker.transactions import TransactionCoordinator, now_ms
 from protocol import messages as m
@@ -76,7 +77,7 @@ class NoAnswer:
 class DurableReply:
     """An acks=-1 Produce reply that may only be sent once its batches are on disk."""
 
-    __slots__ = ("_committer", "_durable", "_timeout_ms", "_timeout_s", "response")
+    __slots__ = ("_committer", "_durable", "_record_log", "_timeout_ms", "_timeout_s", "response")
 
     def __init__(
         self,
@@ -91,15 +92,31 @@ class DurableReply:
         self._durable = durable
         self._timeout_ms = timeout_ms
         self._timeout_s = timeout_s
+        self._record_log: tuple[RecordLog, int] | None = None
+
+    def also_durable(self, record_log: RecordLog, end: int) -> None:
+        """Answer only once `record_log` is durable up to `end` too (a transaction's
+        partition add, written beside the batches and synced in the same round)."""
+        self._record_log = (record_log, end)
 
     def ready(self) -> bool:
         """True when completing would not wait: lets the writer batch sends."""
+        if self._record_log is not None and not self._record_log[0].is_durable(self._record_log[1]):
+            return False
         return all(p.log.flushed_offset > last for p, last in self._durable)
 
     async def complete(self) -> m.ProduceResponse:
         if self.ready():
             # Most replies of a round find it done: no timeout scope to set up.
             return self.response
+        if self._record_log is not None:
+            record_log, end = self._record_log
+            try:
+                # Started now, it runs while the partitions' round (already requested) does.
+                await record_log.durable(end)
+            except OSError as exc:
+                _storage_failed(self.response, f"transaction log: {exc}")
+                return self.response
         failed: set[int] = set()
         with anyio.move_on_after(self._timeout_s) as scope:
             for partition, last_offset in self._durable:
@@ -128,6 +145,16 @@ class DurableReply:
                     )
                     r.message = reason
         return self.response
+
+
+def _storage_failed(response: m.ProduceResponse, message: str) -> None:
+    """Answer KAFKA_STORAGE_ERROR for every batch of `response` appended: what they rest
+    on (a transaction's partition add) could not be made durable."""
+    for t in response.topics:
+        for r in t.partitions:
+            if not r.error:
+                r.error = ErrorCode.KAFKA_STORAGE_ERROR
+                r.message = message
 
 
 class SplicedReply:
@@ -577,7 +604,7 @@ class Handlers:
                 for c in row
                 if isinstance(c, tuple)
             ]
-            refused = await self.coordinator.admit(transactional_id, admitted)
+            refused, txn_log_end = self.coordinator.admit(transactional_id, admitted)
             for t, row in zip(req.topics, checked, strict=True):
                 for c in row:
                     # Its topic was deleted (perhaps created anew) while the batch waited:
@@ -606,7 +633,21 @@ class Handlers:
                 ]
                 for code, _ in refused.values():
                     self._count_rejection(code)
-            return self._append_checked([(req, checked)])[0]
+            reply = self._append_checked([(req, checked)])[0]
+            crash_point("txn_batch_appended")
+            if not txn_log_end:
+                return reply
+            if isinstance(reply, DurableReply):
+                # The partition add was written, not synced: it shares this reply's round.
+                reply.also_durable(self.coordinator.log, txn_log_end)
+                return reply
+            # acks=0 or 1: the batch is not waited for, but the add is, before any answer.
+            try:
+                await self.coordinator.durable(txn_log_end)
+            except OSError as exc:
+                if reply is not None:
+                    _storage_failed(reply, f"transaction log: {exc}")
+            return reply
 
     def _append_checked(
         self, checked: list[tuple[m.ProduceRequest, list[list[Checked]]]]

@@ -9,6 +9,11 @@ Transactions (section 5) leave two things here: each producer's open
 transaction (in the producer state, so in its snapshots), whose oldest first
 offset is the last stable offset, and the aborted-transaction index, written
 per segment on roll and close and rebuilt by the same replay.
+
+The producer state also remembers each producer's last marker until its decision
+is durable, in its snapshots too (broker/producer_state.py): recovery decides a
+transaction whose decision record was lost by such a marker, whether the replay
+read it or a snapshot taken after it kept it.
 """
 
 from __future__ import annotations
@@ -118,13 +123,17 @@ class Partition:
         aborted.drop_from(replay_from)
         producers.restarted(now_ms)
         replayed = 0
+        remembered = len(producers.markers)
         for header, batch in plog.batches_from(replay_from):
             if header.base_offset < replay_from or not header.is_idempotent:
                 continue
             replayed += 1
             if header.is_control:
-                first = producers.end_txn(header.producer_id)
-                if first is not None and control_type(batch, 0, header) == CONTROL_ABORT:
+                abort = control_type(batch, 0, header) == CONTROL_ABORT
+                first = producers.end_txn(
+                    header.producer_id, header.base_offset, header.producer_epoch, not abort
+                )
+                if first is not None and abort:
                     aborted.add(header.producer_id, first, header.base_offset)
                 continue
             if header.is_transactional:
@@ -147,6 +156,16 @@ class Partition:
                 replay_from,
                 replayed,
             )
+        if remembered:
+            # Markers a snapshot kept: their decisions may have been lost with txn.wal's
+            # last round, and the replay no longer reads them.
+            log.info(
+                "event=snapshot_markers topic=%s partition=%d markers=%d",
+                topic,
+                index,
+                remembered,
+            )
+        assert all(at < plog.log_end_offset for at, _, _ in producers.markers.values())
         partition = cls(topic, index, plog, producers, limits, aborted)
         bases = plog.segment_bases
         for i, base in enumerate(bases):
@@ -171,6 +190,7 @@ class Partition:
                 log.warning("event=snapshot_ignored path=%s reason=%r", path, str(exc))
                 continue
             assert snap_offset == offset
+            assert all(at < offset for at, _, _ in state.markers.values()), path
             return state, offset
         fresh = PartitionProducerState(
             max_producers=limits.max_producers, expiration_ms=limits.expiration_ms
@@ -336,7 +356,7 @@ class Partition:
             timestamp_ms=now_ms,
         )
         offset = self.log.append(batch, read_header(batch), now_ms)
-        first = self.producers.end_txn(producer_id)
+        first = self.producers.end_txn(producer_id, offset, producer_epoch, committed)
         if first is not None and not committed:
             self.aborted.add(producer_id, first, offset)
         return offset

@@ -28,20 +28,41 @@ offset of its first batch, until its COMMIT or ABORT marker. The oldest of them
 is the partition's last stable offset. They are kept apart from the idempotence
 entries, so expiring or evicting a producer never forgets an open transaction.
 
+It also remembers each producer's last marker here (offset, epoch, COMMIT or ABORT)
+until told the marker's decision is durable. EndTxn's decision record in txn.wal
+shares an fsync round with the markers, so after a power loss a marker may be all
+that is left of the decision, and recovery decides the transaction by it. A replay
+only reads the log after the newest snapshot: a segment roll between a marker and
+the crash would hide the marker from it, and the transaction would end committed
+on one partition and aborted on the others. Kept in the snapshot (version 3), the
+marker survives the roll. Forgetting one is safe once its decision is durable
+(`forget_marker`, after the shared round; `forget_markers`, after recovery, when
+txn.wal has been synced at open and every decision it lacked was written and
+synced): from then on txn.wal decides the transaction, and a marker of that pid
+and epoch can decide nothing else, because a decision moves the producer to a new
+epoch. A marker not yet forgotten is replaced by the producer's next one here,
+whose transaction could only start once the previous decision was durable.
+
 Snapshot layout, all big-endian:
 
 | size | field                                                            |
 |-----:|------------------------------------------------------------------|
 |    4 | magic b"MBPS"                                                    |
-|    2 | version, uint16, 2 (1: no open-transaction list; still read)     |
+|    2 | version, uint16, 3 (1: no open transactions, 2: no markers;     |
+|      |   both still read)                                               |
 |    8 | offset, int64: the log end offset the snapshot was taken at      |
 |    4 | body_length, uint32                                              |
-|    n | msgpack body: [producers, open_transactions]; producers is       |
+|    n | msgpack body: [producers, open_transactions, markers];          |
+|      |   producers is                                                   |
 |      |   [[producer_id, epoch, last_seen_ms, [[first_seq, last_seq,     |
 |      |   base_offset, last_offset_delta, max_timestamp] ...]] ...],     |
 |      |   least recently used first, batches oldest first;               |
 |      |   open_transactions is [[producer_id, first_offset] ...], oldest |
-|      |   first (version 1: the body is producers alone)                 |
+|      |   first; markers is [[producer_id, offset, epoch, control_type]  |
+|      |   ...], each producer's last marker whose decision may not be    |
+|      |   durable yet, oldest first, control_type 0 ABORT or 1 COMMIT    |
+|      |   (version 1: the body is producers alone; version 2:            |
+|      |   [producers, open_transactions])                                |
 |    4 | crc32 (zlib) of every byte before it                             |
 """
 
@@ -56,7 +77,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from protocol.batch import SEQUENCE_MODULUS, BatchHeader
+from protocol.batch import CONTROL_ABORT, CONTROL_COMMIT, SEQUENCE_MODULUS, BatchHeader
 from protocol.errors import ErrorCode
 
 CACHED_BATCHES = 5
@@ -73,8 +94,8 @@ _DELTAS = [struct.Struct(">" + "4xi16x" * count) for count in range(CACHED_BATCH
 _CACHE_BYTES_MAX = CACHED_BATCHES * _CACHED_BYTES
 
 SNAPSHOT_MAGIC = b"MBPS"
-SNAPSHOT_VERSION = 2
-SNAPSHOT_VERSIONS_READ = (1, 2)
+SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSIONS_READ = (1, 2, 3)
 _SNAPSHOT_HEAD = struct.Struct(">4sHqI")
 _SNAPSHOT_CRC = struct.Struct(">I")
 
@@ -161,6 +182,7 @@ class PartitionProducerState:
     """The idempotence state of one partition: producers in least-recently-used order."""
 
     __slots__ = (
+        "_markers",
         "_open_txns",
         "_producers",
         "evicted_total",
@@ -182,6 +204,9 @@ class PartitionProducerState:
         # producer id -> first offset of its open transaction, oldest first: a batch
         # opens one at the log end, so insertion order is offset order.
         self._open_txns: dict[int, int] = {}
+        # producer id -> (offset, epoch, control type) of its last marker whose decision
+        # may not be durable yet, oldest first (a marker is appended at the log end).
+        self._markers: dict[int, tuple[int, int, int]] = {}
 
     def __len__(self) -> int:
         """Producer ids held, including idle ones `expire` has not swept yet."""
@@ -194,10 +219,49 @@ class PartitionProducerState:
             assert all(first < offset for first in self._open_txns.values()), offset
             self._open_txns[producer_id] = offset
 
-    def end_txn(self, producer_id: int) -> int | None:
-        """A marker ended `producer_id`'s transaction here: its first offset, or None
-        when it wrote no batch to this partition."""
-        return self._open_txns.pop(producer_id, None)
+    def end_txn(
+        self, producer_id: int, offset: int, producer_epoch: int, committed: bool
+    ) -> int | None:
+        """A marker at `offset` ended `producer_id`'s transaction here: its first offset,
+        or None when it wrote no batch to this partition. The marker is remembered (see
+        the module docstring) until `forget_marker`."""
+        assert 0 <= producer_epoch <= PRODUCER_EPOCH_MAX, producer_epoch
+        markers = self._markers
+        assert not markers or next(reversed(markers.values()))[0] < offset, offset
+        markers.pop(producer_id, None)
+        markers[producer_id] = (
+            offset,
+            producer_epoch,
+            CONTROL_COMMIT if committed else CONTROL_ABORT,
+        )
+        first = self._open_txns.pop(producer_id, None)
+        assert first is None or first < offset, (first, offset)
+        return first
+
+    def last_marker(self, producer_id: int) -> tuple[int, bool] | None:
+        """(epoch, committed) of `producer_id`'s last remembered marker here, or None."""
+        marker = self._markers.get(producer_id)
+        return None if marker is None else (marker[1], marker[2] == CONTROL_COMMIT)
+
+    def forget_marker(self, producer_id: int, producer_epoch: int) -> None:
+        """The decision of `producer_id`'s transaction at `producer_epoch` is durable:
+        forget its marker here, if that is the one remembered (a pid and an epoch name
+        one transaction: a decision moves the producer to the next epoch)."""
+        marker = self._markers.get(producer_id)
+        if marker is not None and marker[1] == producer_epoch:
+            del self._markers[producer_id]
+
+    def forget_markers(self) -> None:
+        """Every decision is durable (recovery is over): forget every marker."""
+        self._markers.clear()
+
+    @property
+    def markers(self) -> dict[int, tuple[int, int, bool]]:
+        """producer id -> (offset, epoch, committed) of each remembered marker (a copy)."""
+        return {
+            pid: (offset, epoch, kind == CONTROL_COMMIT)
+            for pid, (offset, epoch, kind) in self._markers.items()
+        }
 
     def in_txn(self, producer_id: int) -> bool:
         """True while `producer_id` has a transaction open here (a marker is due)."""
@@ -421,7 +485,9 @@ class PartitionProducerState:
             producers.append([pid, entry.epoch, entry.last_seen_ms, batches])
         assert all(first < offset for first in self._open_txns.values()), offset
         open_txns = [[pid, first] for pid, first in self._open_txns.items()]
-        body: bytes = msgpack.packb([producers, open_txns], use_bin_type=True)
+        markers = [[pid, *marker] for pid, marker in self._markers.items()]
+        assert _markers_consistent(markers, self._open_txns, offset), (markers, offset)
+        body: bytes = msgpack.packb([producers, open_txns, markers], use_bin_type=True)
         head = _SNAPSHOT_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, offset, len(body))
         crc = zlib.crc32(body, zlib.crc32(head))
         return head + body + _SNAPSHOT_CRC.pack(crc)
@@ -458,13 +524,15 @@ class PartitionProducerState:
             raise SnapshotError(f"snapshot body is not msgpack: {exc}") from exc
         if version == 1:
             body = [body, []]
+        lists = 3 if version >= 3 else 2  # version 2 has no markers
         if not (
-            isinstance(body, list) and len(body) == 2 and all(isinstance(b, list) for b in body)
+            isinstance(body, list) and len(body) == lists and all(isinstance(b, list) for b in body)
         ):
-            raise SnapshotError("snapshot body is not [producers, open_transactions]")
-        producers, open_txns = body
+            raise SnapshotError(f"snapshot version {version} body is not {lists} lists")
+        producers, open_txns, markers = body if lists == 3 else [*body, []]
         state = cls(max_producers=max_producers, expiration_ms=expiration_ms)
         state._open_txns = _decode_open_txns(open_txns, offset)
+        state._markers = _decode_markers(markers, state._open_txns, offset)
         for item in producers:
             pid, entry = _decode_producer(item, offset)
             if pid in state._producers:
@@ -553,6 +621,42 @@ def _decode_open_txns(items: list[Any], offset: int) -> dict[int, int]:
             raise SnapshotError(f"inconsistent open transaction {item!r}")
         open_txns[pid] = previous = first
     return open_txns
+
+
+def _decode_markers(
+    items: list[Any], open_txns: dict[int, int], offset: int
+) -> dict[int, tuple[int, int, int]]:
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 4 and all(map(_is_int, item))):
+            raise SnapshotError(
+                f"marker is not [producer_id, offset, epoch, control_type]: {item!r}"
+            )
+    if not _markers_consistent(items, open_txns, offset):
+        raise SnapshotError(f"inconsistent markers {items!r}")
+    markers = {pid: (at, epoch, kind) for pid, at, epoch, kind in items}
+    assert _markers_consistent([[p, *m] for p, m in markers.items()], open_txns, offset)
+    return markers
+
+
+def _markers_consistent(items: list[Any], open_txns: dict[int, int], offset: int) -> bool:
+    """The snapshot invariant of the remembered markers: one per producer, oldest first,
+    each below the snapshot offset and before its producer's open transaction (the
+    marker ended the previous one), with a valid epoch and control type."""
+    previous = -1
+    pids = set()
+    for pid, at, epoch, kind in items:
+        if not (
+            0 <= pid < 2**63
+            and pid not in pids
+            and previous < at < offset
+            and 0 <= epoch <= PRODUCER_EPOCH_MAX
+            and kind in (CONTROL_ABORT, CONTROL_COMMIT)
+            and open_txns.get(pid, offset) > at
+        ):
+            return False
+        pids.add(pid)
+        previous = at
+    return True
 
 
 def _is_int(value: Any) -> bool:

@@ -489,31 +489,37 @@ class AsyncProducer:
         remaining = normalize_offsets(offsets)
         deadline = self._block_deadline()
         attempts = 0
-        while remaining:
-            response = await self._sender.request(
-                TxnOffsetCommitRequest(
-                    transactional_id=cfg.transactional_id,
-                    producer_id=acc.producer_id,
-                    producer_epoch=acc.producer_epoch,
-                    group_id=group.group_id,
-                    member_id=group.member_id,
-                    member_epoch=group.member_epoch,
-                    topics=commit_topics(remaining),
-                ),
-                deadline,
-            )
-            failed = commit_errors(response.error, response.topics, remaining)
-            code = next(iter(failed.values()), ErrorCode.NONE)
-            if code in RETRIABLE and monotonic_ms() < deadline:
-                remaining = {tp: remaining[tp] for tp in failed}
-                attempts += 1
-                await anyio.sleep(self._retry_backoff_s(attempts))
-                continue
-            error, done = acc.on_send_offsets(code, response.message)
-            self._sender.finish(done)
-            if error is not None:
-                raise error
-            return
+        # What the transaction buffered goes out now, without lingering: its produce
+        # round then runs while the offsets are committed, not after it, in commit.
+        acc.begin_flush()
+        try:
+            while remaining:
+                response = await self._sender.request(
+                    TxnOffsetCommitRequest(
+                        transactional_id=cfg.transactional_id,
+                        producer_id=acc.producer_id,
+                        producer_epoch=acc.producer_epoch,
+                        group_id=group.group_id,
+                        member_id=group.member_id,
+                        member_epoch=group.member_epoch,
+                        topics=commit_topics(remaining),
+                    ),
+                    deadline,
+                )
+                failed = commit_errors(response.error, response.topics, remaining)
+                code = next(iter(failed.values()), ErrorCode.NONE)
+                if code in RETRIABLE and monotonic_ms() < deadline:
+                    remaining = {tp: remaining[tp] for tp in failed}
+                    attempts += 1
+                    await anyio.sleep(self._retry_backoff_s(attempts))
+                    continue
+                error, done = acc.on_send_offsets(code, response.message)
+                self._sender.finish(done)
+                if error is not None:
+                    raise error
+                return
+        finally:
+            acc.end_flush()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:

@@ -129,7 +129,7 @@ def test_open_transactions_set_the_stable_offset_and_survive_a_snapshot() -> Non
     state.begin_txn(2, 6)
     state.begin_txn(1, 8)  # still the same transaction: first offset stays 4
     assert state.first_unstable_offset() == 4 and state.in_txn(1)
-    assert state.end_txn(1) == 4 and not state.in_txn(1)
+    assert state.end_txn(1, 9, 0, True) == 4 and not state.in_txn(1)
     assert state.first_unstable_offset() == 6
     _, loaded = PartitionProducerState.decode_snapshot(
         state.encode_snapshot(10), max_producers=10, expiration_ms=1000

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Container, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -110,8 +110,13 @@ class TxnJoin(Protocol):
         """Raise ProtocolError unless this producer may add offsets to its transaction."""
         ...
 
-    async def add_group(self, transactional_id: str, group_id: str) -> None:
-        """Make the transaction hold the group, durably; ProtocolError when it may not."""
+    def add_group(self, transactional_id: str, group_id: str) -> int:
+        """Make the transaction hold the group, written; return what `durable` must be
+        given before the answer (0: nothing written). ProtocolError when it may not."""
+        ...
+
+    async def durable(self, end: int) -> None:
+        """Return once the transaction log is on disk up to `end`; OSError if not."""
         ...
 
 
@@ -178,16 +183,19 @@ class OffsetStore:
         *,
         written_point: str | None = None,
         durable_point: str | None = None,
+        on_written: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Write `record`, wait until it is durable, install it. OSError when it could not
         be: then nothing is installed. A failed write leaves the file as it was; after a
         failed fdatasync the file's state is unknown, so the store takes no more writes
-        until a restart reads it again."""
+        until a restart reads it again. `on_written` runs once the record is written."""
         if self._failed is not None:
             raise OSError(f"an earlier fdatasync of {self.log.path} failed: {self._failed}")
         end = self.log.write(record)
         if written_point is not None:
             crash_point(written_point)
+        if on_written is not None:
+            await on_written()
         try:
             await self.log.durable(end)
         except OSError as exc:
@@ -260,12 +268,18 @@ class OffsetStore:
             topics=_answer(req.topics, verdicts.errors),
         )
 
-    async def _write(self, record: list[object], verdicts: Verdicts, point: str) -> str | None:
+    async def _write(
+        self,
+        record: list[object],
+        verdicts: Verdicts,
+        point: str,
+        on_written: Callable[[], Awaitable[None]] | None = None,
+    ) -> str | None:
         """Write a judged commit durably; on failure every accepted partition is answered
         KAFKA_STORAGE_ERROR and the reason returned."""
         self._reserved += verdicts.new_keys
         try:
-            await self._write_durably(record, durable_point=point)
+            await self._write_durably(record, durable_point=point, on_written=on_written)
             return None
         except OSError as exc:
             for key, _ in verdicts.accepted:
@@ -280,8 +294,15 @@ class OffsetStore:
         self, req: m.TxnOffsetCommitRequest, txn: TxnJoin, principal: str
     ) -> m.TxnOffsetCommitResponse:
         """`principal`'s producer is judged, then the member, then the partitions; the group
-        joins the transaction (durably) before the pending offsets are written (durably)."""
-        async with txn.locked(req.transactional_id):
+        joins the transaction (written) before the pending offsets are written, and both
+        are synced in one round before the answer.
+
+        The transactional id's lock is let go once both are written, so the producer's
+        batches are appended and synced while the offsets are; the group's lock is kept
+        until the pending offsets are installed, and ending the transaction takes it
+        before its groups' marker, so that marker still comes after them."""
+        async with AsyncExitStack() as txn_lock:
+            await txn_lock.enter_async_context(txn.locked(req.transactional_id))
             try:
                 txn.judge_offsets(
                     req.transactional_id, req.producer_id, req.producer_epoch, principal
@@ -293,19 +314,22 @@ class OffsetStore:
                 if refused:
                     why = _member_message(refused, req.group_id, req.member_id, req.member_epoch)
                     return _txn_refused(req, refused, why)
-                return await self._add_pending(req, txn)
+                return await self._add_pending(req, txn, txn_lock.aclose)
 
     async def _add_pending(
-        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin
+        self,
+        req: m.TxnOffsetCommitRequest,
+        txn: TxnJoin,
+        unlock_txn: Callable[[], Awaitable[None]],
     ) -> m.TxnOffsetCommitResponse:
         """The producer and the member passed: judge the partitions, add the group to the
-        transaction, write the pending offsets."""
+        transaction, write the pending offsets; `unlock_txn` once both are written."""
         async with self._locked([req.group_id]):
             verdicts = self._judge(req.group_id, req.topics, req.producer_id)
             message: str | None = None
             if verdicts.accepted:
                 try:
-                    await txn.add_group(req.transactional_id, req.group_id)
+                    added = txn.add_group(req.transactional_id, req.group_id)
                 except ProtocolError as exc:
                     return _txn_refused(req, exc.code, exc.message)
                 since = empty_since(
@@ -314,7 +338,28 @@ class OffsetStore:
                     now_ms(),
                 )
                 record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
-                message = await self._write(record, verdicts, "txn_offsets_pending_durable")
+                # The group's add and the pending offsets share one fsync round: either
+                # alone on disk after a crash is harmless (pending offsets no entry holds
+                # the group for are dropped by recovery; a group holding none gets no
+                # marker), and the client was answered neither.
+                add_failed: list[OSError] = []
+
+                async def add_durable() -> None:
+                    try:
+                        await txn.durable(added)
+                    except OSError as exc:
+                        add_failed.append(exc)
+
+                async with anyio.create_task_group() as tg:
+                    if added:
+                        tg.start_soon(add_durable)
+                    message = await self._write(
+                        record, verdicts, "txn_offsets_pending_durable", unlock_txn
+                    )
+                if add_failed and message is None:
+                    for key, _ in verdicts.accepted:
+                        verdicts.errors[key] = ErrorCode.KAFKA_STORAGE_ERROR
+                    message = f"transaction log: {add_failed[0]}"
         return m.TxnOffsetCommitResponse(
             error=ErrorCode.KAFKA_STORAGE_ERROR if message else ErrorCode.NONE,
             message=message or _partition_message(verdicts),

@@ -147,6 +147,10 @@ class RecordLog:
         self._written = position + len(data)
         return self._written
 
+    def is_durable(self, end: int) -> bool:
+        """True once the file is fdatasynced up to `end`."""
+        return self._flushed >= end
+
     async def durable(self, end: int) -> None:
         """Return once the file is fdatasynced up to `end`; one sync serves every record
         written before it starts. Raises OSError when the sync fails."""

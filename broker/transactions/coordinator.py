@@ -4,12 +4,15 @@ Produce admission, EndTxn, PrepareTxn, CommitTxns, timeouts and recovery
 
 The transitions themselves are pure (broker/transactions/state.py); this module orders the
 IO around them. Every change is written to the transaction log and fdatasynced
-(broker/transactions/log.py) before it is installed in memory and answered. Ending a
-transaction is three steps, each durable before the next: the decision (the
-entry moves to the next epoch at once, fencing the old one), the COMMIT or ABORT
-marker on every partition of the transaction (and in the offsets log, one for
-every group whose offsets joined it), then COMPLETE. A crash between them is
-finished by `recover` before the listener opens.
+(broker/transactions/log.py) before it is answered. Two share the fsync round of
+what they go with, as section 5 allows: a partition add that of its batch, and a
+decision that of its markers. Ending a transaction is the decision (the entry moves
+to the next epoch at once, fencing the old one) and the COMMIT or ABORT marker on
+every partition of the transaction, durable together; then the groups' record in
+the offsets log, for every group whose offsets joined it; then COMPLETE. A crash
+anywhere between is finished by `recover` before the listener opens, which also
+decides a transaction by a marker whose decision was lost, and adopts a batch whose
+partition add was.
 
 Requests for one transactional id are serialised by a lock per id (CommitTxns
 takes the locks of all its ids, in sorted order, and of its app id), so a
@@ -214,6 +217,29 @@ class TransactionCoordinator:
             await self.log.append(body)
         else:
             self.log.write(body)
+        self._apply(entries, apps, removed, removed_apps)
+
+    def _write(self, entries: Iterable[TxnEntry], apps: Iterable[AppVersion] = ()) -> int:
+        """Write the changes and install them at once, before they are durable; return
+        the size `txn.wal` must reach on disk for them to be. OSError leaves memory
+        unchanged.
+
+        For the changes section 5 lets share an fsync round with what they allow (a
+        partition add with its batch, a decision with its markers): the caller answers
+        nothing that rests on them before `log.durable(end)` returns, and recovery copes
+        with either side of the round lost (`recover`)."""
+        entries, apps = list(entries), list(apps)
+        end = self.log.write([[e.encode() for e in entries], [a.encode() for a in apps], []])
+        self._apply(entries, apps, [], [])
+        return end
+
+    def _apply(
+        self,
+        entries: list[TxnEntry],
+        apps: list[AppVersion],
+        removed: list[str],
+        removed_apps: list[str],
+    ) -> None:
         for tid in removed:
             self._forget(tid)
         for entry in entries:
@@ -295,13 +321,18 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ Produce
 
-    async def admit(
+    def admit(
         self, transactional_id: str, batches: list[tuple[TopicPartition, BatchHeader]]
-    ) -> dict[TopicPartition, tuple[ErrorCode, str]]:
+    ) -> tuple[dict[TopicPartition, tuple[ErrorCode, str]], int]:
         """Judge the transactional batches of one Produce and make the transaction hold
-        their partitions, durably, before any is appended. Returns the refused ones.
+        their partitions, written before any is appended. Returns the refused ones, and
+        the size `txn.wal` must reach on disk before the batches are answered (0: no
+        change was written).
 
-        The caller holds `locked([transactional_id])` until it has appended them."""
+        The partition add shares the batches' fsync round (docs/protocol.md section 5):
+        should the batch reach the disk and the add not, recovery adopts the batch into
+        the transaction it carries the pid and epoch of. The caller holds
+        `locked([transactional_id])` until it has appended them."""
         entry = self.entries.get(transactional_id)
         refused: dict[TopicPartition, tuple[ErrorCode, str]] = {}
         admitted: set[TopicPartition] = set()
@@ -312,8 +343,9 @@ class TransactionCoordinator:
             else:
                 refused[key] = verdict
         if not admitted:
-            return refused
+            return refused, 0
         assert entry is not None
+        end = 0
         held = entry.partitions if entry.state == ONGOING else frozenset()
         groups = len(entry.groups) if entry.state == ONGOING else 0
         if entry.state != ONGOING or not admitted <= held:
@@ -327,15 +359,15 @@ class TransactionCoordinator:
                     refused[key] = (ErrorCode.INVALID_TXN_STATE, message)
                 admitted &= held
                 if not admitted:
-                    return refused
+                    return refused, 0
             try:
-                await self._persist([with_partitions(entry, admitted - held, now_ms())])
+                end = self._write([with_partitions(entry, admitted - held, now_ms())])
                 crash_point("txn_partitions_added")
             except OSError as exc:
                 log.error("event=txn_log_write_failed id=%r error=%r", transactional_id, str(exc))
                 for key in admitted:
                     refused[key] = (ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}")
-        return refused
+        return refused, end
 
     @staticmethod
     def _judge_batch(
@@ -397,12 +429,14 @@ class TransactionCoordinator:
                 ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
             )
 
-    async def add_group(self, transactional_id: str, group_id: str) -> None:
-        """Make the transaction hold the group, durably (it starts the transaction if none
-        is open). The caller holds `locked` and had the producer judged."""
+    def add_group(self, transactional_id: str, group_id: str) -> int:
+        """Make the transaction hold the group (it starts the transaction if none is open),
+        written, not synced: return the size `txn.wal` must reach on disk before the
+        TxnOffsetCommit is answered (0: the group was held already). The caller holds
+        `locked`, had the producer judged, and syncs it with the pending offsets."""
         entry = self.entries[transactional_id]
         if entry.state == ONGOING and group_id in entry.groups:
-            return
+            return 0
         limit = self.config.max_partitions_per_transaction
         if entry.state == ONGOING and len(entry.partitions) + len(entry.groups) >= limit:
             raise CoordinatorError(
@@ -411,13 +445,18 @@ class TransactionCoordinator:
                 f"max_partitions_per_transaction={limit} partitions and groups",
             )
         try:
-            await self._persist([with_group(entry, group_id, now_ms())])
+            end = self._write([with_group(entry, group_id, now_ms())])
         except OSError as exc:
             log.error("event=txn_log_write_failed id=%r error=%r", transactional_id, str(exc))
             raise CoordinatorError(
                 ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}"
             ) from exc
         crash_point("txn_group_added")
+        return end
+
+    async def durable(self, end: int) -> None:
+        """Return once `txn.wal` is on disk up to `end` (a change `_write` wrote)."""
+        await self.log.durable(end)
 
     # ------------------------------------------------------------------ ending
 
@@ -599,7 +638,9 @@ class TransactionCoordinator:
             )
             for e in entries
         ]
-        await self._persist(decisions, [] if app is None else [app])
+        # Written, not yet synced: the decision shares its fsync round with the markers
+        # (docs/protocol.md section 5), which `_complete` waits for together.
+        self._write(decisions, [] if app is None else [app])
         crash_point("txn_decided")
         for before in entries:
             if before.state in OPEN:
@@ -618,11 +659,18 @@ class TransactionCoordinator:
         return await self._complete(decisions)
 
     async def _complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
-        """Write the markers of the decided `entries`, wait until they are durable, then
-        record them COMPLETE. Raises OSError (the entries stay decided) on a storage failure."""
+        """Write the markers of the decided `entries`, wait until they and every change
+        written to `txn.wal` before them (the decisions) are durable, in one fsync round,
+        then record the entries COMPLETE. Raises OSError or StorageError (the entries stay
+        decided) on a storage failure.
+
+        Sharing the round is safe because a marker is only ever written for a decided
+        transaction: should a marker reach the disk and its decision not, recovery finds
+        the marker and decides the transaction by it (`recover`). The groups' markers in
+        `groups/offsets.wal` are the exception: they wait for the decision, since nothing
+        in recovery would read an outcome from them."""
+        decisions_end = self.log.size_bytes
         pending = [e for e in entries if e.state in DECIDED]
-        if not pending:
-            return entries
         stamp = now_ms()
         written: list[tuple[Partition, int]] = []
         for entry in pending:
@@ -640,17 +688,41 @@ class TransactionCoordinator:
         groups = [
             (e.marker_ids()[0], e.groups, e.state == PREPARE_COMMIT) for e in pending if e.groups
         ]
+        # Collected rather than raised inside the task group, which would wrap them.
+        failures: list[Exception] = []
+
+        async def decisions_then_groups() -> None:
+            try:
+                await self.log.durable(decisions_end)
+                if groups:
+                    await self.offsets.write_markers(groups)
+            except OSError as exc:
+                failures.append(exc)
+
         try:
-            if groups:
-                # While the partitions' markers are being synced by the group committer.
-                await self.offsets.write_markers(groups)
-            for partition, offset in written:
-                await self.committer.wait_durable(partition, offset)
-        except FlushFailed as exc:
-            raise StorageError(str(exc)) from exc
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(decisions_then_groups)
+                try:
+                    for partition, offset in written:
+                        await self.committer.wait_durable(partition, offset)
+                except FlushFailed as exc:
+                    failures.append(StorageError(str(exc)))
         finally:
             if written:
                 self.on_markers()
+        if failures:
+            raise failures[0]
+        for entry in pending:
+            # The decision is durable: txn.wal decides the transaction from now on, so
+            # its partitions no longer keep its markers (written now or before a crash
+            # or a failed round) for recovery.
+            pid, epoch = entry.marker_ids()
+            for topic, index in entry.partitions:
+                partition = self.topics.partition(topic, index)
+                if partition is not None:
+                    partition.producers.forget_marker(pid, epoch)
+        if not pending:
+            return entries
         crash_point("txn_markers_durable")
         done = {e.transactional_id: completed(e, now_ms()) for e in pending}
         # Not fsynced: lost, the entry is still decided and recovery completes it again,
@@ -749,6 +821,13 @@ class TransactionCoordinator:
         partition holds open that no entry claims, so no last stable offset is stuck, and
         drop pending offsets no open transaction claims, so no OffsetFetch with
         require_stable waits for ever."""
+        for entry, committed in self._decided_by_markers():
+            # The decision shared its fsync round with the markers and was lost: a marker
+            # is only written for a decided transaction, so the one found decides it.
+            log.warning(
+                "event=txn_decided_by_marker id=%r committed=%s", entry.transactional_id, committed
+            )
+            await self._end([entry], committed, "recovery")
         decided_entries = [e for e in self.entries.values() if e.state in DECIDED]
         if decided_entries:
             log.info("event=txn_recovery decided=%d", len(decided_entries))
@@ -762,6 +841,26 @@ class TransactionCoordinator:
             for pid in partition.producers.open_txns:
                 if (pid, partition.topic, partition.index) in claimed:
                     continue
+                owner = self.entries.get(self._pids.get(pid, ""))
+                if (
+                    owner is not None
+                    and owner.producer_id == pid
+                    and (owner.state == ONGOING or owner.state in ENDED)
+                    and partition.producers.epoch_of(pid) == owner.producer_epoch
+                ):
+                    # The current transaction's batch reached the disk and its partition
+                    # add, which shared the round, did not: the batch is the transaction's
+                    # (its pid and epoch say so), and a retry of it would be answered as a
+                    # duplicate, so it is adopted rather than aborted.
+                    log.warning(
+                        "event=txn_partition_adopted id=%r topic=%s partition=%d",
+                        owner.transactional_id,
+                        partition.topic,
+                        partition.index,
+                    )
+                    key = (partition.topic, partition.index)
+                    await self._persist([with_partitions(owner, {key}, stamp)])
+                    continue
                 epoch = partition.producers.epoch_of(pid)
                 log.warning(
                     "event=txn_orphan_aborted topic=%s partition=%d producer_id=%d",
@@ -773,6 +872,10 @@ class TransactionCoordinator:
                 self.counters.aborts["recovery"] += 1
                 partition.log.flush()
                 assert partition.log.flushed_offset > offset
+        for partition in self.topics.all_partitions():
+            # txn.wal was synced at open and every decision made here was synced: no
+            # marker is needed to decide a transaction any more.
+            partition.producers.forget_markers()
         claimed_groups = {
             (group_id, entry.producer_id)
             for entry in self.entries.values()
@@ -787,6 +890,26 @@ class TransactionCoordinator:
             await self.offsets.write_markers(
                 [(pid, [group_id], False) for group_id, pid in orphans]
             )
+
+    def _decided_by_markers(self) -> list[tuple[TxnEntry, bool]]:
+        """Open transactions that a partition remembers a marker of (same pid and epoch),
+        found by the replay at open or kept by a snapshot taken after it, with that
+        marker's outcome."""
+        found = []
+        for entry in self.entries.values():
+            if entry.state not in OPEN:
+                continue
+            for topic, index in sorted(entry.partitions):
+                partition = self.topics.partition(topic, index)
+                marker = (
+                    None
+                    if partition is None
+                    else partition.producers.last_marker(entry.producer_id)
+                )
+                if marker is not None and marker[0] == entry.producer_epoch:
+                    found.append((entry, marker[1]))
+                    break
+        return found
 
     # ------------------------------------------------------------------ listing
 

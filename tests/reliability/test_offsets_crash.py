@@ -198,3 +198,37 @@ def test_pending_offsets_no_transaction_claims_are_dropped_at_start(
             assert listing["state"] == "EMPTY"
     finally:
         broker.kill()
+
+
+def test_pending_offsets_without_their_group_add_are_dropped(tmp_path: Path, backend: str) -> None:
+    """The group's add and the pending offsets share an fsync round: should the offsets
+    reach the disk and the add not (cut from `txn.wal` after the kill, as a power loss
+    before the round would), recovery drops them, and the client's retry, never
+    answered before, adds both again."""
+    broker = fresh(tmp_path, backend, "txn_offsets_pending_durable")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert commit(c, "g", {0: 1})["error"] == 0
+            tx = Txn(c)
+            assert tx.send("t", 1, [b"out"])["error"] == 0
+            with pytest.raises(DROPPED):
+                txn_commit(tx, "g", {0: 10})
+        assert broker.proc is not None
+        broker.proc.wait(15)
+        path = broker.data_dir / "transactions" / "txn.wal"
+        data = path.read_bytes()
+        ends = [end for _, end in scan_records(data, path)]
+        with path.open("r+b") as f:
+            f.truncate(ends[-2])
+        restart_clean(broker)
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "ONGOING"
+            assert fetch(c, "g") == {0: (1, 0), 1: (-1, 0)}
+            tx.c = c
+            assert txn_commit(tx, "g", {0: 10})["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
+            assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"out"]
+    finally:
+        broker.kill()
