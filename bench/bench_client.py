@@ -291,27 +291,12 @@ def _send_rate(broker: BrokerProcess, records: int, config: dict[str, Any]) -> t
 def _p50_p99_ms(broker: BrokerProcess, rate: float, config: dict[str, Any]) -> tuple[float, float]:
     """Produce p50 and p99 in ms, from each record's scheduled send time to its ack, of an open
     loop at `rate` records/s for LATENCY_DURATION_S (bench_peers' loop and timing)."""
-    from bench.bench_peers import _AckTimes, _latencies, _open_loop_acked
+    from bench.bench_peers import _producer_latencies
 
     topic = f"bench-latency-{time.monotonic_ns()}"
-    create_topic(broker.bootstrap, topic, partitions=1)
     values = [os.urandom(RECORD_SIZE) for _ in range(256)]
     records = max(100, int(rate * LATENCY_DURATION_S))
-    acks = _AckTimes()
-    with Producer(broker.bootstrap, **config) as producer:
-        producer.partitions_for(topic)
-        send = producer.send
-
-        def send_due(first: int, stop: int) -> None:
-            for i in range(first, stop):
-                handle = send(topic, values[i & 255], partition=0)
-                if handle[1] == 0:  # the first record of a new batch
-                    acks.opened(i, handle)
-            acks.sent = stop
-
-        t0 = _open_loop_acked(producer, send_due, acks, rate, records)
-        end = time.perf_counter()
-    latencies = _latencies(acks.per_record(records), t0, rate, end)
+    latencies = _producer_latencies(broker.bootstrap, topic, values, config, rate, records)
     return percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000
 
 

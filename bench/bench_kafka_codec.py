@@ -33,6 +33,7 @@ from broker.kafka.entities import build, response_class, write_response
 from broker.kafka.records import ONLY_V2
 from broker.kafka.responses import CONVERSIONS
 from broker.storage import FileSpan
+from harness.kafka_requests import fetch_request, produce_request
 from protocol import messages as m
 from protocol.framing import frame
 
@@ -52,15 +53,7 @@ def _batch() -> bytes:
 
 def _cases() -> dict[str, dict[str, Callable[[], object]]]:
     batch = _batch()
-    topic = ProduceRequest.TopicProduceData
-    produce = ProduceRequest[9](
-        transactional_id=None,
-        acks=-1,
-        timeout_ms=30_000,
-        topic_data=[
-            topic(name="bench", partition_data=[topic.PartitionProduceData(index=0, records=batch)])
-        ],
-    )
+    produce = produce_request("bench", batch, acks=-1, timeout_ms=30_000)
     produce.with_header(correlation_id=1, client_id="bench")
     produce_body = bytes(produce.encode(header=True))
     ours_produce = m.encode_request(
@@ -120,23 +113,7 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
         )
         return SplicedReply(response, [span], [placeholder])
 
-    fetch_topic = FetchRequest.FetchTopic
-    fetch = FetchRequest[12](
-        max_wait_ms=500,
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        topics=[
-            fetch_topic(
-                topic="bench",
-                partitions=[
-                    fetch_topic.FetchPartition(
-                        partition=0, fetch_offset=0, partition_max_bytes=1 << 20
-                    )
-                ],
-            )
-        ],
-    )
+    fetch = fetch_request("bench", max_wait_ms=500)
     fetch.with_header(correlation_id=2, client_id="bench")
     fetch_body = bytes(fetch.encode(header=True))
     ours_fetch = m.encode_request(

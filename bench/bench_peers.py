@@ -213,6 +213,35 @@ def _open_loop_acked(
     return t0
 
 
+def _producer_latencies(
+    bootstrap: str,
+    topic: str,
+    values: list[bytes],
+    config: dict[str, Any],
+    rate: float,
+    records: int,
+) -> list[float]:
+    """Each record's latency in s, from its scheduled send time to its ack, of the SDK
+    producer's open loop at `rate` records/s to partition 0 of a new one-partition
+    `topic` (`values` cycled, 256 of them)."""
+    create_topic(bootstrap, topic, partitions=1)
+    acks = _AckTimes()
+    with Producer(bootstrap, **config) as producer:
+        producer.partitions_for(topic)
+        send = producer.send
+
+        def send_due(first: int, stop: int) -> None:
+            for i in range(first, stop):
+                handle = send(topic, values[i & 255], partition=0)
+                if handle[1] == 0:  # the first record of a new batch
+                    acks.opened(i, handle)
+            acks.sent = stop
+
+        t0 = _open_loop_acked(producer, send_due, acks, rate, records)
+        end = time.perf_counter()
+    return _latencies(acks.per_record(records), t0, rate, end)
+
+
 def _values() -> list[bytes]:
     return [os.urandom(RECORD_BYTES) for _ in range(256)]
 
@@ -259,22 +288,7 @@ def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
                 sys.setswitchinterval(default_switch_s)
 
         def timed(topic: str, rate: float, records: int) -> list[float]:
-            create_topic(bootstrap, topic, partitions=1)
-            acks = _AckTimes()
-            with Producer(bootstrap, **config) as producer:
-                producer.partitions_for(topic)
-                send = producer.send
-
-                def send_due(first: int, stop: int) -> None:
-                    for i in range(first, stop):
-                        handle = send(topic, values[i & 255], partition=0)
-                        if handle[1] == 0:  # the first record of a new batch
-                            acks.opened(i, handle)
-                    acks.sent = stop
-
-                t0 = _open_loop_acked(producer, send_due, acks, rate, records)
-                end = time.perf_counter()
-            return _latencies(acks.per_record(records), t0, rate, end)
+            return _producer_latencies(bootstrap, topic, values, config, rate, records)
 
         return run
 

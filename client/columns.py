@@ -127,8 +127,8 @@ class ArrowColumns:
         self.key_array = None if keys is None else _arrow_binary(keys, "keys")
         if self.key_array is not None and len(self.key_array) != len(self.value_array):
             raise ValueError(f"{len(self.key_array)} keys for {len(self.value_array)} values")
-        self._value_chunks = _chunks(self.value_array)
-        self._key_chunks = None if self.key_array is None else _chunks(self.key_array)
+        self._value_chunks = binary_chunks(self.value_array)
+        self._key_chunks = None if self.key_array is None else binary_chunks(self.key_array)
         self._keys: list[bytes | None] | None = None
 
     def __len__(self) -> int:
@@ -171,7 +171,7 @@ class ArrowColumns:
         )
 
 
-def _chunks(array: Any) -> tuple[BinaryChunk, ...]:
+def binary_chunks(array: Any) -> tuple[BinaryChunk, ...]:
     """The buffers of every chunk of an Arrow binary or large_binary (chunked) array."""
     import pyarrow as pa
 

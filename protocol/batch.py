@@ -61,6 +61,9 @@ from protocol.batch_header import (
     BatchError,
     BatchHeader,
     Record,
+    check_batch_length,
+    check_codec,
+    check_producer_and_size,
 )
 from protocol.batch_v2 import (
     HEADER_V2_BYTES,
@@ -75,7 +78,6 @@ from protocol.batch_v2 import (
 from protocol.compression import (
     DECOMPRESSED_BYTES_MAX,
     MAGIC1_CODECS,
-    UNKNOWN_CODEC,
     Compression,
     compress,
     decompress,
@@ -267,11 +269,7 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
     if size < HEADER_BYTES:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"batch truncated: {size} bytes < header")
     header = BatchHeader._make(HEADER.unpack_from(buf))
-    if header.batch_length + LENGTH_PREFIX_BYTES != size:
-        raise BatchError(
-            ErrorCode.CORRUPT_MESSAGE,
-            f"batch_length {header.batch_length} inconsistent with {size} bytes",
-        )
+    check_batch_length(header, size)
     if crc32(memoryview(buf)[CRC_START:]) != header.crc:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, "CRC mismatch")
     if (
@@ -284,11 +282,7 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
             f"magic={header.magic} record_count={header.record_count} "
             f"last_offset_delta={header.last_offset_delta}",
         )
-    if header.compression == UNKNOWN_CODEC:
-        raise BatchError(
-            ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
-            f"compression code {header.attributes & COMPRESSION_MASK}",
-        )
+    check_codec(header)
     records = memoryview(buf)[HEADER_BYTES:]
     try:
         if header.compression != Compression.NONE:
@@ -301,20 +295,7 @@ def validate(buf: bytes | bytearray | memoryview, *, max_bytes: int | None = Non
             ErrorCode.INVALID_RECORD,
             f"record_count {header.record_count} but the records array holds {count}",
         )
-    if (
-        header.producer_id != NO_PRODUCER_ID
-        and not header.is_control
-        and (header.producer_epoch < 0 or header.base_sequence < 0)
-    ):
-        raise BatchError(
-            ErrorCode.INVALID_RECORD,
-            f"idempotent batch with epoch {header.producer_epoch} "
-            f"and base_sequence {header.base_sequence}",
-        )
-    if max_bytes is not None and size > max_bytes:
-        raise BatchError(
-            ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes over message_max_bytes {max_bytes}"
-        )
+    check_producer_and_size(header, size, max_bytes)
     return header
 
 

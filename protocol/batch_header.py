@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.compression import KAFKA_CODECS, MAGIC1_CODECS
-from protocol.errors import ProtocolError
+from protocol.compression import KAFKA_CODECS, MAGIC1_CODECS, UNKNOWN_CODEC
+from protocol.errors import ErrorCode, ProtocolError
 
 MAGIC = 1
 MAGIC_V2 = 2
@@ -100,3 +100,44 @@ class Record(NamedTuple):
 
 class BatchError(ProtocolError):
     """A batch that fails validation; `code` is what the broker answers with."""
+
+
+# The checks both formats' validate make, in the order docs/protocol.md section 2 lists
+# them; each format's own checks (CRC, record count, the records) go in between.
+
+
+def check_batch_length(header: BatchHeader, size: int) -> None:
+    """BatchError(CORRUPT_MESSAGE) unless batch_length counts the `size` bytes held."""
+    if header.batch_length + LENGTH_PREFIX_BYTES != size:
+        raise BatchError(
+            ErrorCode.CORRUPT_MESSAGE,
+            f"batch_length {header.batch_length} inconsistent with {size} bytes",
+        )
+
+
+def check_codec(header: BatchHeader) -> None:
+    """BatchError(UNSUPPORTED_COMPRESSION_TYPE) for a compression code with no codec."""
+    if header.compression == UNKNOWN_CODEC:
+        raise BatchError(
+            ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+            f"compression code {header.attributes & COMPRESSION_MASK}",
+        )
+
+
+def check_producer_and_size(header: BatchHeader, size: int, max_bytes: int | None) -> None:
+    """BatchError(INVALID_RECORD) for an idempotent data batch without an epoch and a
+    base sequence, then BatchError(MESSAGE_TOO_LARGE) for `size` over `max_bytes`."""
+    if (
+        header.producer_id != NO_PRODUCER_ID
+        and not header.is_control
+        and (header.producer_epoch < 0 or header.base_sequence < 0)
+    ):
+        raise BatchError(
+            ErrorCode.INVALID_RECORD,
+            f"idempotent batch with epoch {header.producer_epoch} "
+            f"and base_sequence {header.base_sequence}",
+        )
+    if max_bytes is not None and size > max_bytes:
+        raise BatchError(
+            ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes over message_max_bytes {max_bytes}"
+        )

@@ -38,7 +38,6 @@ import struct
 from collections.abc import Sequence
 
 from protocol.batch_header import (
-    COMPRESSION_MASK,
     CONTROL_FLAG,
     LENGTH_PREFIX_BYTES,
     MAGIC_V2,
@@ -49,11 +48,13 @@ from protocol.batch_header import (
     BatchError,
     BatchHeader,
     Record,
+    check_batch_length,
+    check_codec,
+    check_producer_and_size,
 )
 from protocol.compression import (
     DECOMPRESSED_BYTES_MAX,
     KAFKA_CODES,
-    UNKNOWN_CODEC,
     Compression,
     compress,
     decompress,
@@ -144,11 +145,7 @@ def validate_v2(
     if size < HEADER_V2_BYTES:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, f"batch truncated: {size} bytes < header")
     header = read_header_v2(buf)
-    if header.batch_length + LENGTH_PREFIX_BYTES != size:
-        raise BatchError(
-            ErrorCode.CORRUPT_MESSAGE,
-            f"batch_length {header.batch_length} inconsistent with {size} bytes",
-        )
+    check_batch_length(header, size)
     if crc_v2(buf, 0, header) != header.crc:
         raise BatchError(ErrorCode.CORRUPT_MESSAGE, "CRC-32C mismatch")
     if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
@@ -156,29 +153,12 @@ def validate_v2(
             ErrorCode.INVALID_RECORD,
             f"record_count={header.record_count} last_offset_delta={header.last_offset_delta}",
         )
-    if header.compression == UNKNOWN_CODEC:
-        raise BatchError(
-            ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
-            f"compression code {header.attributes & COMPRESSION_MASK}",
-        )
+    check_codec(header)
     try:
         check_records_v2(_payload(buf, 0, header, inflated_max), header.record_count)
     except (ValueError, ProtocolError) as exc:
         raise BatchError(ErrorCode.INVALID_RECORD, f"records undecodable: {exc}") from None
-    if (
-        header.producer_id != NO_PRODUCER_ID
-        and not header.is_control
-        and (header.producer_epoch < 0 or header.base_sequence < 0)
-    ):
-        raise BatchError(
-            ErrorCode.INVALID_RECORD,
-            f"idempotent batch with epoch {header.producer_epoch} "
-            f"and base_sequence {header.base_sequence}",
-        )
-    if max_bytes is not None and size > max_bytes:
-        raise BatchError(
-            ErrorCode.MESSAGE_TOO_LARGE, f"batch of {size} bytes over message_max_bytes {max_bytes}"
-        )
+    check_producer_and_size(header, size, max_bytes)
     return header
 
 

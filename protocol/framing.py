@@ -15,6 +15,7 @@ a bounded number of views at a time, not one per request.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -209,17 +210,34 @@ def splice_frame(body: bytes, holes: list[tuple[bytes, int]]) -> list[bytes | in
     lists (placeholder, real length). The result alternates bytes to send with
     the index of the hole whose bytes go there, and the length prefix already
     counts the real lengths. Pure: the caller does the file IO."""
-    pieces: list[bytes | int] = []
-    total = len(body)
-    cursor = 0
-    for index, (placeholder, length) in enumerate(holes):
-        encoded = _bin_header(len(placeholder)) + placeholder
-        at = body.find(encoded, cursor)
-        assert at >= 0 and body.find(encoded, at + 1) < 0, "placeholder must occur once"
-        header = _bin_header(length)
-        pieces += [body[cursor:at] + header, index]
-        total += len(header) + length - len(encoded)
-        cursor = at + len(encoded)
-    pieces.append(body[cursor:])
+    numbered = [(index, placeholder, length) for index, (placeholder, length) in enumerate(holes)]
+    pieces, total = splice_holes(body, 0, numbered, _bin_header)
     pieces[0] = LENGTH.pack(total) + pieces[0]  # type: ignore[operator]
     return pieces
+
+
+def splice_holes(
+    data: bytes,
+    start: int,
+    holes: list[tuple[int, bytes, int]],
+    length_field: Callable[[int], bytes],
+) -> tuple[list[bytes | int], int]:
+    """`data` from `start` on, cut where values are sent separately, and how many bytes
+    it all sends. `data` carries, in place of each value, a unique placeholder after
+    its length field (`length_field(length)`, the format's); `holes` lists (index,
+    placeholder, real length). The pieces alternate bytes to send with the index whose
+    bytes go there, the length fields rewritten to the real lengths: the caller puts
+    the frame's own length prefix before the first."""
+    pieces: list[bytes | int] = []
+    total = len(data) - start
+    cursor = start
+    for index, placeholder, length in holes:
+        encoded = length_field(len(placeholder)) + placeholder
+        at = data.find(encoded, cursor)
+        assert at >= 0 and data.find(encoded, at + 1) < 0, "placeholder must occur once"
+        header = length_field(length)
+        pieces += [data[cursor:at] + header, index]
+        total += len(header) + length - len(encoded)
+        cursor = at + len(encoded)
+    pieces.append(data[cursor:])
+    return pieces, total

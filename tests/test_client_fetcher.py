@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import struct
-
 import msgpack
 import pytest
 
 from client.errors import CorruptRecordError, MinibrokerError
 from client.fetcher import FetchedRecords
 from protocol.batch import (
-    CONTROL_ABORT,
     CONTROL_COMMIT,
     build_batch,
     build_batch_from_columns,
@@ -18,27 +15,11 @@ from protocol.batch import (
     encode_batch,
 )
 from protocol.compression import Compression
-from protocol.messages import AbortedTransaction
-
-
-def at(offset: int, batch: bytes) -> bytes:
-    """`batch` as the broker stores it: base_offset stamped."""
-    buf = bytearray(batch)
-    struct.pack_into(">q", buf, 0, offset)
-    return bytes(buf)
+from tests.fetcher_support import at, check_aborted_transaction_skipped, take_all
 
 
 def values_batch(offset: int, values: list[bytes], **kwargs: object) -> bytes:
     return at(offset, build_batch_from_columns(values, None, 1_000, **kwargs))  # type: ignore[arg-type]
-
-
-def take_all(fetched: FetchedRecords, step: int = 1000) -> list:
-    out = []
-    while True:
-        records = fetched.take(step)
-        if not records:
-            return out
-        out += records
 
 
 def test_records_have_offsets_timestamps_keys_and_headers() -> None:
@@ -149,17 +130,4 @@ def test_read_committed_drops_aborted_transactions() -> None:
             offset, build_control_batch(kind, producer_id=pid, producer_epoch=0, timestamp_ms=1)
         )
 
-    data = (
-        txn(0, 1, [b"aborted-1", b"aborted-2"])
-        + txn(2, 2, [b"committed"])
-        + marker(3, 1, CONTROL_ABORT)
-        + marker(4, 2, CONTROL_COMMIT)
-        + txn(5, 1, [b"later-committed"])
-        + marker(6, 1, CONTROL_COMMIT)
-    )
-    aborted = [AbortedTransaction(producer_id=1, first_offset=0)]
-    committed = FetchedRecords("t", 0, data, 0, aborted_transactions=aborted, read_committed=True)
-    assert [r.value for r in take_all(committed)] == [b"committed", b"later-committed"]
-    assert committed.position == 7
-    uncommitted = FetchedRecords("t", 0, data, 0, aborted_transactions=aborted)
-    assert len(take_all(uncommitted)) == 4
+    check_aborted_transaction_skipped(txn, marker)

@@ -17,10 +17,11 @@ import pytest
 
 from client.errors import CorruptRecordError
 from client.fetcher import FetchedRecords
-from protocol.batch import CONTROL_ABORT, CONTROL_COMMIT, build_batch, build_control_batch
+from protocol.batch import build_batch, build_control_batch
 from protocol.batch_v2 import build_control_batch_v2, encode_batch_v2, encode_records_v2
 from protocol.compression import Compression
-from protocol.messages import AbortedTransaction
+from tests import fetcher_support
+from tests.fetcher_support import at, check_aborted_transaction_skipped
 
 ROWS = [
     (1_000, b"k0", b"v0", [("h", b"x"), ("null", None)]),
@@ -29,18 +30,9 @@ ROWS = [
 ]
 
 
-def at(offset: int, batch: bytes) -> bytes:
-    """`batch` as the broker stores it: base_offset stamped."""
-    buf = bytearray(batch)
-    struct.pack_into(">q", buf, 0, offset)
-    return bytes(buf)
-
-
 def take_all(fetched: FetchedRecords) -> list:
-    out = []
-    while records := fetched.take(2):
-        out += records
-    return out
+    """Every record, two at a time: takes that end inside a batch."""
+    return fetcher_support.take_all(fetched, step=2)
 
 
 @pytest.mark.parametrize("codec", list(Compression))
@@ -122,17 +114,4 @@ def test_v2_control_batches_are_dropped_and_aborted_v2_transactions_skipped(
         build = build_control_batch_v2 if v2_markers else build_control_batch
         return at(offset, build(kind, producer_id=pid, producer_epoch=0, timestamp_ms=1))
 
-    data = (
-        txn(0, 1, [b"aborted-1", b"aborted-2"])
-        + txn(2, 2, [b"committed"])
-        + marker(3, 1, CONTROL_ABORT)
-        + marker(4, 2, CONTROL_COMMIT)
-        + txn(5, 1, [b"later-committed"])
-        + marker(6, 1, CONTROL_COMMIT)
-    )
-    aborted = [AbortedTransaction(producer_id=1, first_offset=0)]
-    committed = FetchedRecords("t", 0, data, 0, aborted_transactions=aborted, read_committed=True)
-    assert [r.value for r in take_all(committed)] == [b"committed", b"later-committed"]
-    assert committed.position == 7
-    uncommitted = FetchedRecords("t", 0, data, 0, aborted_transactions=aborted)
-    assert [r.offset for r in take_all(uncommitted)] == [0, 1, 2, 5]
+    check_aborted_transaction_skipped(txn, marker, step=2)

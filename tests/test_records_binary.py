@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.columns import ArrowColumns, Columns
+from client.columns import ArrowColumns, Columns, binary_chunks
 from client.errors import RecordTooLargeError
 from protocol.records import (
     RECORD_OVERHEAD,
@@ -37,16 +37,6 @@ except ImportError:  # pragma: no cover - test_records_fast says the extension m
 
 items = st.one_of(st.none(), st.binary(max_size=300), st.just(b"x" * 70_000))
 rows = st.lists(items, max_size=60)
-
-
-def chunks_of(array: pa.Array | pa.ChunkedArray) -> list[BinaryChunk]:
-    wide = pa.types.is_large_binary(array.type)
-    parts = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
-    out = []
-    for part in parts:
-        validity, offsets, data = part.buffers()
-        out.append(BinaryChunk(len(part), part.offset, validity, offsets, data, wide))
-    return out
 
 
 @st.composite
@@ -86,8 +76,8 @@ def test_c_and_python_encode_the_same_bytes_as_msgpack(
     values: list[bytes | None], keyed: bool, data: st.DataObject
 ) -> None:
     keys = data.draw(st.lists(items, min_size=len(values), max_size=len(values))) if keyed else None
-    value_chunks = chunks_of(data.draw(columns(values)))
-    key_chunks = None if keys is None else chunks_of(data.draw(columns(keys)))
+    value_chunks = binary_chunks(data.draw(columns(values)))
+    key_chunks = None if keys is None else binary_chunks(data.draw(columns(keys)))
     start = data.draw(st.integers(0, len(values)))
     stop = data.draw(st.integers(start, len(values)))
     expected = reference(values[start:stop], None if keys is None else keys[start:stop])
@@ -102,8 +92,8 @@ def test_c_and_python_cut_at_the_same_rows_as_columns(
     values: list[bytes | None], keyed: bool, limit: int, data: st.DataObject
 ) -> None:
     keys = data.draw(st.lists(items, min_size=len(values), max_size=len(values))) if keyed else None
-    value_chunks = chunks_of(data.draw(columns(values)))
-    key_chunks = None if keys is None else chunks_of(data.draw(columns(keys)))
+    value_chunks = binary_chunks(data.draw(columns(values)))
+    key_chunks = None if keys is None else binary_chunks(data.draw(columns(keys)))
     fast = binary_record_bounds(value_chunks, key_chunks, limit, RECORD_OVERHEAD)
     assert fast == binary_record_bounds_py(value_chunks, key_chunks, limit, RECORD_OVERHEAD)
     try:
@@ -162,21 +152,21 @@ def test_malformed_buffers_are_refused_not_read(chunk: BinaryChunk) -> None:
 
 
 def test_rows_outside_the_column_and_mismatched_keys_are_refused() -> None:
-    values = chunks_of(pa.array([b"a", b"b"]))
+    values = binary_chunks(pa.array([b"a", b"b"]))
     for encode in (encode_binary_records, encode_binary_records_py):
         with pytest.raises(ValueError):
             encode(values, None, 1, 3)
         with pytest.raises(ValueError):
             encode(values, None, 2, 1)
         with pytest.raises(ValueError):
-            encode(values, chunks_of(pa.array([b"k"])), 0, 1)
+            encode(values, binary_chunks(pa.array([b"k"])), 0, 1)
     with pytest.raises(ValueError):
-        binary_record_bounds(values, chunks_of(pa.array([b"k"])), 100, RECORD_OVERHEAD)
+        binary_record_bounds(values, binary_chunks(pa.array([b"k"])), 100, RECORD_OVERHEAD)
 
 
 def test_only_the_chunks_a_run_reads_are_checked() -> None:
     """A send is encoded as several runs; each checks the chunks it reads, not all."""
-    good = chunks_of(pa.array([b"a", b"bc"]))[0]
+    good = binary_chunks(pa.array([b"a", b"bc"]))[0]
     bad = BinaryChunk(3, 0, None, bytes(12), b"", False)  # offsets for 2 rows, not 3
     assert encode_binary_records([good, bad], None, 0, 2) == reference([b"a", b"bc"], None)
     with pytest.raises(ValueError):

@@ -35,7 +35,7 @@ from broker.kafka.requests import TRANSLATIONS, Exchange, Reply
 from broker.kafka.responses import CONVERSIONS, supported_ranges
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.framing import FrameError
+from protocol.framing import FrameError, splice_holes
 
 CID_MASK = 2**31 - 1
 _INT32 = struct.Struct(">i")
@@ -176,18 +176,7 @@ def splice(data: bytes, holes: list[tuple[int, bytes, int]], *, compact: bool) -
     file): `data` carries, in place of each, a unique placeholder; `holes` lists
     (index, placeholder, real length). The result alternates bytes to send with the
     index whose bytes go there; length fields already count the real lengths."""
-    pieces: list[bytes | int] = []
-    total = len(data) - 4
-    cursor = 4
-    for index, placeholder, length in holes:
-        encoded = _records_length(len(placeholder), compact) + placeholder
-        at = data.find(encoded, cursor)
-        assert at >= 0 and data.find(encoded, at + 1) < 0, "placeholder must occur once"
-        header = _records_length(length, compact)
-        pieces += [data[cursor:at] + header, index]
-        total += len(header) + length - len(encoded)
-        cursor = at + len(encoded)
-    pieces.append(data[cursor:])
+    pieces, total = splice_holes(data, 4, holes, lambda n: _records_length(n, compact))
     pieces[0] = _INT32.pack(total) + pieces[0]  # type: ignore[operator]
     return pieces
 

@@ -15,7 +15,7 @@ import asyncio
 import struct
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import confluent_kafka
 import kafka
 import kafka.structs
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AIOTopicPartition
 
@@ -125,6 +126,23 @@ def start_stack(data_dir: Path, backend: str, *, proxied: bool) -> KafkaStack:
     return stack
 
 
+def stack_per_backend(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    proxied: bool,
+) -> Iterator[KafkaStack]:
+    """The body of a module's stack fixture, parametrized over the backends: a stack on
+    `request.param` in a fresh `kafka-{name}-{backend}` directory, closed after."""
+    data_dir: Path = tmp_path_factory.mktemp(f"kafka-{name}-{request.param}") / "data"
+    stack = start_stack(data_dir, request.param, proxied=proxied)
+    try:
+        yield stack
+    finally:
+        stack.close()
+
+
 class Rec(NamedTuple):
     """One record as sent and as read back (offset -1 until read)."""
 
@@ -191,6 +209,17 @@ def _wait(done: Callable[[], bool], what: str) -> None:
         time.sleep(0.002)
 
 
+def _send_kwargs(r: Rec) -> dict[str, Any]:
+    """`r` as kafka-python's and aiokafka's send take it, for partition 0."""
+    return {
+        "value": r.value,
+        "key": r.key,
+        "partition": 0,
+        "headers": list(r.headers),
+        "timestamp_ms": r.timestamp,
+    }
+
+
 def _produce_kafka_python(
     bootstrap: str, topic: str, recs: list[Rec], codec: str, restart: Restart
 ) -> list[int]:
@@ -212,17 +241,7 @@ def _produce_kafka_python(
     try:
         for half, part in enumerate(_halves(recs)):
             for i in part:
-                r = recs[i]
-                futures.append(
-                    producer.send(
-                        topic,
-                        value=r.value,
-                        key=r.key,
-                        partition=0,
-                        headers=list(r.headers),
-                        timestamp_ms=r.timestamp,
-                    )
-                )
+                futures.append(producer.send(topic, **_send_kwargs(recs[i])))
             if half == 0 and action is not None:
                 _wait(lambda: sum(f.is_done for f in futures) >= at, f"{at} acknowledgements")
                 action()
@@ -251,17 +270,7 @@ async def _produce_aiokafka(
     try:
         for half, part in enumerate(_halves(recs)):
             for i in part:
-                r = recs[i]
-                futures.append(
-                    await producer.send(
-                        topic,
-                        value=r.value,
-                        key=r.key,
-                        partition=0,
-                        headers=list(r.headers),
-                        timestamp_ms=r.timestamp,
-                    )
-                )
+                futures.append(await producer.send(topic, **_send_kwargs(recs[i])))
             if half == 0 and action is not None:
                 deadline = time.monotonic() + DEADLINE_S
                 while sum(f.done() for f in futures) < at:
@@ -349,6 +358,11 @@ def header_pairs(headers: Any) -> tuple[tuple[str, bytes], ...]:
     return tuple((k, v) for k, v in headers or ())
 
 
+def _rec_of(m: Any) -> Rec:
+    """A kafka-python or aiokafka ConsumerRecord (the same fields) as a Rec."""
+    return Rec(m.key, m.value, header_pairs(m.headers), m.timestamp, m.offset)
+
+
 def _read_kafka_python(bootstrap: str, topic: str, count: int, isolation: str) -> list[Rec]:
     consumer = kafka.KafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -364,10 +378,7 @@ def _read_kafka_python(bootstrap: str, topic: str, count: int, isolation: str) -
         deadline = time.monotonic() + DEADLINE_S
         while len(out) < count and time.monotonic() < deadline:
             for batch in consumer.poll(timeout_ms=500).values():
-                out += [
-                    Rec(m.key, m.value, header_pairs(m.headers), m.timestamp, m.offset)
-                    for m in batch
-                ]
+                out += [_rec_of(m) for m in batch]
     finally:
         consumer.close()
     return out
@@ -386,10 +397,7 @@ async def _read_aiokafka(bootstrap: str, topic: str, count: int, isolation: str)
         deadline = time.monotonic() + DEADLINE_S
         while len(out) < count and time.monotonic() < deadline:
             for batch in (await consumer.getmany(timeout_ms=500)).values():
-                out += [
-                    Rec(m.key, m.value, header_pairs(m.headers), m.timestamp, m.offset)
-                    for m in batch
-                ]
+                out += [_rec_of(m) for m in batch]
     finally:
         await consumer.stop()
     return out

@@ -11,7 +11,6 @@ acknowledged with; offsets run 0..n-1, so a duplicate or a gap shows.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -24,7 +23,7 @@ from tests.kafka.kafka_support import (
     produce,
     read_back,
     records,
-    start_stack,
+    stack_per_backend,
     without_offsets,
 )
 
@@ -37,12 +36,7 @@ def stack(
 ) -> Iterator[KafkaStack]:
     """One broker per backend for the module, its kafka listener behind a fault proxy;
     each test has topics of its own and sets the proxy's faults."""
-    data_dir: Path = tmp_path_factory.mktemp(f"kafka-clients-{request.param}") / "data"
-    stack = start_stack(data_dir, request.param, proxied=True)
-    try:
-        yield stack
-    finally:
-        stack.close()
+    yield from stack_per_backend(request, tmp_path_factory, "clients", proxied=True)
 
 
 def assert_exactly_once(sent: list[Rec], offsets: list[int], back: list[Rec]) -> None:

@@ -7,7 +7,6 @@ the kafka listener, with the same keys, values, headers, offsets and timestamps.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,7 +19,7 @@ from tests.kafka.kafka_support import (
     produce,
     read_back,
     records,
-    start_stack,
+    stack_per_backend,
     without_offsets,
 )
 
@@ -32,12 +31,7 @@ DEADLINE_MS = 30_000
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KafkaStack]:
-    data_dir: Path = tmp_path_factory.mktemp(f"kafka-cross-{request.param}") / "data"
-    stack = start_stack(data_dir, request.param, proxied=False)
-    try:
-        yield stack
-    finally:
-        stack.close()
+    yield from stack_per_backend(request, tmp_path_factory, "cross", proxied=False)
 
 
 def read_sdk(bootstrap: str, topic: str, count: int) -> list[Rec]:

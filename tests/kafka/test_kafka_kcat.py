@@ -8,13 +8,12 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from client import Producer
 from tests.conftest import BACKENDS
-from tests.kafka.kafka_support import KafkaStack, start_stack
+from tests.kafka.kafka_support import KafkaStack, stack_per_backend
 
 KCAT = shutil.which("kcat")
 pytestmark = pytest.mark.skipif(KCAT is None, reason="kcat is not installed")
@@ -24,12 +23,7 @@ pytestmark = pytest.mark.skipif(KCAT is None, reason="kcat is not installed")
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KafkaStack]:
-    data_dir: Path = tmp_path_factory.mktemp(f"kafka-kcat-{request.param}") / "data"
-    stack = start_stack(data_dir, request.param, proxied=False)
-    try:
-        yield stack
-    finally:
-        stack.close()
+    yield from stack_per_backend(request, tmp_path_factory, "kcat", proxied=False)
 
 
 def kcat(stack: KafkaStack, *args: str, stdin: str | None = None) -> str:

@@ -13,14 +13,15 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 from kafka.protocol.api_message import ApiMessage
-from kafka.protocol.consumer import FetchRequest, FetchResponse
+from kafka.protocol.consumer import FetchResponse
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.protocol.producer import ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.structs import OffsetAndMetadata
 
 from client import Consumer, Producer
 from harness.broker_process import BrokerProcess
+from harness.kafka_requests import fetch_request, produce_request
 from harness.wire import WireClient, fetched_values
 from tests.kafka.conftest import TwoListeners
 
@@ -217,23 +218,11 @@ def test_a_batch_comes_back_as_a_kafka_broker_would_serve_it(two_listeners: TwoL
     for i in range(3):
         builder.append(i, 1_700_000_000_000 + i, b"k", b"value %d" % i, [("h", b"1")])
     batch = bytes(builder.build())
-    produce_topic = ProduceRequest.TopicProduceData
-    fetch_topic = FetchRequest.FetchTopic
     host, port = two_listeners.kafka.split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         produced = _call(
             sock,
-            ProduceRequest[9](
-                transactional_id=None,
-                acks=1,
-                timeout_ms=10_000,
-                topic_data=[
-                    produce_topic(
-                        name="raw",
-                        partition_data=[produce_topic.PartitionProduceData(index=0, records=batch)],
-                    )
-                ],
-            ),
+            produce_request("raw", batch),
             ProduceResponse,
             9,
         )
@@ -244,52 +233,17 @@ def test_a_batch_comes_back_as_a_kafka_broker_would_serve_it(two_listeners: TwoL
         finally:
             admin.close()
         for offset in (0, 3):
-            produce = ProduceRequest[9](
-                transactional_id=None,
-                acks=1,
-                timeout_ms=10_000,
-                topic_data=[
-                    produce_topic(
-                        name="raw",
-                        partition_data=[produce_topic.PartitionProduceData(index=0, records=batch)],
-                    )
-                ],
-            )
+            produce = produce_request("raw", batch)
             answer = _call(sock, produce, ProduceResponse, 9).responses[0].partition_responses[0]
             assert (answer.error_code, answer.base_offset) == (0, offset)
         # acks=0: no answer at all, so the next frame read is the Fetch's.
-        silent = ProduceRequest[9](
-            transactional_id=None,
-            acks=0,
-            timeout_ms=10_000,
-            topic_data=[
-                produce_topic(
-                    name="raw",
-                    partition_data=[produce_topic.PartitionProduceData(index=0, records=batch)],
-                )
-            ],
-        )
+        silent = produce_request("raw", batch, acks=0)
         silent.with_header(correlation_id=12, client_id="raw")
         body = bytes(silent.encode(header=True))
         sock.sendall(struct.pack(">i", len(body)) + body)
         fetched = _call(
             sock,
-            FetchRequest[12](
-                max_wait_ms=0,
-                min_bytes=1,
-                max_bytes=1 << 20,
-                isolation_level=0,
-                topics=[
-                    fetch_topic(
-                        topic="raw",
-                        partitions=[
-                            fetch_topic.FetchPartition(
-                                partition=0, fetch_offset=0, partition_max_bytes=1 << 20
-                            )
-                        ],
-                    )
-                ],
-            ),
+            fetch_request("raw"),
             FetchResponse,
             12,
         )

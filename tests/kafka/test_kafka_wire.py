@@ -37,12 +37,12 @@ from broker.kafka.hot_path import fetch_response, produce_response
 from broker.kafka.records import ONLY_V2
 from broker.kafka.responses import CONVERSIONS
 from broker.storage import FileSpan
+from harness.kafka_requests import fetch_request, produce_request
 from protocol import messages as m
 from protocol.batch import read_header
 from protocol.framing import FrameError
 
 ROOT = Path(__file__).resolve().parents[2]
-Topic = ProduceRequest.TopicProduceData
 FetchTopic = FetchRequest.FetchTopic
 CommitTopic = OffsetCommitRequest.OffsetCommitRequestTopic
 HEAD = struct.Struct(">hhi")
@@ -56,6 +56,19 @@ def request_bytes(message: ApiMessage, correlation_id: int = 7) -> bytes:
     """A request frame body (no length prefix) as kafka-python sends it."""
     message.with_header(correlation_id=correlation_id, client_id="wire-test")
     return bytes(message.encode(header=True))
+
+
+def metadata_v11(names: list[str] | None, *, allow_auto_topic_creation: bool = False) -> ApiMessage:
+    """A Metadata v11 request for the topics `names` (None: all of them)."""
+    topics = None
+    if names is not None:
+        topics = [MetadataRequest.MetadataRequestTopic(topic_id=None, name=n) for n in names]
+    message: ApiMessage = MetadataRequest[11](
+        topics=topics,
+        allow_auto_topic_creation=allow_auto_topic_creation,
+        include_topic_authorized_operations=False,
+    )
+    return message
 
 
 def response_of(frame: bytes, cls: Any, version: int) -> tuple[int, Any]:
@@ -128,14 +141,7 @@ def test_an_api_versions_newer_than_served_gets_v0_with_the_ranges() -> None:
 @pytest.mark.parametrize("version", [3, 7, 9])
 def test_produce_becomes_the_brokers_produce_with_the_batch_byte_for_byte(version: int) -> None:
     batch = v2_batch([b"a", b"b"])
-    message = ProduceRequest[version](
-        transactional_id=None,
-        acks=-1,
-        timeout_ms=1500,
-        topic_data=[
-            Topic(name="t", partition_data=[Topic.PartitionProduceData(index=2, records=batch)])
-        ],
-    )
+    message = produce_request("t", batch, version=version, acks=-1, timeout_ms=1500, partition=2)
     request = codec().decode(request_bytes(message))
     assert isinstance(request, m.ProduceRequest)
     assert (request.acks, request.timeout_ms, request.transactional_id) == (-1, 1500, None)
@@ -194,24 +200,8 @@ def test_fetch_becomes_the_brokers_fetch(version: int) -> None:
 def test_metadata_v0_and_v11_ask_for_all_topics_their_own_way() -> None:
     c = codec()
     v0 = c.decode(request_bytes(MetadataRequest[0](topics=[])))
-    v11 = c.decode(
-        request_bytes(
-            MetadataRequest[11](
-                topics=None,
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            )
-        )
-    )
-    named = c.decode(
-        request_bytes(
-            MetadataRequest[11](
-                topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name="t")],
-                allow_auto_topic_creation=True,
-                include_topic_authorized_operations=False,
-            )
-        )
-    )
+    v11 = c.decode(request_bytes(metadata_v11(None)))
+    named = c.decode(request_bytes(metadata_v11(["t"], allow_auto_topic_creation=True)))
     assert isinstance(v0, m.MetadataRequest) and v0.topics is None and v0.allow_auto_create
     assert isinstance(v11, m.MetadataRequest) and v11.topics is None
     assert not v11.allow_auto_create
@@ -323,19 +313,7 @@ def test_what_kafka_would_not_parse_closes_the_connection(head: bytes) -> None:
 
 
 def test_every_truncation_of_a_request_closes_or_decodes() -> None:
-    whole = request_bytes(
-        ProduceRequest[9](
-            transactional_id=None,
-            acks=1,
-            timeout_ms=10,
-            topic_data=[
-                Topic(
-                    name="t",
-                    partition_data=[Topic.PartitionProduceData(index=0, records=v2_batch([b"x"]))],
-                )
-            ],
-        )
-    )
+    whole = request_bytes(produce_request("t", v2_batch([b"x"]), timeout_ms=10))
     for cut in range(len(whole)):
         with pytest.raises(FrameError):
             codec().decode(whole[:cut])
@@ -358,15 +336,7 @@ def test_random_bytes_after_a_header_never_crash_the_decoder(key: int, tail: byt
 
 def test_metadata_answers_in_kafkas_shape() -> None:
     c = codec()
-    request = c.decode(
-        request_bytes(
-            MetadataRequest[11](
-                topics=None,
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            )
-        )
-    )
+    request = c.decode(request_bytes(metadata_v11(None)))
     response = m.MetadataResponse(
         brokers=[m.BrokerMetadata(0, "broker.example", 9092)],
         topics=[m.TopicMetadata("t", 0, [m.PartitionMetadata(0), m.PartitionMetadata(1)])],
@@ -390,26 +360,7 @@ def test_a_fetch_of_v2_batches_goes_from_the_file_as_it_lies(tmp_path: Path, ver
     path.write_bytes(b"before" + stored)
     fd = os.open(path, os.O_RDONLY)
     c = codec()
-    request = c.decode(
-        request_bytes(
-            FetchRequest[version](
-                max_wait_ms=0,
-                min_bytes=1,
-                max_bytes=1 << 20,
-                isolation_level=0,
-                topics=[
-                    FetchTopic(
-                        topic="t",
-                        partitions=[
-                            FetchTopic.FetchPartition(
-                                partition=0, fetch_offset=0, partition_max_bytes=1 << 20
-                            )
-                        ],
-                    )
-                ],
-            )
-        )
-    )
+    request = c.decode(request_bytes(fetch_request("t", version=version)))
     placeholder = os.urandom(12) + (0).to_bytes(4, "big")
     span = FileSpan(fd, 6, len(stored), 2, 2, ONLY_V2)
     response = m.FetchResponse(
