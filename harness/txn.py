@@ -64,6 +64,21 @@ class Txn:
         return {"transactional_id": self.id, "producer_id": self.pid, "producer_epoch": self.epoch}
 
 
+def assert_end_txn_retry_answered(
+    c: WireClient, transactional_id: str, old: tuple[int, int], committed: bool
+) -> None:
+    """A client's retry of EndTxn, with the producer id and epoch it sent it with, gets
+    the answer it lost: success and the bumped epoch."""
+    r = c.call(
+        "EndTxn",
+        transactional_id=transactional_id,
+        producer_id=old[0],
+        producer_epoch=old[1],
+        committed=committed,
+    )
+    assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
+
+
 def committed_view(fetched: dict[str, Any]) -> list[bytes | None]:
     """What a read_committed reader keeps of one Fetch partition answer (Kafka's rule:
     drop an aborted producer's transactional batches from its first_offset up to its

@@ -22,7 +22,7 @@ import pytest
 from broker.crash_points import ENV
 from broker.storage.record_log import scan_records
 from harness.broker_process import BrokerProcess
-from harness.txn import Txn, committed_view
+from harness.txn import Txn, assert_end_txn_retry_answered, committed_view
 from harness.wire import WireClient
 from protocol.errors import ErrorCode
 
@@ -158,14 +158,7 @@ def test_kill_after_the_decision_shows_offsets_iff_committed(
             view = committed_view(c.fetch("t", 0, 0, isolation_level=1))
             assert view == ([b"out"] if committed else [])
             # The client's retry of EndTxn gets the answer it lost.
-            r = c.call(
-                "EndTxn",
-                transactional_id=tx.id,
-                producer_id=old[0],
-                producer_epoch=old[1],
-                committed=committed,
-            )
-            assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
+            assert_end_txn_retry_answered(c, tx.id, old, committed)
     finally:
         broker.kill()
 

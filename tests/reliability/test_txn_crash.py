@@ -33,7 +33,7 @@ from broker.crash_points import ENV
 from broker.producer_state import PartitionProducerState
 from broker.storage.record_log import scan_records
 from harness.broker_process import BrokerProcess
-from harness.txn import Txn, committed_view, log_view
+from harness.txn import Txn, assert_end_txn_retry_answered, committed_view, log_view
 from harness.wire import WireClient
 from protocol.batch import scan_batches
 
@@ -74,6 +74,17 @@ def whole_log(c: WireClient, partition: int, topic: str = "t") -> list[tuple[str
 
 def all_committed(c: WireClient) -> list[list[bytes]]:
     return [committed_view(c.fetch("t", p, 0, isolation_level=1)) for p in range(PARTITIONS)]
+
+
+def assert_decided(c: WireClient, committed: bool) -> None:
+    """The transaction of one record per partition ("v0", "v1", ...) is complete: every
+    partition stable past its marker, the records visible exactly when committed."""
+    assert stable_offsets(c) == [2, 2, 2]
+    want = [[b"v%d" % p] if committed else [] for p in range(PARTITIONS)]
+    assert all_committed(c) == want
+    for p in range(PARTITIONS):
+        kinds = [k for k, _ in whole_log(c, p)]
+        assert kinds == ["data", "COMMIT" if committed else "ABORT"], (p, kinds)
 
 
 def test_kill_after_first_batch_keeps_the_transaction_open(tmp_path: Path, backend: str) -> None:
@@ -135,21 +146,9 @@ def test_kill_inside_produce_or_end_txn(
                 return
             # Decided before the crash: complete before the first read was served.
             assert listing["state"] == ("COMPLETE_COMMIT" if committed else "COMPLETE_ABORT")
-            assert stable_offsets(c) == [2, 2, 2]
-            want = [[b"v%d" % p] if committed else [] for p in range(PARTITIONS)]
-            assert all_committed(c) == want
-            for p in range(PARTITIONS):
-                kinds = [k for k, _ in whole_log(c, p)]
-                assert kinds == ["data", "COMMIT" if committed else "ABORT"], (p, kinds)
+            assert_decided(c, committed)
             # The client's retry of EndTxn gets the answer it lost.
-            r = c.call(
-                "EndTxn",
-                transactional_id=tx.id,
-                producer_id=old[0],
-                producer_epoch=old[1],
-                committed=committed,
-            )
-            assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
+            assert_end_txn_retry_answered(c, tx.id, old, committed)
     finally:
         broker.kill()
 
@@ -274,20 +273,8 @@ def test_a_marker_decides_when_the_decision_was_lost(
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == ("COMPLETE_COMMIT" if committed else "COMPLETE_ABORT")
-            assert stable_offsets(c) == [2, 2, 2]
-            want = [[b"v%d" % p] if committed else [] for p in range(PARTITIONS)]
-            assert all_committed(c) == want
-            for p in range(PARTITIONS):
-                kinds = [k for k, _ in whole_log(c, p)]
-                assert kinds == ["data", "COMMIT" if committed else "ABORT"], (p, kinds)
-            r = c.call(
-                "EndTxn",
-                transactional_id=tx.id,
-                producer_id=old[0],
-                producer_epoch=old[1],
-                committed=committed,
-            )
-            assert (r["error"], r["producer_epoch"]) == (0, old[1] + 1)
+            assert_decided(c, committed)
+            assert_end_txn_retry_answered(c, tx.id, old, committed)
     finally:
         broker.kill()
 
