@@ -604,7 +604,8 @@ class Handlers:
                 for c in row
                 if isinstance(c, tuple)
             ]
-            refused, txn_log_end = self.coordinator.admit(transactional_id, admitted)
+            refused, ended, txn_log_end = self.coordinator.admit(transactional_id, admitted)
+            repeats: dict[tuple[str, int], m.ProducePartitionResponse] = {}
             for t, row in zip(req.topics, checked, strict=True):
                 for c in row:
                     # Its topic was deleted (perhaps created anew) while the batch waited:
@@ -617,12 +618,22 @@ class Handlers:
                             ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                             f"topic {t.topic!r} was deleted",
                         )
-            if refused:
+                    elif isinstance(c, tuple) and (t.topic, c[0].index) in ended:
+                        repeat = await self._repeat_of_ended(c[0], c[1], req.acks)
+                        if repeat is not None:
+                            repeats[t.topic, c[0].index] = repeat
+                            del refused[t.topic, c[0].index]
+            if refused or repeats:
                 checked = [
                     [
                         c
-                        if not isinstance(c, tuple) or (t.topic, c[0].index) not in refused
-                        else m.ProducePartitionResponse(
+                        if not isinstance(c, tuple)
+                        or (
+                            (t.topic, c[0].index) not in refused
+                            and (t.topic, c[0].index) not in repeats
+                        )
+                        else repeats.get((t.topic, c[0].index))
+                        or m.ProducePartitionResponse(
                             c[0].index,
                             refused[t.topic, c[0].index][0],
                             message=refused[t.topic, c[0].index][1],
@@ -648,6 +659,42 @@ class Handlers:
                 if reply is not None:
                     _storage_failed(reply, f"transaction log: {exc}")
             return reply
+
+    async def _repeat_of_ended(
+        self, partition: Partition, header: BatchHeader, acks: int
+    ) -> m.ProducePartitionResponse | None:
+        """The answer to a resent batch of the producer's transaction that just ended,
+        when the log holds it (its original offset, as a duplicate; once durable for
+        acks=-1), else None: it stays refused. A client that sends EndTxn right behind
+        its last Produce resends a batch whose answer the lost connection took, after
+        the transaction ended (docs/protocol.md section 9)."""
+        decision = partition.producers.check(
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.record_count,
+            now_ms(),
+        )
+        repeat = decision.duplicate
+        if decision.error or repeat is None:
+            return None
+        self.metrics.producer_event("duplicate")
+        plog = partition.log
+        error = ErrorCode.NONE
+        if acks == -1 and plog.flushed_offset <= repeat.last_offset:
+            try:
+                await self.committer.wait_durable(partition, repeat.last_offset)
+            except FlushFailed:
+                error = ErrorCode.KAFKA_STORAGE_ERROR
+        return m.ProducePartitionResponse(
+            partition.index,
+            error,
+            repeat.base_offset if not error else -1,
+            -1,
+            plog.log_start_offset,
+            not error,
+            message="fsync failed" if error else None,
+        )
 
     def _append_checked(
         self, checked: list[tuple[m.ProduceRequest, list[list[Checked]]]]
@@ -808,7 +855,9 @@ class Handlers:
                 ErrorCode.INVALID_PRODUCER_ID_MAPPING,
                 f"producer id {pid} belongs to another principal",
             )
-        if self.producer_ids.fenced(pid, epoch):
+        # A transactional batch is judged by its coordinator, which tells a fenced epoch
+        # from the one whose transaction just ended (its resends may be duplicates).
+        if transactional_id is None and self.producer_ids.fenced(pid, epoch):
             self.metrics.producer_event("fenced")
             return ErrorCode.INVALID_PRODUCER_EPOCH, f"epoch {epoch} of producer {pid} is fenced"
         if not transactional:

@@ -349,6 +349,14 @@ class PartitionProducerState:
         entry = self._producers.get(producer_id)
         return None if entry is None else entry.epoch
 
+    def last_sequence(self, producer_id: int) -> tuple[int, int] | None:
+        """(epoch, last sequence) of `producer_id`'s newest batch here, or None when the
+        state holds none of its batches."""
+        entry = self._producers.get(producer_id)
+        if entry is None:
+            return None
+        return entry.epoch, (entry.next_seq - 1) % SEQUENCE_MODULUS
+
     def check(
         self,
         producer_id: int,

@@ -29,7 +29,9 @@ and the client share a single codec and never touch raw maps.
 | IncrementalAlterConfigs | resources [{type, name, ops      | results [{type, name, error,  |
 |                | [{name, op, value}]}], validate_only      | message}]                     |
 | EndTxn         | transactional_id, producer_id,            | producer_id, producer_epoch   |
-|                | producer_epoch, committed                 | (the next transaction's)      |
+|                | producer_epoch, committed,                | (the next transaction's)      |
+|                | last_sequences [{topic, partitions        |                               |
+|                | [{partition, last_sequence}]}] (nil)      |                               |
 | PrepareTxn     | transactional_id, producer_id,            | -                             |
 |                | producer_epoch, prepared_timeout_ms,      |                               |
 |                | txn_app_id, txn_app_version               |                               |
@@ -100,6 +102,7 @@ from protocol.authorization import (
 )
 from protocol.authorization import Operation as Op
 from protocol.authorization import ResourceType as Res
+from protocol.batch_header import SEQUENCE_MODULUS
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameError
 
@@ -651,8 +654,35 @@ class EndTxnResponse(Response):
     producer_epoch: int = -1
 
 
+SequenceNumber = Annotated[int, msgspec.Meta(ge=0, lt=SEQUENCE_MODULUS)]
+
+
+class TxnLastSequence(msgspec.Struct):
+    partition: int
+    last_sequence: SequenceNumber
+
+
+class TxnLastSequences(msgspec.Struct):
+    topic: str
+    partitions: list[TxnLastSequence]
+
+    def __post_init__(self) -> None:
+        _unique([p.partition for p in self.partitions], "partition", self.topic)
+
+
+def _last_sequence_entries(topics: list[TxnLastSequences] | None) -> int:
+    if topics is None:
+        return 0
+    _unique([t.topic for t in topics], "topic")
+    return len(topics) + sum(len(t.partitions) for t in topics)
+
+
 class EndTxnRequest(Request, tag="EndTxn"):
-    """Commit or abort the producer's transaction; answered with the next pid and epoch."""
+    """Commit or abort the producer's transaction; answered with the next pid and epoch.
+
+    `last_sequences` (commit only) names, per partition, the sequence the producer's
+    last batch there ends at: the broker commits only if its log holds exactly that,
+    so a client may send EndTxn right behind its last Produce (section 9)."""
 
     response = EndTxnResponse
     requirements = Requirements(
@@ -662,6 +692,15 @@ class EndTxnRequest(Request, tag="EndTxn"):
     producer_id: int
     producer_epoch: int
     committed: bool
+    last_sequences: list[TxnLastSequences] | None = None
+
+    def __post_init__(self) -> None:
+        if self.last_sequences is not None and not self.committed:
+            raise ValueError("last_sequences go with committed=true only")
+        _last_sequence_entries(self.last_sequences)
+
+    def entry_count(self) -> int:
+        return _last_sequence_entries(self.last_sequences)
 
 
 TxnAppVersion = Annotated[int, msgspec.Meta(ge=0)]

@@ -255,7 +255,10 @@ class TransactionCoordinator:
         keys = sorted({("txn", i) for i in ids} | {("app", a) for a in apps})
         async with AsyncExitStack() as stack:
             for key in keys:
-                lock = self._locks.setdefault(key, anyio.Lock())
+                # Taken without a yield when free: an EndTxn right behind its transaction's
+                # last Produce then appends its markers before the fsync round the batches
+                # started runs, and shares it.
+                lock = self._locks.setdefault(key, anyio.Lock(fast_acquire=True))
                 await stack.enter_async_context(lock)
                 stack.callback(self._release, key, lock)
             yield
@@ -323,11 +326,12 @@ class TransactionCoordinator:
 
     def admit(
         self, transactional_id: str, batches: list[tuple[TopicPartition, BatchHeader]]
-    ) -> tuple[dict[TopicPartition, tuple[ErrorCode, str]], int]:
+    ) -> tuple[dict[TopicPartition, tuple[ErrorCode, str]], set[TopicPartition], int]:
         """Judge the transactional batches of one Produce and make the transaction hold
-        their partitions, written before any is appended. Returns the refused ones, and
-        the size `txn.wal` must reach on disk before the batches are answered (0: no
-        change was written).
+        their partitions, written before any is appended. Returns the refused ones; of
+        those, the ones of the transaction that just ended (a resend of one the log
+        holds is answered as its duplicate, section 9); and the size `txn.wal` must
+        reach on disk before the batches are answered (0: no change was written).
 
         The partition add shares the batches' fsync round (docs/protocol.md section 5):
         should the batch reach the disk and the add not, recovery adopts the batch into
@@ -335,6 +339,7 @@ class TransactionCoordinator:
         `locked([transactional_id])` until it has appended them."""
         entry = self.entries.get(transactional_id)
         refused: dict[TopicPartition, tuple[ErrorCode, str]] = {}
+        ended: set[TopicPartition] = set()
         admitted: set[TopicPartition] = set()
         for key, header in batches:
             verdict = self._judge_batch(transactional_id, entry, header)
@@ -342,8 +347,12 @@ class TransactionCoordinator:
                 admitted.add(key)
             else:
                 refused[key] = verdict
+                if identify(entry, header.producer_id, header.producer_epoch) is (
+                    Identity.LAST_ENDED
+                ):
+                    ended.add(key)
         if not admitted:
-            return refused, 0
+            return refused, ended, 0
         assert entry is not None
         end = 0
         held = entry.partitions if entry.state == ONGOING else frozenset()
@@ -359,7 +368,7 @@ class TransactionCoordinator:
                     refused[key] = (ErrorCode.INVALID_TXN_STATE, message)
                 admitted &= held
                 if not admitted:
-                    return refused, 0
+                    return refused, ended, 0
             try:
                 end = self._write([with_partitions(entry, admitted - held, now_ms())])
                 crash_point("txn_partitions_added")
@@ -367,7 +376,7 @@ class TransactionCoordinator:
                 log.error("event=txn_log_write_failed id=%r error=%r", transactional_id, str(exc))
                 for key in admitted:
                     refused[key] = (ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}")
-        return refused, end
+        return refused, ended, end
 
     @staticmethod
     def _judge_batch(
@@ -380,11 +389,15 @@ class TransactionCoordinator:
                 ErrorCode.INVALID_TXN_STATE,
                 f"producer id {pid} is not the one bound to transactional id {transactional_id!r}",
             )
-        if isinstance(who, ErrorCode) or who is Identity.LAST_ENDED:
+        if who is Identity.LAST_ENDED:
             return (
                 ErrorCode.INVALID_PRODUCER_EPOCH,
-                f"epoch {epoch} of producer {pid} is fenced: its transaction ended or a newer "
-                "instance took over",
+                f"epoch {epoch} of producer {pid} is fenced: its transaction ended",
+            )
+        if isinstance(who, ErrorCode):
+            return (
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"epoch {epoch} of producer {pid} is fenced: a newer instance took over",
             )
         assert entry is not None
         if entry.state in DECIDED:
@@ -477,10 +490,36 @@ class TransactionCoordinator:
                 )
             if entry.state in DECIDED:
                 entry = (await self._complete([entry]))[0]
+            if req.last_sequences is not None:
+                missing = self._batches_missing(entry, req.last_sequences)
+                if missing is not None:
+                    raise CoordinatorError(ErrorCode.CONCURRENT_TRANSACTIONS, missing)
             ended = (await self._end([entry], req.committed, "client"))[0]
             return m.EndTxnResponse(
                 producer_id=ended.producer_id, producer_epoch=ended.producer_epoch
             )
+
+    def _batches_missing(self, entry: TxnEntry, wanted: list[m.TxnLastSequences]) -> str | None:
+        """Why the transaction's batches are not all in the log up to EndTxn's
+        `last_sequences`, or None when they are. A pid and epoch name one transaction
+        and sequences are in order per partition, so the producer's newest batch there
+        ending at the named sequence means every one before it was written too."""
+        held = entry.partitions if entry.state == ONGOING else frozenset()
+        pid, epoch = entry.producer_id, entry.producer_epoch
+        for t in wanted:
+            for p in t.partitions:
+                partition = self.topics.partition(t.topic, p.partition)
+                last = None
+                if (t.topic, p.partition) in held and partition is not None:
+                    last = partition.producers.last_sequence(pid)
+                if last != (epoch, p.last_sequence):
+                    seen = "none" if last is None or last[0] != epoch else str(last[1])
+                    return (
+                        f"{t.topic}-{p.partition}: the transaction's batches up to sequence "
+                        f"{p.last_sequence} are not all written (the last written: {seen}); "
+                        "wait for the Produce answers, then retry or abort"
+                    )
+        return None
 
     async def prepare_txn(self, req: m.PrepareTxnRequest, principal: str) -> m.PrepareTxnResponse:
         limit = self.config.transaction_max_prepared_ms
