@@ -8,11 +8,11 @@ against a broker of each backend (trio, asyncio), and compared within the backen
   10,000, then reversed) so a noisy neighbour hits every case alike; the median
   of `ROUNDS` rounds is reported with its min-max, and each transactional figure
   as a ratio to the plain one of the same backend and run.
-- Commit latency: p50/p99 of `commit_transaction()` (the flush of the last
-  records, then EndTxn: the decision and the markers in one fsync round, then
-  COMPLETE) over the transactions of the 1,000-record case, beside one fsync
-  round: the median time of a 100 KiB append and its fdatasync in the broker's
-  data dir, sampled between the rounds.
+- Commit latency: p50/p99 of `commit_transaction()` (the last records' Produce
+  with EndTxn behind it in the same write: the batches, the decision and the
+  markers in one fsync round, then COMPLETE) over the transactions of the
+  1,000-record case, beside one fsync round: the median time of a 100 KiB
+  append and its fdatasync in the broker's data dir, sampled between the rounds.
 - The consume-transform-produce loop of examples/exactly_once_loop.py (poll a
   batch read_committed, send each record's transform, send the offsets to the
   transaction, commit) with batches of 5 and of 500 records, in records/s, its

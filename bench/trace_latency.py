@@ -83,7 +83,9 @@ def _traced_sender(stamps: _Stamps) -> Iterator[None]:
     send_produce = Sender._send_produce
     on_answer = Sender._on_produce_answer
 
-    async def traced_send(self: Sender, conn: Any, drained: list[list[ProducerBatch]]) -> None:
+    async def traced_send(
+        self: Sender, conn: Any, drained: list[list[ProducerBatch]], trailer: Any = None
+    ) -> None:
         now = time.perf_counter()
         for batches in drained:
             for batch in batches:
@@ -91,7 +93,7 @@ def _traced_sender(stamps: _Stamps) -> Iterator[None]:
                 stamps.in_flight_at_drain[stamps.number_of.get(id(batch), -1)] = (
                     self._produce_in_flight
                 )
-        await send_produce(self, conn, drained)
+        await send_produce(self, conn, drained, trailer)
         now = time.perf_counter()
         for batches in drained:
             for batch in batches:

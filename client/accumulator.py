@@ -422,7 +422,16 @@ _ONGOING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.PRE
 
 
 class _PartitionState:
-    __slots__ = ("broken", "in_flight", "next_order", "next_sequence", "open", "queue", "topic")
+    __slots__ = (
+        "broken",
+        "in_flight",
+        "last_sequence",
+        "next_order",
+        "next_sequence",
+        "open",
+        "queue",
+        "topic",
+    )
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
@@ -431,6 +440,8 @@ class _PartitionState:
         self.in_flight = 0
         self.broken = False
         self.next_sequence = 0
+        # The last sequence given out at this epoch; None before the first.
+        self.last_sequence: int | None = None
         self.next_order = 0
 
 
@@ -740,9 +751,10 @@ class RecordAccumulator:
                         state.next_order += 1
                         if self.idempotent:
                             batch.sequence = state.next_sequence
-                            state.next_sequence = (
-                                state.next_sequence + batch.record_count
+                            state.last_sequence = (
+                                state.next_sequence + batch.record_count - 1
                             ) % SEQUENCE_MODULUS
+                            state.next_sequence = (state.last_sequence + 1) % SEQUENCE_MODULUS
                     batch.in_flight = True
                     batch.attempts += 1
                     if batch.attempts > 1:
@@ -1151,12 +1163,14 @@ class RecordAccumulator:
         self._bump_needed = False
         for state in self._states:
             sequence = 0
+            state.last_sequence = None
             for batch in state.queue:
                 if batch.sequence is not None:
                     batch.sequence = sequence
                     batch.unresolved = False
                     batch.retry_at_ms = 0.0
-                    sequence = (sequence + batch.record_count) % SEQUENCE_MODULUS
+                    state.last_sequence = (sequence + batch.record_count - 1) % SEQUENCE_MODULUS
+                    sequence = (state.last_sequence + 1) % SEQUENCE_MODULUS
             state.next_sequence = sequence
             state.broken = False
 
@@ -1292,6 +1306,35 @@ class RecordAccumulator:
             done: list[ProducerBatch] = []
             self._drop_queued(TransactionAbortedError("the transaction was aborted"), done)
             return list(self._incomplete), done
+
+    def all_sent(self) -> bool:
+        """Whether no batch waits to be sent (each unfinished one is in flight)."""
+        with self.lock:
+            return not any(state.queue for state in self._states)
+
+    def commit_sequences(self) -> dict[tuple[str, int], int] | None:
+        """While committing with every batch sent and none failed: each partition's last
+        sequence of the transaction, for an EndTxn sent right behind the last Produce
+        (the broker commits only if its log ends there). None when the commit must wait
+        for the answers instead: a batch failed or waits to be sent, or nothing was sent.
+
+        A pid and epoch name one transaction and sequences restart at each, so a
+        partition's last sequence covers every batch the transaction sent there."""
+        with self.lock:
+            if (
+                self.txn_state is not TxnState.COMMITTING
+                or self.fatal_error is not None
+                or self._bump_needed
+                or any(state.queue for state in self._states)
+            ):
+                return None
+            sequences = {
+                (topic, partition): state.last_sequence
+                for topic, states in self._topics.items()
+                for partition, state in states.items()
+                if state.last_sequence is not None
+            }
+            return sequences or None
 
     def check_flushed(self) -> None:
         """Before EndTxn(commit) or PrepareTxn: raise if any batch of the transaction failed

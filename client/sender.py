@@ -10,13 +10,17 @@ outside its lock.
 
 A transactional producer's own requests (InitProducerId, EndTxn, PrepareTxn)
 are not part of the loop: the caller's task sends them with `request`, on the
-same connection, once the accumulator says no batch is unfinished.
+same connection, once the accumulator says no batch is unfinished. The one
+exception is a commit's first EndTxn, which names each partition's last
+sequence and goes out in the same write as the last Produce requests
+(`request_behind_batches`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -72,6 +76,10 @@ class Sender:
         self._call_soon: Any = None
         self._wakeup_event: anyio.Event | None = None
         self._space_event: anyio.Event | None = None
+        # A request to send behind the batches (request_behind_batches) and its callback.
+        self._trailer: (
+            tuple[Callable[[dict[tuple[str, int], int]], Request], ResponseCallback] | None
+        ) = None
         self._done: anyio.Event | None = None
         self._latency_sum_ms = 0.0
         self._latency_max_ms = 0.0
@@ -154,6 +162,45 @@ class Sender:
             backoff_ms = min(cfg.retry_backoff_ms * 2 ** (attempts - 1), cfg.retry_backoff_max_ms)
             await anyio.sleep(min(backoff_ms / 1000, remaining_s))
 
+    async def request_behind_batches(
+        self, make: Callable[[dict[tuple[str, int], int]], Request], timeout_s: float
+    ) -> Any | None:
+        """Send the request `make` builds from the accumulator's commit_sequences() in the
+        same write as the transaction's last Produce requests, once every batch is sent
+        (an EndTxn that then shares the batches' fsync round): its answer, or None when
+        the accumulator has no sequences to name (a batch failed), there was no answer
+        within `timeout_s`, or the connection was lost."""
+        done = anyio.Event()
+        outcome: list[Any] = []
+
+        def on_answer(response: Any | None, error: BaseException | None) -> None:
+            outcome.append(response)
+            done.set()
+
+        self._trailer = (make, on_answer)
+        self._set_wakeup()
+        try:
+            with anyio.move_on_after(timeout_s):
+                await done.wait()
+        finally:
+            # Not sent (no connection within the time, or the caller was cancelled):
+            # it must not go out later, behind batches of what comes next.
+            if self._trailer is not None and self._trailer[1] is on_answer:
+                self._trailer = None
+        return outcome[0] if outcome else None
+
+    def _take_trailer(self) -> tuple[Request, ResponseCallback] | None:
+        """The request waiting to go behind the batches, once none waits to be sent."""
+        if self._trailer is None or not self.acc.all_sent():
+            return None
+        make, on_answer = self._trailer
+        self._trailer = None
+        sequences = self.acc.commit_sequences()
+        if sequences is None:
+            on_answer(None, None)
+            return None
+        return make(sequences), on_answer
+
     async def wait_for_space(self, deadline_ms: float) -> None:
         """Wait until some batch finished (freeing buffer memory) or `deadline_ms`; raises
         once max_block_ms is up. Returns at once when appends fail anyway (closed, fatal)."""
@@ -228,10 +275,10 @@ class Sender:
                     await self._init_producer_id(conn, *request)
                     continue
                 capacity = max_in_flight - self._produce_in_flight
-                if capacity > 0:
-                    drained = acc.drain(now, capacity)
-                    if drained:
-                        await self._send_produce(conn, drained)
+                drained = acc.drain(now, capacity) if capacity > 0 else []
+                trailer = self._take_trailer()
+                if drained or trailer is not None:
+                    await self._send_produce(conn, drained, trailer)
                 can_send = not conn.closed and self._produce_in_flight < max_in_flight
             deadline = acc.next_deadline(now, can_send)
             if conn is None:
@@ -267,15 +314,21 @@ class Sender:
         else:
             self.finish(self.acc.fail_all(error_for(error, "InitProducerId"), fatal=True))
 
-    async def _send_produce(self, conn: Connection, drained: list[list[ProducerBatch]]) -> None:
-        """One Produce request per list of batches, all in one write (Connection.send_many)."""
+    async def _send_produce(
+        self,
+        conn: Connection,
+        drained: list[list[ProducerBatch]],
+        trailer: tuple[Request, ResponseCallback] | None = None,
+    ) -> None:
+        """One Produce request per list of batches, all in one write (Connection.send_many),
+        with `trailer` behind them."""
         acc = self.acc
         cfg = self.config
         pid, epoch, compression = acc.producer_id, acc.producer_epoch, acc.compression
         transactional = acc.transactional
         acks = cfg.acks_int
         timeout_s = cfg.request_timeout_ms / 1000
-        items: list[tuple[ProduceRequest, ResponseCallback | None]] = []
+        items: list[tuple[Request, ResponseCallback | None]] = []
         for batches in drained:
             by_topic: dict[str, list[ProducePartition]] = {}
             for batch in batches:
@@ -296,6 +349,8 @@ class Sender:
                 continue
             self._produce_in_flight += 1
             items.append((request, partial(self._on_produce_answer, batches, monotonic_ms())))
+        if trailer is not None:
+            items.append(trailer)
         sent = await conn.send_many(items, timeout_s)
         if acks == 0:
             for batches in drained:

@@ -486,3 +486,59 @@ def test_no_transaction_with_a_failed_record_is_ever_committed(seed: int) -> Non
         commits += 1
     assert acc.txn_state is TxnState.READY
     assert commits
+
+
+def test_commit_sequences_name_each_partitions_last_sequence_once_all_is_sent() -> None:
+    """EndTxn behind the last Produce names what was sent: nothing before the commit,
+    nothing while a batch waits to be sent, then each partition's last sequence."""
+    acc = make()
+    acc.begin_transaction()
+    for _ in range(3):
+        add(acc, partition=0)
+    add(acc, partition=1)
+    first = drain(acc)  # the three records of partition 0 and the one of partition 1
+    assert acc.commit_sequences() is None  # not committing yet
+    add(acc, b"w" * 600, partition=0)
+    add(acc, b"w" * 600, partition=0)  # a second and a third batch there
+    acc.begin_commit()
+    assert not acc.all_sent() and acc.commit_sequences() is None
+    rest = drain(acc)
+    assert acc.all_sent()
+    assert [b.sequence for b in rest] == [3, 4]
+    assert acc.commit_sequences() == {("t", 0): 4, ("t", 1): 0}
+    succeed(acc, first + rest)
+    acc.check_flushed()
+    acc.on_end(True, E.NONE, PID, 1, None)
+    acc.begin_transaction()
+    add(acc, partition=1)
+    acc.begin_commit()
+    drain(acc)
+    # The next epoch's sequences: partition 0 had nothing in this transaction.
+    assert acc.commit_sequences() == {("t", 1): 0}
+
+
+def test_commit_sequences_are_none_once_a_batch_failed() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc, partition=0)
+    add(acc, partition=1)
+    acc.begin_commit()
+    batches = drain(acc)
+    assert acc.commit_sequences() == {("t", 0): 0, ("t", 1): 0}
+    acc.on_response(batches[0], E.INVALID_RECORD, -1, 1)
+    assert acc.all_sent()
+    assert acc.commit_sequences() is None
+    with pytest.raises(TransactionAbortableError):
+        acc.check_flushed()
+
+
+def test_a_retried_batch_waits_to_be_sent_before_sequences_are_named() -> None:
+    acc = make()
+    acc.begin_transaction()
+    add(acc, partition=0)
+    acc.begin_commit()
+    (batch,) = drain(acc)
+    acc.on_connection_lost([batch], 1, "cut")
+    assert not acc.all_sent() and acc.commit_sequences() is None
+    assert drain(acc, now=10_000) == [batch]
+    assert acc.commit_sequences() == {("t", 0): 0}  # the same sequence, resent
