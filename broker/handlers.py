@@ -623,21 +623,14 @@ class Handlers:
                         if repeat is not None:
                             repeats[t.topic, c[0].index] = repeat
                             del refused[t.topic, c[0].index]
-            if refused or repeats:
+            answered = {
+                key: m.ProducePartitionResponse(key[1], code, message=message)
+                for key, (code, message) in refused.items()
+            } | repeats
+            if answered:
                 checked = [
                     [
-                        c
-                        if not isinstance(c, tuple)
-                        or (
-                            (t.topic, c[0].index) not in refused
-                            and (t.topic, c[0].index) not in repeats
-                        )
-                        else repeats.get((t.topic, c[0].index))
-                        or m.ProducePartitionResponse(
-                            c[0].index,
-                            refused[t.topic, c[0].index][0],
-                            message=refused[t.topic, c[0].index][1],
-                        )
+                        answered.get((t.topic, c[0].index), c) if isinstance(c, tuple) else c
                         for c in row
                     ]
                     for t, row in zip(req.topics, checked, strict=True)

@@ -670,9 +670,8 @@ class TxnLastSequences(msgspec.Struct):
         _unique([p.partition for p in self.partitions], "partition", self.topic)
 
 
-def _last_sequence_entries(topics: list[TxnLastSequences] | None) -> int:
-    if topics is None:
-        return 0
+def _topic_entries(topics: Sequence[OffsetCommitTopic | TxnLastSequences]) -> int:
+    """How many topics and partitions `topics` names, each topic once (else ValueError)."""
     _unique([t.topic for t in topics], "topic")
     return len(topics) + sum(len(t.partitions) for t in topics)
 
@@ -697,10 +696,10 @@ class EndTxnRequest(Request, tag="EndTxn"):
     def __post_init__(self) -> None:
         if self.last_sequences is not None and not self.committed:
             raise ValueError("last_sequences go with committed=true only")
-        _last_sequence_entries(self.last_sequences)
+        self.entry_count()
 
     def entry_count(self) -> int:
-        return _last_sequence_entries(self.last_sequences)
+        return 0 if self.last_sequences is None else _topic_entries(self.last_sequences)
 
 
 TxnAppVersion = Annotated[int, msgspec.Meta(ge=0)]
@@ -929,11 +928,6 @@ class OffsetCommitResponse(Response):
     topics: list[TopicPartitionErrors] = []
 
 
-def _commit_entries(topics: list[OffsetCommitTopic]) -> int:
-    _unique([t.topic for t in topics], "topic")
-    return len(topics) + sum(len(t.partitions) for t in topics)
-
-
 class OffsetCommitRequest(Request, tag="OffsetCommit"):
     """Commit a group's offsets, durably; member_id "" and epoch -1 for a group with no members."""
 
@@ -948,10 +942,10 @@ class OffsetCommitRequest(Request, tag="OffsetCommit"):
     member_epoch: int = MEMBER_EPOCH_NONE
 
     def __post_init__(self) -> None:
-        _commit_entries(self.topics)
+        _topic_entries(self.topics)
 
     def entry_count(self) -> int:
-        return _commit_entries(self.topics)
+        return _topic_entries(self.topics)
 
 
 class TxnOffsetCommitResponse(Response):
@@ -979,10 +973,10 @@ class TxnOffsetCommitRequest(Request, tag="TxnOffsetCommit"):
     member_epoch: int = MEMBER_EPOCH_NONE
 
     def __post_init__(self) -> None:
-        _commit_entries(self.topics)
+        _topic_entries(self.topics)
 
     def entry_count(self) -> int:
-        return _commit_entries(self.topics)
+        return _topic_entries(self.topics)
 
 
 class OffsetFetchPartition(msgspec.Struct):
