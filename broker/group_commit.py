@@ -17,6 +17,7 @@ from collections.abc import Iterable
 
 import anyio
 
+from broker.crash_points import crash_point
 from broker.metrics import BrokerMetrics
 from broker.partition import Partition
 
@@ -75,6 +76,7 @@ class GroupCommitter:
             batches, self._batches_queued = self._batches_queued, 0
             targets = [(key, p, *p.log.sync_targets()) for key, p in batch.items()]
             self._syncing = set(batch)
+            crash_point("flush_round_started")
             started = time.perf_counter()
             failed = await anyio.to_thread.run_sync(_sync_all, [t[2] for t in targets])
             self._metrics.observe_fsync(time.perf_counter() - started, batches)

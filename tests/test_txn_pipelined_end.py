@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker.crash_points import ENV
 from harness.broker_process import BrokerProcess
 from harness.txn import TXN, Txn, committed_view, log_view
 from harness.wire import WireClient, values_batch
@@ -656,3 +658,51 @@ def test_a_pipelined_commit_survives_kill_9(broker: BrokerProcess) -> None:
         )
         assert (r["error"], r["producer_epoch"]) == (0, epoch + 1)
         assert _high_watermark(c, 0) == 3
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_no_decision_is_written_before_the_batches_are_synced(
+    tmp_path: Path, backend: str, pipelined: bool
+) -> None:
+    """Killed as the first fsync round starts: the one the batches asked for (EndTxn
+    sent right behind them) or the one EndTxn itself asks for (the batches sent with
+    acks=1, answered from the page cache). The decision must not have been written
+    before that round: on a power loss a decision, or one partition's marker, on disk
+    without a batch would commit the transaction without it. So after the restart the
+    transaction is still open, nothing is readable at read_committed, and the client's
+    retries finish it whole."""
+    broker = BrokerProcess(
+        tmp_path / "data", backend=backend, env={ENV: "flush_round_started"}
+    ).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 3) == 0
+            tx = Txn(c)
+            batches = {("t", p): _batch(tx, [b"v%d" % p], 0) for p in range(3)}
+            last = {key: 0 for key in batches}
+            if pipelined:
+                _send_produce(c, batches)
+                _send_end(c, tx, True, last)
+            else:
+                produced = _answer(c, _send_produce(c, batches, acks=1))
+                assert all(p["error"] == 0 for p in _partitions(produced).values())
+                _send_end(c, tx, True, None)
+            with pytest.raises((ConnectionError, OSError, EOFError)):
+                c.recv()
+        assert broker.proc is not None
+        broker.proc.wait(15)
+        broker.env = None
+        broker.start(broker.port)
+        with WireClient(broker.bootstrap) as c:
+            _assert_ongoing(c, tx, [0, 1, 2])
+            for p in range(3):
+                rc = c.fetch("t", p, 0, isolation_level=1)
+                assert (rc["last_stable_offset"], rc["records"]) == (0, b"")
+            again = _answer(c, _send_produce(c, batches))
+            assert all(p["duplicate"] for p in _partitions(again).values()), again
+            assert _end(c, tx, True, last)["error"] == 0
+            for p in range(3):
+                rc = c.fetch("t", p, 0, isolation_level=1)
+                assert committed_view(rc) == [b"v%d" % p]
+    finally:
+        broker.kill()

@@ -670,6 +670,8 @@ class TransactionCoordinator:
         self, entries: list[TxnEntry], committed: bool, cause: str, app: AppVersion | None = None
     ) -> list[TxnEntry]:
         """Decide `entries` in one durable record (with `app`), then complete them."""
+        if committed:
+            await self._batches_durable(entries)
         stamp = now_ms()
         decisions = [
             decided(
@@ -696,6 +698,31 @@ class TransactionCoordinator:
                     len(before.partitions),
                 )
         return await self._complete(decisions)
+
+    async def _batches_durable(self, entries: list[TxnEntry]) -> None:
+        """Return once every batch of the open `entries` is on disk; StorageError if a
+        round fails, nothing decided. The decision and the markers may share one fsync
+        round, but not with the batches they commit: after a power loss, a decision or
+        one partition's marker that outlived a batch would commit the transaction
+        without it. The producer's acks=-1 answers have made this so already, unless
+        EndTxn came right behind its batches (`last_sequences`) or they were acks=1."""
+        waits: list[tuple[Partition, int]] = []
+        for entry in entries:
+            if entry.state not in OPEN:
+                continue
+            for topic, index in entry.partitions:
+                partition = self.topics.partition(topic, index)
+                if partition is None or not partition.producers.in_txn(entry.producer_id):
+                    continue
+                end = partition.log.log_end_offset
+                if partition.log.flushed_offset < end:
+                    self.committer.request_flush(partition)
+                    waits.append((partition, end - 1))
+        try:
+            for partition, last in waits:
+                await self.committer.wait_durable(partition, last)
+        except FlushFailed as exc:
+            raise StorageError(str(exc)) from exc
 
     async def _complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
         """Write the markers of the decided `entries`, wait until they and every change
