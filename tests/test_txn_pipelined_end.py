@@ -660,14 +660,14 @@ def test_a_pipelined_commit_survives_kill_9(broker: BrokerProcess) -> None:
         assert _high_watermark(c, 0) == 3
 
 
-@pytest.mark.parametrize("pipelined", [True, False])
+@pytest.mark.parametrize("how", ["pipelined", "acks=1", "acks=1 then PrepareTxn"])
 def test_no_decision_is_written_before_the_batches_are_synced(
-    tmp_path: Path, backend: str, pipelined: bool
+    tmp_path: Path, backend: str, how: str
 ) -> None:
     """Killed as the first fsync round starts: the one the batches asked for (EndTxn
-    sent right behind them) or the one EndTxn itself asks for (the batches sent with
-    acks=1, answered from the page cache). The decision must not have been written
-    before that round: on a power loss a decision, or one partition's marker, on disk
+    sent right behind them) or the one EndTxn or PrepareTxn itself asks for (the
+    batches sent with acks=1, answered from the page cache). No decision or PREPARED
+    record may have been written before that round: on a power loss, one on disk
     without a batch would commit the transaction without it. So after the restart the
     transaction is still open, nothing is readable at read_committed, and the client's
     retries finish it whole."""
@@ -680,13 +680,22 @@ def test_no_decision_is_written_before_the_batches_are_synced(
             tx = Txn(c)
             batches = {("t", p): _batch(tx, [b"v%d" % p], 0) for p in range(3)}
             last = {key: 0 for key in batches}
-            if pipelined:
+            if how == "pipelined":
                 _send_produce(c, batches)
                 _send_end(c, tx, True, last)
             else:
                 produced = _answer(c, _send_produce(c, batches, acks=1))
                 assert all(p["error"] == 0 for p in _partitions(produced).values())
-                _send_end(c, tx, True, None)
+                if how == "acks=1":
+                    _send_end(c, tx, True, None)
+                else:
+                    c.send(
+                        "PrepareTxn",
+                        transactional_id=tx.id,
+                        producer_id=tx.pid,
+                        producer_epoch=tx.epoch,
+                        prepared_timeout_ms=60_000,
+                    )
             with pytest.raises((ConnectionError, OSError, EOFError)):
                 c.recv()
         assert broker.proc is not None

@@ -562,6 +562,8 @@ class TransactionCoordinator:
                 )
             if entry.state == PREPARED:
                 return m.PrepareTxnResponse()
+            # PREPARED promises that a CommitTxns commits the batches: they go first.
+            await self._batches_durable([entry])
             stamp = now_ms()
             await self._persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
             crash_point("txn_prepared")
@@ -704,8 +706,9 @@ class TransactionCoordinator:
         round fails, nothing decided. The decision and the markers may share one fsync
         round, but not with the batches they commit: after a power loss, a decision or
         one partition's marker that outlived a batch would commit the transaction
-        without it. The producer's acks=-1 answers have made this so already, unless
-        EndTxn came right behind its batches (`last_sequences`) or they were acks=1."""
+        without it (and a PREPARED record, a transaction whose commit cannot have it).
+        The producer's acks=-1 answers have made this so already, unless EndTxn came
+        right behind its batches (`last_sequences`) or they were acks=1."""
         waits: list[tuple[Partition, int]] = []
         for entry in entries:
             if entry.state not in OPEN:
