@@ -217,6 +217,9 @@ class _NoGroups:
     async def write_markers(self, markers: object) -> None:
         raise AssertionError("no group joined the transaction")
 
+    async def settled(self, group_ids: object) -> None:
+        raise AssertionError("no group joined the transaction")
+
 
 def _coordinator(data: Path, registry: TopicRegistry) -> TransactionCoordinator:
     config = BrokerConfig().validate()

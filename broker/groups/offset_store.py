@@ -372,6 +372,12 @@ class OffsetStore:
         """(group_id, producer_id) of every pending transactional offset."""
         return self.state.pending_owners()
 
+    async def settled(self, group_ids: Iterable[str]) -> None:
+        """Return once no TxnOffsetCommit is still writing offsets of these groups: one
+        holds its group's lock until its pending offsets are durable and installed."""
+        async with self._locked(group_ids):
+            pass
+
     async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
         """End transactions in their groups: for each (producer_id, groups, committed),
         the pending offsets the producer holds there become committed, or are dropped.

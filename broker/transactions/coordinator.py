@@ -86,6 +86,10 @@ class GroupMarkers(Protocol):
         """(group_id, producer_id) of every pending transactional offset."""
         ...
 
+    async def settled(self, group_ids: Iterable[str]) -> None:
+        """Return once no TxnOffsetCommit is still writing offsets of these groups."""
+        ...
+
     async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
         """For each (producer_id, groups, committed): the producer's pending offsets in
         those groups become committed, or are dropped; durable on return."""
@@ -562,8 +566,9 @@ class TransactionCoordinator:
                 )
             if entry.state == PREPARED:
                 return m.PrepareTxnResponse()
-            # PREPARED promises that a CommitTxns commits the batches: they go first.
-            await self._batches_durable([entry])
+            # PREPARED promises that a CommitTxns commits the batches and offsets: they
+            # go to disk first.
+            await self._contents_durable([entry])
             stamp = now_ms()
             await self._persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
             crash_point("txn_prepared")
@@ -673,7 +678,7 @@ class TransactionCoordinator:
     ) -> list[TxnEntry]:
         """Decide `entries` in one durable record (with `app`), then complete them."""
         if committed:
-            await self._batches_durable(entries)
+            await self._contents_durable(entries)
         stamp = now_ms()
         decisions = [
             decided(
@@ -701,14 +706,15 @@ class TransactionCoordinator:
                 )
         return await self._complete(decisions)
 
-    async def _batches_durable(self, entries: list[TxnEntry]) -> None:
-        """Return once every batch of the open `entries` is on disk; StorageError if a
-        round fails, nothing decided. The decision and the markers may share one fsync
-        round, but not with the batches they commit: after a power loss, a decision or
-        one partition's marker that outlived a batch would commit the transaction
-        without it (and a PREPARED record, a transaction whose commit cannot have it).
-        The producer's acks=-1 answers have made this so already, unless EndTxn came
-        right behind its batches (`last_sequences`) or they were acks=1."""
+    async def _contents_durable(self, entries: list[TxnEntry]) -> None:
+        """Return once every batch and pending offset of the open `entries` is on disk;
+        StorageError if a round fails, nothing decided. The decision and the markers may
+        share one fsync round, but not with what they commit: after a power loss, a
+        decision or one partition's marker that outlived a batch or the offsets would
+        commit the transaction without them (and a PREPARED record, a transaction whose
+        commit cannot have them). The producer's acks=-1 and TxnOffsetCommit answers
+        have made this so already, unless EndTxn came right behind its batches
+        (`last_sequences`), after acks=1 ones, or before an offsets answer."""
         waits: list[tuple[Partition, int]] = []
         for entry in entries:
             if entry.state not in OPEN:
@@ -726,6 +732,9 @@ class TransactionCoordinator:
                 await self.committer.wait_durable(partition, last)
         except FlushFailed as exc:
             raise StorageError(str(exc)) from exc
+        groups = {g for entry in entries if entry.state in OPEN for g in entry.groups}
+        if groups:
+            await self.offsets.settled(groups)
 
     async def _complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
         """Write the markers of the decided `entries`, wait until they and every change
