@@ -164,6 +164,14 @@ class BrokerProcess:
             self.terminate()
         return self.start(self.port)
 
+    def restart_after_crash_point(self) -> BrokerProcess:
+        """Wait for the process armed at a crash point (broker/crash_points.py) to kill
+        itself there, then start it again on the same port, unarmed."""
+        assert self.proc is not None
+        self.proc.wait(15)
+        self.env = None
+        return self.start(self.port)
+
     def log_text(self) -> str:
         return "\n".join(self.log_lines)
 

@@ -698,10 +698,7 @@ def test_no_decision_is_written_before_the_batches_are_synced(
                     )
             with pytest.raises((ConnectionError, OSError, EOFError)):
                 c.recv()
-        assert broker.proc is not None
-        broker.proc.wait(15)
-        broker.env = None
-        broker.start(broker.port)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             _assert_ongoing(c, tx, [0, 1, 2])
             for p in range(3):

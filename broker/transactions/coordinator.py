@@ -715,16 +715,16 @@ class TransactionCoordinator:
         commit cannot have them). The producer's acks=-1 and TxnOffsetCommit answers
         have made this so already, unless EndTxn came right behind its batches
         (`last_sequences`), after acks=1 ones, or before an offsets answer."""
+        open_entries = [e for e in entries if e.state in OPEN]
         waits: list[tuple[Partition, int]] = []
-        for entry in entries:
-            if entry.state not in OPEN:
-                continue
+        for entry in open_entries:
             for topic, index in entry.partitions:
                 partition = self.topics.partition(topic, index)
                 if partition is None or not partition.producers.in_txn(entry.producer_id):
                     continue
                 end = partition.log.log_end_offset
                 if partition.log.flushed_offset < end:
+                    # Asked for all at once, so that one round syncs every partition.
                     self.committer.request_flush(partition)
                     waits.append((partition, end - 1))
         try:
@@ -732,7 +732,7 @@ class TransactionCoordinator:
                 await self.committer.wait_durable(partition, last)
         except FlushFailed as exc:
             raise StorageError(str(exc)) from exc
-        groups = {g for entry in entries if entry.state in OPEN for g in entry.groups}
+        groups = {g for entry in open_entries for g in entry.groups}
         if groups:
             await self.offsets.settled(groups)
 

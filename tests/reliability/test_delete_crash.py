@@ -41,14 +41,6 @@ def armed(tmp_path: Path, backend: str, crash_at: str) -> BrokerProcess:
     return BrokerProcess(tmp_path / "data", backend=backend, env={ENV: crash_at}).start()
 
 
-def restart(broker: BrokerProcess, crash_at: str | None = None) -> BrokerProcess:
-    """Wait for the armed process to die, then start it again (armed at `crash_at`)."""
-    assert broker.proc is not None
-    broker.proc.wait(15)
-    broker.env = {ENV: crash_at} if crash_at else None
-    return broker.start(broker.port)
-
-
 def fill(c: WireClient) -> dict[str, list[list[bytes]]]:
     """Topics t (3 partitions of several segments) and u, with records and offsets."""
     assert c.create_topic("t", PARTITIONS, {"segment.bytes": 1024, "retention.ms": -1}) == 0
@@ -98,7 +90,7 @@ def test_a_kill_after_the_rename_leaves_the_topic_gone(
             sent = fill(c)
             with pytest.raises(DROPPED):
                 c.call("DeleteTopics", topics=["t"])
-        restart(broker)
+        broker.restart_after_crash_point()
         if crash_at != "topic_delete_files_removed":  # else no tombstone was left
             assert broker.log_shows("event=topic_deletion_finished topic=t")
         with WireClient(broker.bootstrap) as c:
@@ -114,7 +106,7 @@ def test_a_kill_before_the_rename_leaves_the_topic_whole(tmp_path: Path, backend
             sent = fill(c)
             with pytest.raises(DROPPED):
                 c.call("DeleteTopics", topics=["t"])
-        restart(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             assert stored(c, "t") == sent["t"] and stored(c, "u") == sent["u"]
             assert committed(c, "g") == {("t", 0): (3, 0), ("t", 1): (4, 0), ("t", 2): (5, 0)} | {
@@ -145,7 +137,7 @@ def test_a_start_killed_while_finishing_a_deletion_finishes_it_next_time(
             broker.start(broker.port)
         tombstone = broker.data_dir / "topics" / "t~deleted"
         assert tombstone.is_dir() and len([p for p in tombstone.iterdir() if p.is_dir()]) == 2
-        restart(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             assert_gone(broker, c, sent)
     finally:
@@ -172,7 +164,7 @@ def test_a_kill_after_new_settings_are_durable_keeps_them(tmp_path: Path, backen
                     ],
                     validate_only=False,
                 )
-        restart(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             configs = topic_configs(c, "t")
             assert configs["retention.bytes"] == ("1048576", "topic")

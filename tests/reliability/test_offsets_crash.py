@@ -38,14 +38,6 @@ def fresh(tmp_path: Path, backend: str, crash_at: str | None) -> BrokerProcess:
     return broker
 
 
-def restart_clean(broker: BrokerProcess) -> BrokerProcess:
-    """Wait for the armed process to die, then start it again unarmed."""
-    assert broker.proc is not None
-    broker.proc.wait(15)
-    broker.env = None
-    return broker.start(broker.port)
-
-
 def commit(c: WireClient, group: str, offsets: dict[int, int]) -> dict[str, Any]:
     return c.call("OffsetCommit", group_id=group, topics=_topics(offsets))
 
@@ -83,7 +75,7 @@ def test_kill_after_a_commit_is_durable_keeps_it(tmp_path: Path, backend: str) -
     try:
         with WireClient(broker.bootstrap) as c, pytest.raises(DROPPED):
             commit(c, "g", {0: 5, 1: 6})
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             assert fetch(c, "g") == {0: (5, 0), 1: (6, 0)}
             assert commit(c, "g", {0: 7})["error"] == 0
@@ -104,7 +96,7 @@ def test_kill_inside_txn_offset_commit_leaves_the_transaction_open(
             assert tx.send("t", 1, [b"out"])["error"] == 0
             with pytest.raises(DROPPED):
                 txn_commit(tx, "g", {0: 10})
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == "ONGOING"
@@ -145,7 +137,7 @@ def test_kill_after_the_decision_shows_offsets_iff_committed(
             assert txn_commit(tx, "h", {1: 30})["error"] == 0
             with pytest.raises(DROPPED):
                 tx.end(committed=committed)
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == ("COMPLETE_COMMIT" if committed else "COMPLETE_ABORT")
@@ -183,7 +175,7 @@ def test_pending_offsets_no_transaction_claims_are_dropped_at_start(
             len(list(scan_records(data, wal))) == 2
         )  # InitProducerId's entry, then the group joining
         wal.write_bytes(data[:-1])
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             assert fetch(c, "g") == {0: (1, 0), 1: (-1, 0)}
             assert broker.log_shows("event=txn_orphan_offsets_dropped")
@@ -213,7 +205,7 @@ def test_pending_offsets_without_their_group_add_are_dropped(tmp_path: Path, bac
         ends = [end for _, end in scan_records(data, path)]
         with path.open("r+b") as f:
             f.truncate(ends[-2])
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == "ONGOING"

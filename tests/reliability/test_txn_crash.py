@@ -48,14 +48,6 @@ def fresh(tmp_path: Path, backend: str, crash_at: str | None) -> BrokerProcess:
     return broker
 
 
-def restart_clean(broker: BrokerProcess) -> BrokerProcess:
-    """Wait for the armed process to die, then start it again unarmed."""
-    assert broker.proc is not None
-    broker.proc.wait(15)
-    broker.env = None
-    return broker.start(broker.port)
-
-
 def stable_offsets(c: WireClient) -> list[int]:
     return [c.fetch("t", p, 0, isolation_level=1)["last_stable_offset"] for p in range(PARTITIONS)]
 
@@ -132,7 +124,7 @@ def test_kill_inside_produce_or_end_txn(
                     assert tx.send("t", p, [b"v%d" % p])["error"] == 0
                 with pytest.raises((ConnectionError, OSError, EOFError)):
                     tx.end(committed=committed)
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             if committed is None:
@@ -161,7 +153,7 @@ def test_kill_after_prepare_keeps_it_prepared(tmp_path: Path, backend: str) -> N
             assert tx.send("t", 1, [b"prepared"])["error"] == 0
             with pytest.raises((ConnectionError, OSError, EOFError)):
                 tx.prepare()
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == "PREPARED"
@@ -189,7 +181,7 @@ def test_kill_inside_commit_txns_completes_every_transaction(tmp_path: Path, bac
                     txn_app_id="job",
                     txn_app_version=1,
                 )
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             assert all_committed(c) == [[b"a"], [b"b"], [b"a", b"b"]]
             apps = c.call("DescribeTxnApps")["apps"]
@@ -235,7 +227,7 @@ def test_kill_after_the_batch_is_appended(tmp_path: Path, backend: str, lose_the
         broker.proc.wait(15)
         if lose_the_add:
             lose_last_txn_record(broker)
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == "ONGOING"
@@ -269,7 +261,7 @@ def test_a_marker_decides_when_the_decision_was_lost(
         assert broker.proc is not None
         broker.proc.wait(15)
         lose_last_txn_record(broker)
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == ("COMPLETE_COMMIT" if committed else "COMPLETE_ABORT")
@@ -331,7 +323,7 @@ def test_a_marker_behind_a_snapshot_decides_when_the_decision_was_lost(
         snapshots = sorted(directory.glob("*.snapshot"))
         assert snapshots and int(snapshots[-1].name.split(".")[0]) == 3, snapshots
         lose_last_txn_record(broker)
-        restart_clean(broker)
+        broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             states = {
                 t["transactional_id"]: t["state"]
