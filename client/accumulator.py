@@ -507,6 +507,15 @@ class RecordAccumulator:
         self._refused: MinibrokerError | None = None
         self.txn_state: TxnState | None = None
         self._txn_error: MinibrokerError | None = None  # the first failure of the transaction
+        # The last sequences named by an EndTxn(commit) that went out behind the batches and
+        # has not been answered: the broker may have committed, after which a batch's
+        # failure (a resend fenced, or timed out while the broker was down) says nothing
+        # about the transaction. Only an answer to that EndTxn ends the doubt.
+        self._commit_in_doubt: dict[tuple[str, int], int] | None = None
+        self._doubt_failure: BaseException | None = None  # the first batch failure meanwhile
+        # That EndTxn committed: every batch of the transaction is in the log, and one still
+        # unanswered is resent only to learn its offset.
+        self._commit_landed = False
         if transactional:
             self._enter(TxnState.UNINITIALIZED)
 
@@ -836,7 +845,9 @@ class RecordAccumulator:
             if batch.finished:
                 return []
             done: list[ProducerBatch] = []
-            if error == ErrorCode.NONE or (
+            if self._commit_landed and error != ErrorCode.NONE:
+                self._fail(batch, error_for(error, f"produce to {batch.topic}", message), done)
+            elif error == ErrorCode.NONE or (
                 error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER and self.idempotent
             ):
                 # DUPLICATE_SEQUENCE_NUMBER: appended long ago; the offset is no longer known.
@@ -917,6 +928,9 @@ class RecordAccumulator:
         why they could not be sent (the connection's error), is named and chained."""
         with self.lock:
             done: list[ProducerBatch] = []
+            if self._commit_in_doubt is not None and not self._commit_landed:
+                # Committed or not, the broker's answer to the EndTxn settles these batches.
+                return done
             limit = now_ms - self.delivery_timeout_ms
             for state in self._states:
                 queue = state.queue
@@ -1080,8 +1094,13 @@ class RecordAccumulator:
 
     def _fail(self, batch: ProducerBatch, error: BaseException, done: list[ProducerBatch]) -> None:
         if self.transactional:
+            if self._commit_landed:
+                self._finish(batch, None, -1, done)  # written, whatever befell this resend
+                return
             self._finish(batch, error, -1, done)
-            if self.txn_state in _ONGOING:
+            if self._commit_in_doubt is not None:
+                self._doubt_failure = self._doubt_failure or error
+            elif self.txn_state in _ONGOING:
                 self._make_abortable(error, done)
             return
         if self.idempotent and batch.sequence is not None:
@@ -1116,6 +1135,8 @@ class RecordAccumulator:
 
     def _set_fatal(self, error: MinibrokerError) -> None:
         self.fatal_error = self._refused = error
+        self._commit_in_doubt = self._doubt_failure = None
+        self._commit_landed = False
         if self._space_waiters:
             self._space.notify_all()
         if self.transactional:
@@ -1186,6 +1207,9 @@ class RecordAccumulator:
         appends are refused with the error that says why, outside IN_TRANSACTION."""
         was_ending = self.txn_state in _ENDING
         self.txn_state = state
+        if state is not TxnState.COMMITTING:
+            self._commit_in_doubt = self._doubt_failure = None
+            self._commit_landed = False
         if (state in _ENDING) != was_ending:
             self._flushing += 1 if not was_ending else -1
             if not was_ending:
@@ -1226,6 +1250,12 @@ class RecordAccumulator:
             assert self.txn_state is not None
             if self.txn_state is TxnState.ABORTABLE_ERROR and self._txn_error is not None:
                 raise self._txn_error
+            if self.txn_state is TxnState.COMMITTING:
+                raise IllegalStateError(
+                    f"{call} is not allowed while commit_transaction() has not finished: the "
+                    "broker may have committed the transaction, so call commit_transaction() "
+                    "again to learn the outcome (it is safe to repeat)"
+                )
             raise IllegalStateError(f"{call} is not allowed when {self.txn_state.value}")
 
     def _txn_answer_error(self, error: int, context: str, message: str | None) -> MinibrokerError:
@@ -1317,6 +1347,7 @@ class RecordAccumulator:
         sequence of the transaction, for an EndTxn sent right behind the last Produce
         (the broker commits only if its log ends there). None when the commit must wait
         for the answers instead: a batch failed or waits to be sent, or nothing was sent.
+        The caller sends that EndTxn: from here until its answer, the commit is in doubt.
 
         A pid and epoch name one transaction and sequences restart at each, so a
         partition's last sequence covers every batch the transaction sent there."""
@@ -1334,7 +1365,36 @@ class RecordAccumulator:
                 for partition, state in states.items()
                 if state.last_sequence is not None
             }
+            if sequences:
+                self._commit_in_doubt = sequences
             return sequences or None
+
+    @property
+    def commit_in_doubt(self) -> dict[tuple[str, int], int] | None:
+        """The last sequences of an EndTxn(commit) sent behind the batches and not answered
+        (the transaction may be committed), or None."""
+        with self.lock:
+            return self._commit_in_doubt
+
+    def on_commit_landed(self) -> None:
+        """The EndTxn naming the last sequences committed (its answer is not applied yet):
+        the log holds every batch of the transaction. A batch still unanswered is resent
+        only to learn its offset; expiry or a refusal finishes it as written, offset -1."""
+        with self.lock:
+            assert self._commit_in_doubt is not None
+            self._commit_landed = True
+
+    def on_commit_refused(self) -> list[ProducerBatch]:
+        """The broker answered the EndTxn behind the batches without committing (it then
+        changed nothing): the doubt ends, and a batch that failed meanwhile makes the
+        transaction abortable after all. Returns the batches finished now."""
+        with self.lock:
+            failure = self._doubt_failure
+            self._commit_in_doubt = self._doubt_failure = None
+            done: list[ProducerBatch] = []
+            if failure is not None and self.txn_state in _ONGOING:
+                self._make_abortable(failure, done)
+            return done
 
     def check_flushed(self) -> None:
         """Before EndTxn(commit) or PrepareTxn: raise if any batch of the transaction failed
@@ -1355,17 +1415,21 @@ class RecordAccumulator:
         producer_id: int,
         producer_epoch: int,
         message: str | None,
-    ) -> None:
+    ) -> list[ProducerBatch]:
         """EndTxn's answer. Success brings the next transaction's pid and epoch (sequences
         restart at 0). A failed commit leaves the transaction abortable; a failed abort
-        leaves the epoch unknown, so init_transactions() is needed; fencing is fatal."""
+        leaves the epoch unknown, so init_transactions() is needed; fencing is fatal.
+        Returns the batches finished now (a commit's whose answers were lost)."""
         with self.lock:
             if error == ErrorCode.NONE:
+                done: list[ProducerBatch] = []
+                if committed and self._commit_in_doubt is not None:
+                    self._settle_committed(done)
                 self._adopt(producer_id, producer_epoch)
                 self._txn_error = None
                 self.metrics["transactions_committed" if committed else "transactions_aborted"] += 1
                 self._enter(TxnState.READY)
-                return
+                return done
             verb = "commit" if committed else "abort"
             exc = self._txn_answer_error(error, f"EndTxn({verb})", message)
             if self.fatal_error is not None:
@@ -1378,6 +1442,24 @@ class RecordAccumulator:
                 raise self._txn_error
             self._enter(TxnState.UNINITIALIZED)
             raise exc
+
+    def _settle_committed(self, done: list[ProducerBatch]) -> None:
+        """An EndTxn naming the last sequences committed: the broker's log held every batch
+        up to them, so a batch still unanswered was written (its offset unknown, -1, as
+        for a duplicate whose original is no longer cached) and is not sent again: under
+        the next epoch it would be a new batch."""
+        for state in self._states:
+            state.queue.clear()
+            state.open = None
+        for batch in list(self._incomplete):
+            if batch.pieces is None and not batch.finished:
+                self._finish(batch, None, -1, done)
+        if self._doubt_failure is not None:
+            log.warning(
+                "the transaction committed with every batch in the log, but a batch reported "
+                "a failure before the commit's answer: %s",
+                self._doubt_failure,
+            )
 
     def on_prepare(self, error: int, message: str | None) -> tuple[int, int]:
         """PrepareTxn's answer: the prepared (pid, epoch), or raise (abortable or fatal)."""
@@ -1455,6 +1537,17 @@ class RecordAccumulator:
                 self._space.notify_all()
             self._sender_wake_at = -math.inf
             self.wakeup()
+
+    def incomplete(self) -> list[ProducerBatch]:
+        """The batches not finished yet."""
+        with self.lock:
+            return list(self._incomplete)
+
+    @property
+    def failed_in_doubt(self) -> bool:
+        """Whether a batch failed while a commit was in doubt."""
+        with self.lock:
+            return self._doubt_failure is not None
 
     @property
     def unfinished(self) -> int:

@@ -68,6 +68,7 @@ from client.types import (
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.messages import (
     EndTxnRequest,
+    EndTxnResponse,
     InitProducerIdRequest,
     PrepareTxnRequest,
     TxnLastSequence,
@@ -76,6 +77,9 @@ from protocol.messages import (
 )
 
 log = logging.getLogger(f"minibroker.{__name__}")
+# A commit in doubt is asked again across every retriable error but the one that says the
+# broker holds the transaction open without every batch: then the batches' answers decide.
+_SETTLE_RETRIABLE = RETRIABLE - {ErrorCode.CONCURRENT_TRANSACTIONS}
 
 SendFunction = Callable[..., RecordHandle]
 BatchCallback = Callable[[BaseException | None, list[BatchMetadata] | None], object]
@@ -415,55 +419,98 @@ class AsyncProducer:
     async def commit_transaction(self) -> None:
         """Send every buffered record, wait for all answers, then commit (EndTxn).
 
-        If any record of the transaction failed, nothing is committed: this raises
-        TransactionAbortableError and only abort_transaction() is possible. After a
-        MinibrokerTimeoutError the outcome is unknown; call it again to finish."""
+        If any record of the transaction failed before the commit went out, nothing is
+        committed: this raises TransactionAbortableError and only abort_transaction() is
+        possible. After a MinibrokerTimeoutError the outcome is unknown (the broker may
+        have committed): call it again to learn it; it is safe to repeat, and nothing
+        else is allowed meanwhile."""
         self._check_running()
-        pending = self._acc.begin_commit()
-        if pending and await self._commit_behind_produce(pending):
+        acc = self._acc
+        pending = acc.begin_commit()
+        if pending and acc.commit_in_doubt is None:
+            response = await self._sender.request_behind_batches(
+                self._end_txn_behind, self.config.request_timeout_ms / 1000
+            )
+            if response is not None and response.error == ErrorCode.NONE:
+                await self._on_committed(response)
+                return
+            if response is not None:
+                # Refused, so nothing changed; a batch failed meanwhile counts again.
+                self._sender.finish(acc.on_commit_refused())
+        if acc.commit_in_doubt is not None:
+            await self._settle_commit()
             return
         await _wait_all(pending)
-        self._acc.check_flushed()
+        acc.check_flushed()
         await self._end_transaction(committed=True)
 
-    async def _commit_behind_produce(self, pending: list[ProducerBatch]) -> bool:
-        """Send EndTxn(commit) right behind the transaction's last Produce requests, naming
-        each partition's last sequence, so a commit costs one round trip and the broker
-        one fsync round for the batches, the decision and the markers. True when it
-        committed. False when the broker did not hold every batch yet (one was refused or
-        is still on its way; it then changed nothing) or the answer was lost: the caller
-        waits for the batches' answers and ends the transaction as usual."""
-        acc, cfg = self._acc, self.config
-        transactional_id = cfg.transactional_id
+    def _end_txn_behind(self, sequences: dict[tuple[str, int], int]) -> EndTxnRequest:
+        """EndTxn(commit) naming each partition's last sequence: the broker commits only
+        when its log holds every batch up to them, and otherwise changes nothing
+        (CONCURRENT_TRANSACTIONS). Sent right behind the transaction's last Produce
+        requests, a commit costs one round trip."""
+        acc = self._acc
+        transactional_id = self.config.transactional_id
         assert transactional_id is not None
+        by_topic: dict[str, list[TxnLastSequence]] = {}
+        for (topic, partition), last in sequences.items():
+            by_topic.setdefault(topic, []).append(TxnLastSequence(partition, last))
+        return EndTxnRequest(
+            transactional_id=transactional_id,
+            producer_id=acc.producer_id,
+            producer_epoch=acc.producer_epoch,
+            committed=True,
+            last_sequences=[TxnLastSequences(t, parts) for t, parts in by_topic.items()],
+        )
 
-        def end_txn(sequences: dict[tuple[str, int], int]) -> EndTxnRequest:
-            by_topic: dict[str, list[TxnLastSequence]] = {}
-            for (topic, partition), last in sequences.items():
-                by_topic.setdefault(topic, []).append(TxnLastSequence(partition, last))
-            return EndTxnRequest(
-                transactional_id=transactional_id,
-                producer_id=acc.producer_id,
-                producer_epoch=acc.producer_epoch,
-                committed=True,
-                last_sequences=[TxnLastSequences(t, parts) for t, parts in by_topic.items()],
-            )
+    async def _on_committed(self, response: EndTxnResponse) -> None:
+        """The EndTxn naming the last sequences committed. A batch whose answer a lost
+        connection took is resent and answered as the duplicate it is, with its offset;
+        only then does the producer move to the next epoch, under which a resend would
+        be a new batch. Bounded by delivery_timeout_ms: a batch that runs out is
+        finished as written, its offset unknown."""
+        self._acc.on_commit_landed()
+        await _wait_all(self._acc.incomplete())
+        self._on_end(True, response)
 
-        response = await self._sender.request_behind_batches(end_txn, cfg.request_timeout_ms / 1000)
-        if response is None or response.error != ErrorCode.NONE:
-            return False
-        # The batches' answers came first on the connection; a batch still unfinished
-        # is one whose answer was lost, and its resend is answered as the duplicate it is.
-        await _wait_all(pending)
-        failed = sum(1 for batch in pending if batch.error is not None)
-        if failed:
-            log.warning(
-                "the transaction committed with every batch in the log, but %d batch(es) "
-                "reported a failure before the commit's answer",
-                failed,
+    async def _settle_commit(self) -> None:
+        """The EndTxn(commit) sent behind the batches got no answer, so the broker may have
+        committed; after that a batch's failure (its resend fenced, or timed out while
+        the broker was down) says nothing about the transaction. Ask the same EndTxn
+        again (a retry is answered from the transaction's recorded end) until the broker
+        says: committed; or not committed for want of a batch (CONCURRENT_TRANSACTIONS),
+        after which the batches' own answers decide, as before any commit was sent.
+        MinibrokerTimeoutError at max_block_ms leaves the outcome unknown."""
+        acc = self._acc
+        deadline = self._block_deadline()
+        attempts = 0
+        while (sequences := acc.commit_in_doubt) is not None:
+            response = await self._sender.request(
+                self._end_txn_behind(sequences), deadline, _SETTLE_RETRIABLE
             )
-        acc.on_end(True, response.error, response.producer_id, response.producer_epoch, None)
-        return True
+            if response.error == ErrorCode.NONE:
+                await self._on_committed(response)
+                return
+            if response.error != ErrorCode.CONCURRENT_TRANSACTIONS:
+                self._on_end(True, response)
+                return
+            # Nothing is committed, and nothing will be until this producer asks again.
+            # The doubt stays until a batch is known to have failed: another EndTxn sent
+            # earlier may still be read behind this one.
+            remaining_s = (deadline - monotonic_ms()) / 1000
+            with anyio.move_on_after(max(remaining_s, 0)):
+                await _wait_all(acc.incomplete())
+            if acc.unfinished:
+                raise MinibrokerTimeoutError(
+                    "commit not completed within max_block_ms: the broker holds the "
+                    "transaction open and its batches are still being sent; call "
+                    "commit_transaction() again"
+                )
+            if acc.failed_in_doubt:
+                self._sender.finish(acc.on_commit_refused())
+                acc.check_flushed()
+            attempts += 1
+            await anyio.sleep(self._retry_backoff_s(attempts))
 
     async def abort_transaction(self) -> None:
         """Abort the transaction: records not yet sent fail with TransactionAbortedError,
@@ -569,7 +616,9 @@ class AsyncProducer:
     async def transaction(self) -> AsyncIterator[None]:
         """`async with producer.transaction():` begins a transaction and commits it when the
         block ends; when the block or the commit raises, the transaction is aborted and the
-        exception goes on (a failed abort is logged: the broker's timeout then ends it)."""
+        exception goes on (a failed abort is logged: the broker's timeout then ends it).
+        A commit whose outcome is unknown (MinibrokerTimeoutError) is not aborted: call
+        commit_transaction() again to learn it."""
         await self.begin_transaction()
         try:
             yield
@@ -595,12 +644,18 @@ class AsyncProducer:
             ),
             self._block_deadline(),
         )
-        acc.on_end(
-            committed,
-            response.error,
-            response.producer_id,
-            response.producer_epoch,
-            response.message,
+        self._on_end(committed, response)
+
+    def _on_end(self, committed: bool, response: EndTxnResponse) -> None:
+        """Apply EndTxn's answer (raising its error) and signal the batches it finished."""
+        self._sender.finish(
+            self._acc.on_end(
+                committed,
+                response.error,
+                response.producer_id,
+                response.producer_epoch,
+                response.message,
+            )
         )
 
     def _check_running(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from typing import Any
 
@@ -126,9 +126,11 @@ class Sender:
                 self._produce_in_flight = 0
         return conn
 
-    async def request(self, request: Request, deadline_ms: float) -> Any:
+    async def request(
+        self, request: Request, deadline_ms: float, retriable: Collection[int] = RETRIABLE
+    ) -> Any:
         """Send `request` from the caller's task and return its answer, resending it across
-        lost connections and retriable errors (with backoff) until `deadline_ms`.
+        lost connections and `retriable` errors (with backoff) until `deadline_ms`.
 
         For the transactional requests, which are safe to repeat: a repeated EndTxn
         gets the first one's answer, a repeated PrepareTxn error 0. Other errors are
@@ -150,7 +152,7 @@ class Sender:
                 except ConnectionLostError as exc:
                     cause = exc
                 else:
-                    if response.error not in RETRIABLE:
+                    if response.error not in retriable:
                         return response
                     cause = ErrorCode.name_of(response.error)
             remaining_s = (deadline_ms - monotonic_ms()) / 1000

@@ -20,6 +20,8 @@ land on request and response boundaries, at random points chosen by a seeded RNG
 
 Each fault that happened is counted in `injected`. `limits` caps how many times a
 fault may happen (with a rate of 1.0 and a limit of 1: exactly the first chance),
+`after` holds a fault back until another one has happened (every Produce request
+dropped once the first Produce answer was: the batches' resends never arrive),
 and `record` names the APIs whose requests and answers the proxy keeps, in the
 order it saw them, in `seen` (whether each passed or was dropped, so a test can
 tell what the broker answered to a request whose answer the client never got).
@@ -81,12 +83,14 @@ class FaultProxy:
         drop_end_txn_request: float = 0.0,
         drop_end_txn_response: float = 0.0,
         limits: Mapping[str, int] | None = None,
+        after: Mapping[str, str] | None = None,
         record: Collection[str] = (),
         port: int = 0,
     ) -> None:
         """`target` returns the broker's (host, port) at connect time (it may restart);
         the proxy listens on 127.0.0.1:`port` (0: a free one). `limits`: at most this
-        many injections of the named faults; `record`: the APIs kept in `seen`."""
+        many injections of the named faults; `after`: {fault: the fault that must have
+        happened before it may}; `record`: the APIs kept in `seen`."""
         self.target = target
         self.rates = {
             "drop_request": drop_request,
@@ -98,9 +102,10 @@ class FaultProxy:
             "drop_end_txn_response": drop_end_txn_response,
         }
         self.limits = dict(limits or {})
-        unknown = set(self.limits) - set(self.rates)
+        self.after = dict(after or {})
+        unknown = (set(self.limits) | set(self.after) | set(self.after.values())) - set(self.rates)
         if unknown:
-            raise ValueError(f"limits name unknown faults: {sorted(unknown)}")
+            raise ValueError(f"limits or after name unknown faults: {sorted(unknown)}")
         self.record = frozenset(record)
         self.seen: list[Seen] = []
         self.injected: Counter[str] = Counter()
@@ -142,6 +147,9 @@ class FaultProxy:
         limit = self.limits.get(fault)
         with self._lock:
             if limit is not None and self.injected[fault] >= limit:
+                return False
+            gate = self.after.get(fault)
+            if gate is not None and not self.injected[gate]:
                 return False
             hit = self.enabled and rate > 0 and self._rng.random() < rate
             if hit:

@@ -524,12 +524,83 @@ def test_commit_sequences_are_none_once_a_batch_failed() -> None:
     add(acc, partition=1)
     acc.begin_commit()
     batches = drain(acc)
-    assert acc.commit_sequences() == {("t", 0): 0, ("t", 1): 0}
     acc.on_response(batches[0], E.INVALID_RECORD, -1, 1)
     assert acc.all_sent()
     assert acc.commit_sequences() is None
+    assert acc.commit_in_doubt is None
     with pytest.raises(TransactionAbortableError):
         acc.check_flushed()
+
+
+def in_doubt(acc: RecordAccumulator) -> list[ProducerBatch]:
+    """A transaction over partitions 0 and 1 whose EndTxn went out behind its batches
+    (commit_sequences named them) and is unanswered; returns the two batches."""
+    acc.begin_transaction()
+    add(acc, partition=0)
+    add(acc, partition=1)
+    acc.begin_commit()
+    batches = drain(acc)
+    assert acc.commit_sequences() == {("t", 0): 0, ("t", 1): 0}
+    assert acc.commit_in_doubt == {("t", 0): 0, ("t", 1): 0}
+    return batches
+
+
+def test_a_batch_failure_while_the_commit_is_in_doubt_leaves_the_outcome_to_the_broker() -> None:
+    """The broker may have committed: a batch refused meanwhile (its resend fenced after
+    the commit, say) does not make the transaction abortable, no batch expires, and
+    abort_transaction() is refused with the way out. The commit's answer then settles
+    the batch whose answer was lost: written, its offset unknown."""
+    acc = make(delivery_timeout_ms=1_000)
+    first, second = in_doubt(acc)
+    acc.on_connection_lost([first, second], 1, "cut")
+    (refused,) = [b for b in drain(acc, now=10_000) if b is first]
+    acc.on_response(refused, E.INVALID_RECORD, -1, 10_000)
+    assert refused.finished and refused.error is not None
+    assert acc.expire(1_000_000) == []
+    assert acc.txn_state is TxnState.COMMITTING and not second.finished
+    with pytest.raises(IllegalStateError, match="commit_transaction\\(\\) again"):
+        acc.begin_abort()
+    done = acc.on_end(True, E.NONE, PID, 1, None)
+    assert done == [second] and second.error is None and second.base_offset == -1
+    assert acc.txn_state is TxnState.READY and acc.commit_in_doubt is None
+    assert (acc.producer_epoch, acc.unfinished) == (1, 0)
+
+
+def test_a_commit_in_doubt_refused_by_the_broker_counts_the_failures_seen_meanwhile() -> None:
+    """CONCURRENT_TRANSACTIONS (a batch is missing, nothing changed) ends the doubt: the
+    batch that failed meanwhile makes the transaction abortable after all."""
+    acc = make()
+    first, second = in_doubt(acc)
+    acc.on_response(first, E.INVALID_RECORD, -1, 1)
+    acc.on_response(second, E.NONE, 5, 1)
+    assert acc.failed_in_doubt and acc.txn_state is TxnState.COMMITTING
+    assert acc.on_commit_refused() == []
+    assert acc.txn_state is TxnState.ABORTABLE_ERROR and acc.commit_in_doubt is None
+    with pytest.raises(TransactionAbortableError, match="INVALID_RECORD"):
+        acc.check_flushed()
+    acc.begin_abort()
+    acc.on_end(False, E.NONE, PID, 1, None)
+    assert acc.txn_state is TxnState.READY
+
+
+def test_a_commit_in_doubt_refused_without_a_failure_goes_on_committing() -> None:
+    acc = make()
+    first, second = in_doubt(acc)
+    assert acc.on_commit_refused() == []
+    assert acc.txn_state is TxnState.COMMITTING and acc.commit_in_doubt is None
+    succeed(acc, [first, second])
+    acc.check_flushed()
+    assert acc.on_end(True, E.NONE, PID, 1, None) == []
+    assert acc.metrics["transactions_committed"] == 1
+
+
+def test_a_commit_in_doubt_answered_with_a_refusal_is_abortable() -> None:
+    """The broker says it did not commit (here: the transaction ended the other way)."""
+    acc = make()
+    in_doubt(acc)
+    with pytest.raises(TransactionAbortableError):
+        acc.on_end(True, E.INVALID_TXN_STATE, -1, -1, None)
+    assert acc.txn_state is TxnState.ABORTABLE_ERROR and acc.commit_in_doubt is None
 
 
 def test_a_retried_batch_waits_to_be_sent_before_sequences_are_named() -> None:

@@ -287,10 +287,13 @@ def check_many(proxy: FaultProxy, ledger: Ledger, txns: int, metrics: dict[str, 
     assert len(ledger.committed) == txns - sum(map(deliberate_abort, range(txns)))
     assert metrics["transactions_committed"] == len(ledger.committed)
     assert metrics["transactions_aborted"] == len(ledger.aborted)
-    # Both ways to commit ran: right behind the batches, and the fallback's plain EndTxn.
+    # Commits went right behind the batches, and a commit whose answer was lost was asked
+    # again as it was sent (same pid, epoch and last sequences), never as a plain EndTxn
+    # that would commit whatever the log holds.
     commits = [s.message for s in requests(proxy, "EndTxn") if s.message["committed"]]
-    assert any(m.get("last_sequences") for m in commits)
-    assert any(m.get("last_sequences") is None for m in commits)
+    asked = [(m["producer_id"], m["producer_epoch"], str(m.get("last_sequences"))) for m in commits]
+    assert all(m.get("last_sequences") for m in commits)
+    assert len(asked) > len(set(asked))
     # And the one-round-trip commit worked between the faults: answered, and delivered.
     ends = exchanges(proxy, "EndTxn")
     assert any(
@@ -429,10 +432,11 @@ def test_a_commit_whose_answer_was_lost_is_finished_not_fenced(
     broker: BrokerProcess, topic: str, lost: str
 ) -> None:
     """The EndTxn sent behind the batches committed, then the connection was cut before its
-    answer reached the client (and, in one case, a batch's answer too). The client resends
-    the batch, answered as the duplicate it is with its original offset, then a plain
-    EndTxn, which gets the lost answer: the producer goes on at the next epoch, nothing is
-    stored twice, and the first transaction's handles report their records' offsets."""
+    answer reached the client (and, in one case, a batch's answer too). The client asks
+    the same EndTxn again, which gets the lost answer, and resends the batch, answered as
+    the duplicate it is with its original offset: the producer goes on at the next epoch,
+    nothing is stored twice, and the first transaction's handles report their records'
+    offsets."""
     ledger = Ledger()
     with (
         proxy_to(broker, seed=31, **LOST[lost]) as proxy,
@@ -457,7 +461,8 @@ def test_a_commit_whose_answer_was_lost_is_finished_not_fenced(
     assert pipelined(first) and first.passed
     assert (first_answer.message["error"], first_answer.passed) == (ErrorCode.NONE, False)
     assert first_answer.message["producer_epoch"] == first_epoch + 1  # it committed
-    assert retry.message["committed"] and not pipelined(retry)
+    assert retry.message["committed"] and pipelined(retry)
+    assert retry.message["last_sequences"] == first.message["last_sequences"]
     assert (retry.message["producer_id"], retry.message["producer_epoch"]) == (
         first.message["producer_id"],
         first.message["producer_epoch"],
@@ -504,7 +509,7 @@ def test_a_commit_that_timed_out_is_finished_by_calling_it_again(
     broker: BrokerProcess, topic: str
 ) -> None:
     """The EndTxn behind the batches committed but its answer was lost, and so were the
-    answers to the plain EndTxns resent after it, until max_block_ms was up:
+    answers to the same EndTxn asked again after it, until max_block_ms was up:
     commit_transaction raises MinibrokerTimeoutError, and calling it again (the documented
     way to finish) gets the first answer. One commit, one epoch bump, nothing fenced."""
     ledger = Ledger()
@@ -534,10 +539,11 @@ def test_a_commit_that_timed_out_is_finished_by_calling_it_again(
     (first, first_answer), *retries, (second, second_answer) = ends
     assert pipelined(first) and first_answer is not None and not first_answer.passed
     assert (error(first_answer), first_answer.message["producer_epoch"]) == (0, first_epoch + 1)
-    # Every retry was the first transaction's plain EndTxn, answered as the first one was.
+    # Every retry was the first transaction's EndTxn as sent, answered as the first one was.
     assert len(retries) == LOST_ANSWERS
     for retry, answer in retries:
-        assert not pipelined(retry) and retry.message["producer_epoch"] == first_epoch
+        assert retry.message["last_sequences"] == first.message["last_sequences"]
+        assert retry.message["producer_epoch"] == first_epoch
         assert answer is not None and error(answer) == ErrorCode.NONE
         assert answer.message["producer_epoch"] == first_epoch + 1
     assert [a.passed for _, a in retries if a is not None] == [False] * (LOST_ANSWERS - 1) + [True]

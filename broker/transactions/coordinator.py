@@ -679,6 +679,7 @@ class TransactionCoordinator:
         """Decide `entries` in one durable record (with `app`), then complete them."""
         if committed:
             await self._contents_durable(entries)
+            crash_point("txn_contents_durable")
         stamp = now_ms()
         decisions = [
             decided(
