@@ -808,7 +808,7 @@ class RecordAccumulator:
         with self.lock:
             deadline = math.inf
             if self.fatal_error is None:
-                expiry = self.delivery_timeout_ms
+                expiry = self.delivery_timeout_ms if self._expiring() else math.inf
                 for state in self._states:
                     if not state.queue:
                         continue
@@ -928,8 +928,7 @@ class RecordAccumulator:
         why they could not be sent (the connection's error), is named and chained."""
         with self.lock:
             done: list[ProducerBatch] = []
-            if self._commit_in_doubt is not None and not self._commit_landed:
-                # Committed or not, the broker's answer to the EndTxn settles these batches.
+            if not self._expiring():
                 return done
             limit = now_ms - self.delivery_timeout_ms
             for state in self._states:
@@ -947,6 +946,11 @@ class RecordAccumulator:
                     error.__cause__ = cause
                     self._fail(batch, error, done)
             return done
+
+    def _expiring(self) -> bool:
+        """Whether batches expire now: not while a commit is in doubt, since committed or
+        not, the broker's answer to its EndTxn settles them."""
+        return self._commit_in_doubt is None or self._commit_landed
 
     def fail_all(self, error: MinibrokerError, *, fatal: bool = False) -> list[ProducerBatch]:
         """Finish every unfinished batch with `error`; `fatal` also refuses all later records."""

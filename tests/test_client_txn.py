@@ -10,6 +10,7 @@ would get from the broker are fed in as error codes.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import random
 
@@ -564,6 +565,20 @@ def test_a_batch_failure_while_the_commit_is_in_doubt_leaves_the_outcome_to_the_
     assert done == [second] and second.error is None and second.base_offset == -1
     assert acc.txn_state is TxnState.READY and acc.commit_in_doubt is None
     assert (acc.producer_epoch, acc.unfinished) == (1, 0)
+
+
+def test_a_commit_in_doubt_sets_no_expiry_deadline_for_the_sender() -> None:
+    """The sender sleeps until next_deadline(): while the commit is in doubt a batch's
+    delivery deadline, long past, must not wake it (it would spin, starving the event
+    loop that runs the commit's own retries); once the commit is known, it counts."""
+    acc = make(delivery_timeout_ms=1_000)
+    first, second = in_doubt(acc)
+    acc.on_connection_lost([first, second], 1, "cut")
+    assert acc.next_deadline(1_000_000, can_send=False) == math.inf
+    acc.on_commit_landed()
+    assert acc.next_deadline(1_000_000, can_send=False) == 1_000_000
+    assert {b.base_offset for b in acc.expire(1_000_000)} == {-1}
+    assert first.error is None and second.error is None
 
 
 def test_a_commit_in_doubt_refused_by_the_broker_counts_the_failures_seen_meanwhile() -> None:

@@ -37,12 +37,14 @@ from tests.test_client_txn_integration import read_all
 
 TOPIC = "in-doubt"
 PARTITIONS = 2
-# The records wait for the commit, so its Produce requests and EndTxn go in one write.
+# The records wait for the commit, so its Produce requests and EndTxn go in one write;
+# the commit's retries (max_block_ms) outlast the batches' delivery_timeout_ms, which
+# must not fail them, nor wake the sender in a loop, while the commit is in doubt.
 SETTINGS: dict[str, Any] = {
-    "linger_ms": 2_000,
+    "linger_ms": 1_000,
     "request_timeout_ms": 1_000,
-    "delivery_timeout_ms": 3_000,
-    "max_block_ms": 1_500,
+    "delivery_timeout_ms": 2_000,
+    "max_block_ms": 2_500,
     "retry_backoff_ms": 20,
     "retry_backoff_max_ms": 100,
     "reconnect_backoff_ms": 20,
