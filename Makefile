@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak
+.PHONY: run test lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak txn-history
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ SOAK_SECONDS ?= 600
 soak: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[soak]'
 	SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m tests.reliability.soak
+
+# Transactions under a kill -9 every few seconds, each read back against what the SDK
+# reported (a Jepsen-style history check); writes txn-history-out/. The other settings
+# (TXN_HISTORY_BACKENDS, _PRODUCERS, _KILL_SECONDS, _SEED, ...) are read from the environment.
+TXN_HISTORY_TRANSACTIONS ?= 50000
+txn-history: $(STAMP)
+	TXN_HISTORY_TRANSACTIONS=$(TXN_HISTORY_TRANSACTIONS) $(PY) -m tests.reliability.txn_history
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
