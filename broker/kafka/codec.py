@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from broker.handlers import SplicedReply
 from broker.kafka import apis
+from broker.kafka.api import TRANSLATIONS, Exchange, Reply
 from broker.kafka.entities import (
     HEAD,
     build,
@@ -29,10 +30,9 @@ from broker.kafka.entities import (
     response_class,
     write_response,
 )
-from broker.kafka.hot_path import fetch_response, produce_response
 from broker.kafka.records import ONLY_V2, as_v2
-from broker.kafka.requests import TRANSLATIONS, Exchange, Reply
 from broker.kafka.responses import CONVERSIONS, supported_ranges
+from broker.kafka.wire import fetch_response, produce_response
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameError, splice_holes

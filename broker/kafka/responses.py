@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from broker.kafka import apis
-from broker.kafka.requests import RESOURCE_TYPES
+from broker.kafka.api import RESOURCE_TYPES
 from protocol import messages as m
 
 CLUSTER_ID = "minibroker"

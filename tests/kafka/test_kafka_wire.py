@@ -33,9 +33,9 @@ from broker.handlers import SplicedReply
 from broker.kafka import NEXT_STEP, SERVED, KafkaCodec
 from broker.kafka.apis import BY_KEY, markdown_table
 from broker.kafka.entities import build, response_class, write_response
-from broker.kafka.hot_path import fetch_response, produce_response
 from broker.kafka.records import ONLY_V2
 from broker.kafka.responses import CONVERSIONS
+from broker.kafka.wire import fetch_response, produce_response
 from broker.storage import FileSpan
 from harness.kafka_requests import fetch_request, produce_request
 from protocol import messages as m
