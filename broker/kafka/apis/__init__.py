@@ -1,62 +1,41 @@
-"""The Kafka APIs a `kafka` listener answers, and at which versions: one table that
-ApiVersions, the request decoder and docs/kafka-compatibility.md all read.
+"""The Kafka APIs a `kafka` listener answers, and at which versions: one table, gathered
+from the API families' modules beside this one (each declares its `APIS`), that
+ApiVersions, the request decoder and docs/kafka-compatibility.md all read. ApiVersions,
+whose answer is this table, is declared here.
 
 The ranges are Apache Kafka 2.8's, the last release whose Produce and Fetch name
 topics rather than topic ids (Produce <= 9, Fetch <= 12), with Kafka 4.0's minimums
 (KIP-896: Produce from v3, magic 2 only). kafka-python reads the release from these
 ranges (2.8); librdkafka enables idempotence from InitProducerId and Produce v3+.
+
+A new API family is a module here declaring `APIS`, added to `_FAMILIES`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
+
+from broker.kafka.api import Exchange, KafkaApi, Values
+from broker.kafka.apis import admin, fetch, groups, metadata, produce, sasl
+from protocol import messages as m
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaApi:
-    """One Kafka API served, by Kafka's key and name, and the versions answered."""
-
-    key: int
-    name: str
-    min_version: int
-    max_version: int
-
-    def serves(self, version: int) -> bool:
-        return self.min_version <= version <= self.max_version
+def translate_api_versions(_req: Any, _version: int, _ex: Exchange) -> m.Request:
+    return m.ApiVersionsRequest()
 
 
-PRODUCE = 0
-FETCH = 1
-LIST_OFFSETS = 2
-METADATA = 3
-OFFSET_COMMIT = 8
-OFFSET_FETCH = 9
-FIND_COORDINATOR = 10
-SASL_HANDSHAKE = 17
-API_VERSIONS = 18
-CREATE_TOPICS = 19
-DELETE_TOPICS = 20
-INIT_PRODUCER_ID = 22
-DESCRIBE_CONFIGS = 32
-SASL_AUTHENTICATE = 36
+def answer_api_versions(_r: m.ApiVersionsResponse, _version: int, _asked: None) -> Values:
+    return {"error_code": 0, "api_keys": supported_ranges()}
 
-SERVED: tuple[KafkaApi, ...] = (
-    KafkaApi(PRODUCE, "Produce", 3, 9),
-    KafkaApi(FETCH, "Fetch", 4, 12),
-    KafkaApi(LIST_OFFSETS, "ListOffsets", 1, 6),
-    KafkaApi(METADATA, "Metadata", 0, 11),
-    KafkaApi(OFFSET_COMMIT, "OffsetCommit", 2, 8),
-    KafkaApi(OFFSET_FETCH, "OffsetFetch", 1, 7),
-    KafkaApi(FIND_COORDINATOR, "FindCoordinator", 0, 3),
-    KafkaApi(SASL_HANDSHAKE, "SaslHandshake", 1, 1),
-    KafkaApi(API_VERSIONS, "ApiVersions", 0, 3),
-    KafkaApi(CREATE_TOPICS, "CreateTopics", 2, 7),
-    KafkaApi(DELETE_TOPICS, "DeleteTopics", 1, 6),
-    KafkaApi(INIT_PRODUCER_ID, "InitProducerId", 0, 4),
-    KafkaApi(DESCRIBE_CONFIGS, "DescribeConfigs", 1, 4),
-    KafkaApi(SASL_AUTHENTICATE, "SaslAuthenticate", 0, 2),
+
+API_VERSIONS = KafkaApi(18, "ApiVersions", 0, 3, translate_api_versions, answer_api_versions)
+
+_FAMILIES = (produce, fetch, metadata, groups, admin, sasl)
+SERVED: tuple[KafkaApi[Any], ...] = tuple(
+    sorted((API_VERSIONS, *(api for f in _FAMILIES for api in f.APIS)), key=lambda a: a.key)
 )
-BY_KEY = {api.key: api for api in SERVED}
+BY_KEY: dict[int, KafkaApi[Any]] = {api.key: api for api in SERVED}
+assert len(BY_KEY) == len(SERVED), "two modules declare one API key"
 
 NEXT_STEP: dict[str, str] = {
     "JoinGroup": "consumer groups (classic protocol)",
@@ -71,6 +50,14 @@ NEXT_STEP: dict[str, str] = {
 }
 """APIs not in ApiVersions yet, answered UNSUPPORTED_VERSION in their own response,
 and the step that brings them (docs/kafka-compatibility.md)."""
+
+
+def supported_ranges() -> list[Values]:
+    """The served APIs as ApiVersions lists them."""
+    return [
+        {"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+        for a in SERVED
+    ]
 
 
 def markdown_table() -> str:
