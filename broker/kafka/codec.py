@@ -82,7 +82,10 @@ class KafkaCodec:
         except ProtocolError as exc:
             raise FrameError(f"{api.name} v{version}: {exc.message}") from exc
         asked = None
-        if not isinstance(out, m.Request):
+        # Reply and Translated are tuples and a request never is: of the checks that
+        # tell them apart, the cheapest (a msgspec class's isinstance goes through
+        # its metaclass), on every Produce and Fetch.
+        if isinstance(out, tuple):
             if isinstance(out, Reply):
                 values = out.values
                 return write_response(build(response_class(key, version), values), correlation_id)
