@@ -28,10 +28,9 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from broker.handlers import SplicedReply
 from broker.kafka import KafkaCodec
-from broker.kafka.apis import PRODUCE
+from broker.kafka.apis.produce import PRODUCE, answer_produce
 from broker.kafka.entities import build, response_class, write_response
 from broker.kafka.records import ONLY_V2
-from broker.kafka.responses import CONVERSIONS
 from broker.storage import FileSpan
 from harness.kafka_requests import fetch_request, produce_request
 from protocol import messages as m
@@ -88,8 +87,8 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
         request = codec.decode(produce_body)
         assert isinstance(request, m.Request)
         codec.encode(answer, request.cid)  # the pending call, taken
-        values = CONVERSIONS[PRODUCE](answer, 9, {})
-        return write_response(build(response_class(PRODUCE, 9), values), 1)
+        values = answer_produce(answer, 9, None)
+        return write_response(build(response_class(PRODUCE.key, 9), values), 1)
 
     def kafka_python_produce() -> object:
         ProduceRequest[9].decode(produce_body, header=True)

@@ -7,6 +7,7 @@ import graphlib
 import importlib
 import logging
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from broker import __version__
+from broker.kafka.kafka_only import KafkaOnlyRequest
+from protocol import messages as m
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +41,8 @@ print(" ".join(leaked))
         # Applications import the SDK without the broker.
         ("client", ["broker", "minibroker_cli"]),
         # The wire contract is sans IO: no event loop, no sockets.
-        ("protocol", ["broker", "client", "spark_connector", "anyio", "trio", "socket"]),
+        # Kafka's wire (kio) is the kafka listener's business, in broker/kafka/.
+        ("protocol", ["broker", "client", "spark_connector", "anyio", "trio", "socket", "kio"]),
     ],
 )
 def test_package_does_not_import(package: str, forbidden: list[str]) -> None:
@@ -150,3 +154,36 @@ def test_broker_rooms_import_each_other_without_a_circle() -> None:
     order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
     assert order.index("broker.storage") < order.index("broker.partition")
     assert order.index("broker.handlers") < order.index("broker.network")
+
+
+def test_the_native_contract_holds_native_apis_only() -> None:
+    """protocol/messages.py is the minibroker listener's wire contract: every request
+    class there is one that listener decodes and its API table lists. A Kafka API the
+    native protocol lacks is a `KafkaOnlyRequest` in its family's module of
+    broker/kafka/apis/, and never takes a native API's name."""
+    defined = [c for c in vars(m).values() if isinstance(c, type) and issubclass(c, m.Request)]
+    assert set(defined) - {m.Request} == set(m.REQUEST_CLASSES)
+    assert m.__doc__ is not None
+    listed = set(re.findall(r"^\| (\w+) ", m.__doc__, re.MULTILINE))
+    assert set(m.REQUEST_TYPES) <= listed
+    for info in pkgutil.walk_packages([str(BROKER / "kafka")], "broker.kafka."):
+        importlib.import_module(info.name)
+    kafka_only: list[type[KafkaOnlyRequest]] = []
+    pending = [KafkaOnlyRequest]
+    while pending:
+        subclasses = pending.pop().__subclasses__()
+        kafka_only += subclasses
+        pending += subclasses
+    assert all(str(c.__struct_config__.tag) not in m.REQUEST_TYPES for c in kafka_only)
+
+
+def test_the_kafka_codec_stays_out_of_the_network() -> None:
+    """broker/network/ runs a kafka listener's connections with the codec, not the other
+    way round: broker/kafka/ imports nothing of broker/network/."""
+    kafka = BROKER / "kafka"
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path, name in _broker_imports()
+        if path.is_relative_to(kafka) and _unit(name) == "broker.network"
+    ]
+    assert wrong == []

@@ -2,7 +2,8 @@
 requests to the broker's own handlers, topics, producer state and security
 (docs/kafka-compatibility.md)."""
 
-from broker.kafka.apis import NEXT_STEP, SERVED, KafkaApi
+from broker.kafka.api import KafkaApi
+from broker.kafka.apis import NEXT_STEP, SERVED
 from broker.kafka.codec import KafkaCodec
 
 __all__ = ["NEXT_STEP", "SERVED", "KafkaApi", "KafkaCodec"]

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from broker.handlers import SplicedReply
-from broker.kafka import apis
+from broker.kafka.api import Exchange, KafkaApi, Reply
+from broker.kafka.apis import API_VERSIONS, BY_KEY, supported_ranges
+from broker.kafka.apis.fetch import fetch_response
+from broker.kafka.apis.produce import produce_response
 from broker.kafka.entities import (
     HEAD,
     build,
@@ -29,10 +32,7 @@ from broker.kafka.entities import (
     response_class,
     write_response,
 )
-from broker.kafka.hot_path import fetch_response, produce_response
 from broker.kafka.records import ONLY_V2, as_v2
-from broker.kafka.requests import TRANSLATIONS, Exchange, Reply
-from broker.kafka.responses import CONVERSIONS, supported_ranges
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameError, splice_holes
@@ -48,7 +48,8 @@ class Call:
     key: int
     version: int
     correlation_id: int
-    extra: dict[str, Any]
+    asked: Any
+    """What the API's answer needs of the Kafka request (its `Translated`'s), or None."""
     request: m.Request
 
 
@@ -70,26 +71,32 @@ class KafkaCodec:
         if len(body) < HEAD.size:
             raise FrameError(f"Kafka request of {len(body)} bytes: shorter than its header")
         key, version, correlation_id = HEAD.unpack_from(body)
-        api = apis.BY_KEY.get(key)
+        api = BY_KEY.get(key)
         if api is None or not api.serves(version):
             return self._unserved(key, version, correlation_id, api)
         cls = request_class(key, version)
         assert cls is not None, f"kio lacks {api.name} v{version}"
         header, request = read_request(cls, body)
-        exchange = self._exchange
-        exchange.extra = {}
         try:
-            out = TRANSLATIONS[key](request, version, exchange)
+            out = api.translate(request, version, self._exchange)
         except ProtocolError as exc:
             raise FrameError(f"{api.name} v{version}: {exc.message}") from exc
-        if isinstance(out, Reply):
-            return write_response(build(response_class(key, version), out.values), correlation_id)
+        asked = None
+        # Reply and Translated are tuples and a request never is: of the checks that
+        # tell them apart, the cheapest (a msgspec class's isinstance goes through
+        # its metaclass), on every Produce and Fetch.
+        if isinstance(out, tuple):
+            if isinstance(out, Reply):
+                values = out.values
+                return write_response(build(response_class(key, version), values), correlation_id)
+            asked = out.asked
+            out = out.request
         cid = self._next_cid
         self._next_cid = (cid + 1) & CID_MASK
         out.cid = cid
         out.client_id = header.client_id
         if out.expects_answer():
-            self._calls[cid] = Call(key, version, correlation_id, exchange.extra, out)
+            self._calls[cid] = Call(key, version, correlation_id, asked, out)
         return out
 
     def encode(self, response: m.Response, cid: int) -> bytes:
@@ -107,7 +114,9 @@ class KafkaCodec:
         if type(response) is m.Response:
             entity = error_entity(call.key, call.version, response.error, response.message)
         else:
-            values = CONVERSIONS[call.key](response, call.version, call.extra)
+            answer = BY_KEY[call.key].answer
+            assert answer is not None, "an API the listener answers itself has no call"
+            values = answer(response, call.version, call.asked)
             entity = build(response_class(call.key, call.version), values)
         return write_response(entity, call.correlation_id)
 
@@ -132,7 +141,7 @@ class KafkaCodec:
         return splice(data, holes, compact=compact)
 
     def _unserved(
-        self, key: int, version: int, correlation_id: int, api: apis.KafkaApi | None
+        self, key: int, version: int, correlation_id: int, api: KafkaApi[Any] | None
     ) -> bytes:
         """The answer to a request of an API or version not served. KIP-511: an
         ApiVersions newer than served gets UNSUPPORTED_VERSION in a v0 response listing
@@ -142,7 +151,7 @@ class KafkaCodec:
         an empty answer would read as success: the connection closes); a version of a
         served API outside its range, or a key Kafka does not have, closes the
         connection as Kafka does."""
-        if key == apis.API_VERSIONS:
+        if key == API_VERSIONS.key:
             values = {"error_code": ErrorCode.UNSUPPORTED_VERSION, "api_keys": supported_ranges()}
             return write_response(build(response_class(key, 0), values), correlation_id)
         if api is None and request_class(key, version) is not None and has_error_code(key, version):

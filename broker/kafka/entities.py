@@ -5,7 +5,7 @@ kio generates one class per API, version and direction from Kafka's JSON message
 specs (flexible versions and tagged fields included). `build` fills a response class
 of whichever version the request had from one dict per message: fields that version
 lacks are dropped, fields the dict lacks take their zero, so the translations in
-requests.py and responses.py are written once for all versions.
+apis/ are written once for all versions.
 """
 
 from __future__ import annotations

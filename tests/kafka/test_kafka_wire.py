@@ -32,10 +32,10 @@ from kio.serial import entity_reader
 from broker.handlers import SplicedReply
 from broker.kafka import NEXT_STEP, SERVED, KafkaCodec
 from broker.kafka.apis import BY_KEY, markdown_table
+from broker.kafka.apis.fetch import answer_fetch, fetch_response
+from broker.kafka.apis.produce import answer_produce, produce_response
 from broker.kafka.entities import build, response_class, write_response
-from broker.kafka.hot_path import fetch_response, produce_response
 from broker.kafka.records import ONLY_V2
-from broker.kafka.responses import CONVERSIONS
 from broker.storage import FileSpan
 from harness.kafka_requests import fetch_request, produce_request
 from protocol import messages as m
@@ -430,7 +430,7 @@ def test_the_produce_answer_is_the_bytes_kio_writes(
     response: m.ProduceResponse, version: int, correlation: int
 ) -> None:
     reference = write_response(
-        build(response_class(0, version), CONVERSIONS[0](response, version, {})), correlation
+        build(response_class(0, version), answer_produce(response, version, None)), correlation
     )
     assert produce_response(response, version, correlation) == reference
 
@@ -441,7 +441,7 @@ def test_the_fetch_answer_is_the_bytes_kio_writes(
     response: m.FetchResponse, version: int, correlation: int
 ) -> None:
     reference = write_response(
-        build(response_class(1, version), CONVERSIONS[1](response, version, {})), correlation
+        build(response_class(1, version), answer_fetch(response, version, None)), correlation
     )
     records = [p.records for t in response.topics for p in t.partitions]
     assert fetch_response(response, version, correlation, records) == reference

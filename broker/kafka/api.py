@@ -1,0 +1,79 @@
+"""What each module of broker/kafka/apis/ declares for one Kafka API: a `KafkaApi`, its
+versions and the two halves of its translation, so that the request decoder,
+ApiVersions and the response encoder all read one declaration.
+
+A translation turns a Kafka request (a kio entity) into the broker's own request
+(protocol/messages.py, or a Kafka-only one: kafka_only.py), so that it runs through
+the same handlers, authorizer and SASL state as the minibroker listener's. It returns
+the broker request; a `Translated` when the Kafka response needs more of the Kafka
+request than the broker's answer carries (the API's own typed `asked`); or a `Reply`:
+what the listener answers without the handlers (a SaslHandshake, a part of the request
+the broker does not serve), as the values of the Kafka response (entities.build).
+An answer turns the broker's response, with that `asked`, into the Kafka response's
+values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from protocol import messages as m
+
+Values = dict[str, Any]
+"""A Kafka response's values, as entities.build takes them."""
+
+A = TypeVar("A")
+
+
+class Reply(NamedTuple):
+    """An answer the listener gives itself: the Kafka response's values."""
+
+    values: Values
+
+
+class Translated(NamedTuple, Generic[A]):
+    """A broker request, and what its Kafka response needs of the Kafka request."""
+
+    request: m.Request
+    asked: A
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What a connection's Kafka requests leave for the ones after them."""
+
+    sasl_mechanisms: tuple[str, ...]
+    default_partitions: int
+    mechanism: str | None = None
+    """The mechanism SaslHandshake chose, for the SaslAuthenticate after it."""
+
+
+Translation = Callable[[Any, int, Exchange], "m.Request | Translated[A] | Reply"]
+"""(Kafka request, its version, the connection's exchange) -> what the broker runs."""
+Answer = Callable[[Any, int, A], Values]
+"""(broker response, the request's version, its `asked`) -> the Kafka response's values."""
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaApi(Generic[A]):
+    """One Kafka API served, by Kafka's key and name, the versions answered, and how
+    its requests and answers are translated. `A` is the type of what the answer needs
+    of the Kafka request (None when the translation never returns a `Translated`);
+    `answer` is None for an API the listener always answers itself."""
+
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    translate: Translation[A]
+    answer: Answer[A] | None
+
+    def serves(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+
+def ms(value: Any) -> int:
+    """A kio duration (timedelta) in whole milliseconds."""
+    return int(value.total_seconds() * 1000)
