@@ -41,6 +41,7 @@ from broker.producer_ids import ProducerIdManager
 from broker.producer_state import PRODUCER_EPOCH_MAX
 from broker.topics import TopicRegistry
 from broker.transactions.log import TxnLog, TxnLogError
+from broker.transactions.recovery import recover
 from broker.transactions.state import (
     DECIDED,
     DEFAULT_TIMEOUT_MS,
@@ -896,99 +897,8 @@ class TransactionCoordinator:
         ]
 
     async def recover(self) -> None:
-        """Before serving: finish every decided transaction, and abort any transaction a
-        partition holds open that no entry claims, so no last stable offset is stuck, and
-        drop pending offsets no open transaction claims, so no OffsetFetch with
-        require_stable waits for ever."""
-        for entry, committed in self._decided_by_markers():
-            # The decision shared its fsync round with the markers and was lost: a marker
-            # is only written for a decided transaction, so the one found decides it.
-            log.warning(
-                "event=txn_decided_by_marker id=%r committed=%s", entry.transactional_id, committed
-            )
-            await self._end([entry], committed, "recovery")
-        decided_entries = [e for e in self.entries.values() if e.state in DECIDED]
-        if decided_entries:
-            log.info("event=txn_recovery decided=%d", len(decided_entries))
-            await self._complete(decided_entries)
-        claimed: set[tuple[int, str, int]] = set()
-        for entry in self.entries.values():
-            if entry.state in OPEN:
-                claimed |= {(entry.producer_id, t, p) for t, p in entry.partitions}
-        stamp = now_ms()
-        for partition in self.topics.all_partitions():
-            for pid in partition.producers.open_txns:
-                if (pid, partition.topic, partition.index) in claimed:
-                    continue
-                owner = self.entries.get(self._pids.get(pid, ""))
-                if (
-                    owner is not None
-                    and owner.producer_id == pid
-                    and (owner.state == ONGOING or owner.state in ENDED)
-                    and partition.producers.epoch_of(pid) == owner.producer_epoch
-                ):
-                    # The current transaction's batch reached the disk and its partition
-                    # add, which shared the round, did not: the batch is the transaction's
-                    # (its pid and epoch say so), and a retry of it would be answered as a
-                    # duplicate, so it is adopted rather than aborted.
-                    log.warning(
-                        "event=txn_partition_adopted id=%r topic=%s partition=%d",
-                        owner.transactional_id,
-                        partition.topic,
-                        partition.index,
-                    )
-                    key = (partition.topic, partition.index)
-                    await self._persist([with_partitions(owner, {key}, stamp)])
-                    continue
-                epoch = partition.producers.epoch_of(pid)
-                log.warning(
-                    "event=txn_orphan_aborted topic=%s partition=%d producer_id=%d",
-                    partition.topic,
-                    partition.index,
-                    pid,
-                )
-                offset = partition.append_marker(pid, 0 if epoch is None else epoch, False, stamp)
-                self.counters.aborts["recovery"] += 1
-                partition.log.flush()
-                assert partition.log.flushed_offset > offset
-        for partition in self.topics.all_partitions():
-            # txn.wal was synced at open and every decision made here was synced: no
-            # marker is needed to decide a transaction any more.
-            partition.producers.forget_markers()
-        claimed_groups = {
-            (group_id, entry.producer_id)
-            for entry in self.entries.values()
-            if entry.state in OPEN
-            for group_id in entry.groups
-        }
-        orphans = sorted(self.offsets.pending_owners() - claimed_groups)
-        for group_id, pid in orphans:
-            log.warning("event=txn_orphan_offsets_dropped group=%r producer_id=%d", group_id, pid)
-            self.counters.aborts["recovery"] += 1
-        if orphans:
-            await self.offsets.write_markers(
-                [(pid, [group_id], False) for group_id, pid in orphans]
-            )
-
-    def _decided_by_markers(self) -> list[tuple[TxnEntry, bool]]:
-        """Open transactions that a partition remembers a marker of (same pid and epoch),
-        found by the replay at open or kept by a snapshot taken after it, with that
-        marker's outcome."""
-        found = []
-        for entry in self.entries.values():
-            if entry.state not in OPEN:
-                continue
-            for topic, index in sorted(entry.partitions):
-                partition = self.topics.partition(topic, index)
-                marker = (
-                    None
-                    if partition is None
-                    else partition.producers.last_marker(entry.producer_id)
-                )
-                if marker is not None and marker[0] == entry.producer_epoch:
-                    found.append((entry, marker[1]))
-                    break
-        return found
+        """Before serving: finish what a crash left (broker/transactions/recovery.py)."""
+        await recover(self, now_ms())
 
     # ------------------------------------------------------------------ listing
 
