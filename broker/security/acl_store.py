@@ -1,5 +1,5 @@
 """The durable ACL set, `<data_dir>/security/acls.wal`: CreateAcls and DeleteAcls
-(PROTOCOL.md section 7, "Authorization").
+(docs/protocol.md section 7, "Authorization").
 
 The bindings, their index and their records are pure (broker/security/acl.py); this
 module orders the IO around them. The file is a record log
