@@ -50,14 +50,15 @@ from broker.transactions.state import (
     OPEN,
     PREPARE_COMMIT,
     PREPARED,
+    Admitted,
     AppVersion,
-    Ended,
-    Identity,
+    Ask,
+    Refused,
     TxnEntry,
     TxnStateError,
+    admission,
     completed,
     decided,
-    identify,
     initialized,
     prepared,
     with_group,
@@ -188,17 +189,6 @@ class TransactionCoordinator:
         the one that initialized that id last (None when it is bound to none)."""
         tid = self._pids.get(producer_id)
         return None if tid is None else self.entries[tid].principal
-
-    @staticmethod
-    def _check_principal(entry: TxnEntry, principal: str) -> None:
-        """Refuse a request carrying the id's producer from another principal than the one
-        it belongs to: INVALID_PRODUCER_ID_MAPPING, as for an unknown producer id."""
-        if entry.principal != principal:
-            raise CoordinatorError(
-                ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-                f"the producer of transactional id {entry.transactional_id!r} belongs to "
-                "another principal",
-            )
 
     async def _persist(
         self,
@@ -347,15 +337,15 @@ class TransactionCoordinator:
         ended: set[TopicPartition] = set()
         admitted: set[TopicPartition] = set()
         for key, header in batches:
-            verdict = self._judge_batch(transactional_id, entry, header)
-            if verdict is None:
-                admitted.add(key)
-            else:
-                refused[key] = verdict
-                if identify(entry, header.producer_id, header.producer_epoch) is (
-                    Identity.LAST_ENDED
-                ):
+            verdict = admission(
+                entry, transactional_id, header.producer_id, header.producer_epoch, Ask.BATCH
+            )
+            if isinstance(verdict, Refused):
+                refused[key] = (verdict.code, verdict.message)
+                if verdict.last_ended:
                     ended.add(key)
+            else:
+                admitted.add(key)
         if not admitted:
             return refused, ended, 0
         assert entry is not None
@@ -383,37 +373,6 @@ class TransactionCoordinator:
                     refused[key] = (ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}")
         return refused, ended, end
 
-    @staticmethod
-    def _judge_batch(
-        transactional_id: str, entry: TxnEntry | None, header: BatchHeader
-    ) -> tuple[ErrorCode, str] | None:
-        pid, epoch = header.producer_id, header.producer_epoch
-        who = identify(entry, pid, epoch)
-        if who is ErrorCode.INVALID_PRODUCER_ID_MAPPING:
-            return (
-                ErrorCode.INVALID_TXN_STATE,
-                f"producer id {pid} is not the one bound to transactional id {transactional_id!r}",
-            )
-        if who is Identity.LAST_ENDED:
-            return (
-                ErrorCode.INVALID_PRODUCER_EPOCH,
-                f"epoch {epoch} of producer {pid} is fenced: its transaction ended",
-            )
-        if isinstance(who, ErrorCode):
-            return (
-                ErrorCode.INVALID_PRODUCER_EPOCH,
-                f"epoch {epoch} of producer {pid} is fenced: a newer instance took over",
-            )
-        assert entry is not None
-        if entry.state in DECIDED:
-            return (
-                ErrorCode.CONCURRENT_TRANSACTIONS,
-                "the previous transaction's markers are still being written; retry",
-            )
-        if entry.state == PREPARED:
-            return ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
-        return None
-
     def locked(self, transactional_id: str) -> Any:
         """The lock a transactional Produce holds from admission to append, and a
         TxnOffsetCommit from judgement to its pending offsets being written."""
@@ -427,25 +386,9 @@ class TransactionCoordinator:
         """Raise CoordinatorError unless `principal`'s producer may add offsets to its
         transaction: the fencing verdicts of EndTxn, and the states a transactional batch
         is refused in."""
-        entry = self.entries.get(transactional_id)
-        who = self._identify(transactional_id, entry, producer_id, producer_epoch)
-        assert entry is not None
-        self._check_principal(entry, principal)
-        if who is Identity.LAST_ENDED:
-            raise CoordinatorError(
-                ErrorCode.INVALID_PRODUCER_EPOCH,
-                f"epoch {producer_epoch} of producer {producer_id} is fenced: its transaction "
-                "ended",
-            )
-        if entry.state in DECIDED:
-            raise CoordinatorError(
-                ErrorCode.CONCURRENT_TRANSACTIONS,
-                "the previous transaction's markers are still being written; retry",
-            )
-        if entry.state == PREPARED:
-            raise CoordinatorError(
-                ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
-            )
+        self._admitted(
+            transactional_id, producer_id, producer_epoch, Ask.OFFSETS, principal=principal
+        )
 
     def add_group(self, transactional_id: str, group_id: str) -> int:
         """Make the transaction hold the group (it starts the transaction if none is open),
@@ -480,20 +423,24 @@ class TransactionCoordinator:
 
     async def end_txn(self, req: m.EndTxnRequest, principal: str) -> m.EndTxnResponse:
         async with self._locked([req.transactional_id]):
-            entry = self.entries.get(req.transactional_id)
-            who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
-            assert entry is not None
-            self._check_principal(entry, principal)
-            if who is Identity.LAST_ENDED:
+            verdict = self._admitted(
+                req.transactional_id,
+                req.producer_id,
+                req.producer_epoch,
+                Ask.END,
+                committed=req.committed,
+                principal=principal,
+            )
+            entry = self.entries[req.transactional_id]
+            if verdict is Admitted.RETRY:
                 last = entry.last_ended
                 assert last is not None
-                _same_end_or_raise(last, req.committed)
                 if entry.state in DECIDED:
                     await self._complete([entry])
                 return m.EndTxnResponse(
                     producer_id=last.next_producer_id, producer_epoch=last.next_producer_epoch
                 )
-            if entry.state in DECIDED:
+            if verdict is Admitted.FINISH_FIRST:
                 entry = (await self._complete([entry]))[0]
             if req.last_sequences is not None:
                 missing = self._batches_missing(entry, req.last_sequences)
@@ -536,18 +483,14 @@ class TransactionCoordinator:
             )
         app_ids = [] if req.txn_app_id is None else [req.txn_app_id]
         async with self._locked([req.transactional_id], app_ids):
-            entry = self.entries.get(req.transactional_id)
-            who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
-            assert entry is not None
-            self._check_principal(entry, principal)
-            if who is Identity.LAST_ENDED:
-                assert entry.last_ended is not None
-                _same_end_or_raise(entry.last_ended, None)
-            if entry.state in DECIDED:
-                raise CoordinatorError(
-                    ErrorCode.CONCURRENT_TRANSACTIONS,
-                    "the previous transaction's markers are still being written; retry",
-                )
+            self._admitted(
+                req.transactional_id,
+                req.producer_id,
+                req.producer_epoch,
+                Ask.PREPARE,
+                principal=principal,
+            )
+            entry = self.entries[req.transactional_id]
             recorded = self.apps.get(req.txn_app_id) if req.txn_app_id is not None else None
             if (
                 recorded is not None
@@ -575,13 +518,29 @@ class TransactionCoordinator:
             crash_point("txn_prepared")
             return m.PrepareTxnResponse()
 
-    def _identify(
-        self, transactional_id: str, entry: TxnEntry | None, pid: int, epoch: int
-    ) -> Identity:
-        who = identify(entry, pid, epoch)
-        if isinstance(who, ErrorCode):
-            raise CoordinatorError(who, _fencing_message(who, transactional_id, pid, epoch, entry))
-        return who
+    def _admitted(
+        self,
+        transactional_id: str,
+        pid: int,
+        epoch: int,
+        ask: Ask,
+        *,
+        committed: bool | None = None,
+        principal: str | None = None,
+    ) -> Admitted:
+        """`admission`'s verdict on the id's entry; CoordinatorError when it refuses."""
+        verdict = admission(
+            self.entries.get(transactional_id),
+            transactional_id,
+            pid,
+            epoch,
+            ask,
+            committed=committed,
+            principal=principal,
+        )
+        if isinstance(verdict, Refused):
+            raise CoordinatorError(verdict.code, verdict.message)
+        return verdict
 
     async def commit_txns(self, req: m.CommitTxnsRequest) -> m.CommitTxnsResponse:
         ids = [t.transactional_id for t in req.transactions]
@@ -598,35 +557,19 @@ class TransactionCoordinator:
             to_end: list[TxnEntry] = []
             to_finish: list[TxnEntry] = []
             for ref in req.transactions:
-                entry = self.entries.get(ref.transactional_id)
                 try:
-                    who = self._identify(
-                        ref.transactional_id, entry, ref.producer_id, ref.producer_epoch
+                    verdict = self._admitted(
+                        ref.transactional_id,
+                        ref.producer_id,
+                        ref.producer_epoch,
+                        Ask.COMMIT_TXNS,
+                        committed=req.committed,
                     )
-                    assert entry is not None
-                    if who is Identity.LAST_ENDED:
-                        last = entry.last_ended
-                        assert last is not None
-                        _same_end_or_raise(last, req.committed)
-                        if entry.state in DECIDED:
-                            to_finish.append(entry)
-                    elif entry.state in DECIDED:
-                        raise CoordinatorError(
-                            ErrorCode.CONCURRENT_TRANSACTIONS,
-                            "the previous transaction's markers are still being written; retry",
-                        )
-                    elif req.committed and entry.state != PREPARED:
-                        raise CoordinatorError(
-                            ErrorCode.INVALID_TXN_STATE,
-                            f"only a PREPARED transaction commits here, not {entry.state}",
-                        )
-                    elif not req.committed and entry.state not in OPEN:
-                        raise CoordinatorError(
-                            ErrorCode.INVALID_TXN_STATE,
-                            f"only an open transaction aborts, not {entry.state}",
-                        )
-                    else:
+                    entry = self.entries[ref.transactional_id]
+                    if verdict is Admitted.PROCEED:
                         to_end.append(entry)
+                    elif entry.state in DECIDED:
+                        to_finish.append(entry)
                     results.append(m.TxnResult(ref.transactional_id))
                 except CoordinatorError as exc:
                     results.append(m.TxnResult(ref.transactional_id, exc.code, exc.message))
@@ -957,33 +900,3 @@ class TransactionCoordinator:
 
     def close(self) -> None:
         self.log.close()
-
-
-def _same_end_or_raise(last: Ended, committed: bool | None) -> None:
-    """A request naming the transaction that just ended is a retry when it asks the
-    same end (`committed`; None asks none). Else: 47 when the broker ended it (its
-    timeout passed), so the producer learns it is fenced; 48 when the client did."""
-    if committed is not None and last.committed == committed:
-        return
-    if not last.by_client:
-        raise CoordinatorError(
-            ErrorCode.INVALID_PRODUCER_EPOCH,
-            "the broker aborted the transaction (its timeout passed); this epoch is fenced",
-        )
-    raise CoordinatorError(
-        ErrorCode.INVALID_TXN_STATE,
-        f"the transaction already ended ({'commit' if last.committed else 'abort'})",
-    )
-
-
-def _fencing_message(
-    code: ErrorCode, transactional_id: str, pid: int, epoch: int, entry: TxnEntry | None
-) -> str:
-    if entry is None:
-        return f"transactional id {transactional_id!r} is unknown: call InitProducerId"
-    current = f"current producer {entry.producer_id} epoch {entry.producer_epoch}"
-    if code == ErrorCode.PRODUCER_FENCED:
-        return f"producer {pid} epoch {epoch} was fenced ({current})"
-    if code == ErrorCode.INVALID_PRODUCER_EPOCH:
-        return f"epoch {epoch} of producer {pid} was never issued ({current})"
-    return f"producer {pid} is not bound to {transactional_id!r} ({current})"
