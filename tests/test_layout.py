@@ -150,3 +150,47 @@ def test_broker_rooms_import_each_other_without_a_circle() -> None:
     order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
     assert order.index("broker.storage") < order.index("broker.partition")
     assert order.index("broker.handlers") < order.index("broker.network")
+
+
+def test_the_transaction_states_and_admission_rules_are_pure() -> None:
+    """`broker/transactions/state.py` holds the transitions and the admission rules, which
+    the coordinator and its unit tests share: values in, values out, no IO or clock."""
+    path = BROKER / "transactions" / "state.py"
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert imported & {"anyio", "trio", "asyncio", "socket", "os", "time", "broker"} == set()
+
+
+def test_the_audit_logger_is_named_once() -> None:
+    """Operators route the audit trail by its logger's name: one definition, in logs.py."""
+    named = [
+        str(path.relative_to(ROOT))
+        for path in sorted(BROKER.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant) and node.value == "minibroker.audit"
+    ]
+    assert named == ["broker/logs.py"]
+
+
+def test_bench_modules_import_each_other_without_a_circle() -> None:
+    """A suite shares code through a module both import (bench/open_loop.py), never by
+    reaching into another suite that reaches back, even inside a function."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        importer = f"bench.{path.stem}"
+        graph.setdefault(importer, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                names = [f"bench.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            graph[importer] |= {n for n in names if n.startswith("bench.") and n != importer}
+    list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
