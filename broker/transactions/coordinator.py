@@ -190,7 +190,7 @@ class TransactionCoordinator:
         tid = self._pids.get(producer_id)
         return None if tid is None else self.entries[tid].principal
 
-    async def _persist(
+    async def persist(
         self,
         entries: Iterable[TxnEntry],
         apps: Iterable[AppVersion] = (),
@@ -289,9 +289,9 @@ class TransactionCoordinator:
         async with self._locked([transactional_id]):
             entry = self.entries.get(transactional_id)
             if entry is not None and entry.state in DECIDED:
-                entry = (await self._complete([entry]))[0]
+                entry = (await self.complete([entry]))[0]
             if entry is not None and entry.state in OPEN:
-                entry = (await self._end([entry], False, "fenced"))[0]
+                entry = (await self.end_transactions([entry], False, "fenced"))[0]
             removed: list[str] = []
             if entry is None:
                 removed = self._make_room()
@@ -299,7 +299,7 @@ class TransactionCoordinator:
             else:
                 pid, epoch = self._next_ids(entry, principal)
             new = initialized(entry, transactional_id, pid, epoch, timeout, now_ms(), principal)
-            await self._persist([new], removed=removed)
+            await self.persist([new], removed=removed)
             return pid, epoch
 
     def _make_room(self) -> list[str]:
@@ -436,17 +436,17 @@ class TransactionCoordinator:
                 last = entry.last_ended
                 assert last is not None
                 if entry.state in DECIDED:
-                    await self._complete([entry])
+                    await self.complete([entry])
                 return m.EndTxnResponse(
                     producer_id=last.next_producer_id, producer_epoch=last.next_producer_epoch
                 )
             if verdict is Admitted.FINISH_FIRST:
-                entry = (await self._complete([entry]))[0]
+                entry = (await self.complete([entry]))[0]
             if req.last_sequences is not None:
                 missing = self._batches_missing(entry, req.last_sequences)
                 if missing is not None:
                     raise CoordinatorError(ErrorCode.CONCURRENT_TRANSACTIONS, missing)
-            ended = (await self._end([entry], req.committed, "client"))[0]
+            ended = (await self.end_transactions([entry], req.committed, "client"))[0]
             return m.EndTxnResponse(
                 producer_id=ended.producer_id, producer_epoch=ended.producer_epoch
             )
@@ -501,7 +501,7 @@ class TransactionCoordinator:
                 # driver committed or aborted): its transaction can never be committed, so
                 # it must not hold the last stable offset until its prepared timeout.
                 if entry.state in OPEN:
-                    await self._end([entry], False, "client")
+                    await self.end_transactions([entry], False, "client")
                 raise CoordinatorError(
                     ErrorCode.INVALID_TXN_STATE,
                     f"app {req.txn_app_id!r} has version {recorded.txn_app_version} recorded, "
@@ -514,7 +514,7 @@ class TransactionCoordinator:
             # go to disk first.
             await self._contents_durable([entry])
             stamp = now_ms()
-            await self._persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
+            await self.persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
             crash_point("txn_prepared")
             return m.PrepareTxnResponse()
 
@@ -585,11 +585,11 @@ class TransactionCoordinator:
             if req.txn_app_id is not None and req.txn_app_version is not None:
                 app = AppVersion(req.txn_app_id, req.txn_app_version, now_ms())
             if to_finish:
-                await self._complete(to_finish)
+                await self.complete(to_finish)
             if to_end:
-                await self._end(to_end, req.committed, "client", app)
+                await self.end_transactions(to_end, req.committed, "client", app)
             elif app is not None:
-                await self._persist([], [app])
+                await self.persist([], [app])
             return m.CommitTxnsResponse(
                 txn_app_version=app.txn_app_version
                 if app is not None
@@ -610,14 +610,14 @@ class TransactionCoordinator:
             and entry.state in OPEN
         ]
         if still_open:
-            await self._end(still_open, False, "client")
+            await self.end_transactions(still_open, False, "client")
         return m.CommitTxnsResponse(
             already_committed=True,
             txn_app_version=recorded.txn_app_version,
             transactions=[m.TxnResult(ref.transactional_id) for ref in req.transactions],
         )
 
-    async def _end(
+    async def end_transactions(
         self, entries: list[TxnEntry], committed: bool, cause: str, app: AppVersion | None = None
     ) -> list[TxnEntry]:
         """Decide `entries` in one durable record (with `app`), then complete them."""
@@ -632,7 +632,7 @@ class TransactionCoordinator:
             for e in entries
         ]
         # Written, not yet synced: the decision shares its fsync round with the markers
-        # (docs/protocol.md section 5), which `_complete` waits for together.
+        # (docs/protocol.md section 5), which `complete` waits for together.
         self._write(decisions, [] if app is None else [app])
         crash_point("txn_decided")
         for before in entries:
@@ -649,7 +649,7 @@ class TransactionCoordinator:
                     cause,
                     len(before.partitions),
                 )
-        return await self._complete(decisions)
+        return await self.complete(decisions)
 
     async def _contents_durable(self, entries: list[TxnEntry]) -> None:
         """Return once every batch and pending offset of the open `entries` is on disk;
@@ -681,7 +681,7 @@ class TransactionCoordinator:
         if groups:
             await self.offsets.settled(groups)
 
-    async def _complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
+    async def complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
         """Write the markers of the decided `entries`, wait until they and every change
         written to `txn.wal` before them (the decisions) are durable, in one fsync round,
         then record the entries COMPLETE. Raises OSError or StorageError (the entries stay
@@ -750,7 +750,7 @@ class TransactionCoordinator:
         done = {e.transactional_id: completed(e, now_ms()) for e in pending}
         # Not fsynced: lost, the entry is still decided and recovery completes it again,
         # finding its markers written (in_txn is false) and writing none twice.
-        await self._persist(done.values(), durable=False)
+        await self.persist(done.values(), durable=False)
         return [done.get(e.transactional_id, e) for e in entries]
 
     # ------------------------------------------------------------------ housekeeping
@@ -801,10 +801,10 @@ class TransactionCoordinator:
                     if current is None:
                         continue
                     if current.state in DECIDED:
-                        await self._complete([current])
+                        await self.complete([current])
                     elif current.deadline_ms is not None and current.deadline_ms <= stamp:
                         log.info("event=txn_timed_out id=%r state=%s", tid, current.state)
-                        await self._end([current], False, "timeout")
+                        await self.end_transactions([current], False, "timeout")
         expiration = self.config.transactional_id_expiration_ms
         busy = self._locks_held()
         expired = [
@@ -822,7 +822,7 @@ class TransactionCoordinator:
             if app.committed_ms + expiration < stamp and name not in busy_apps
         ]
         if expired or expired_apps:
-            await self._persist([], removed=expired, removed_apps=expired_apps)
+            await self.persist([], removed=expired, removed_apps=expired_apps)
             log.info("event=txn_ids_expired ids=%d apps=%d", len(expired), len(expired_apps))
         # Only with no lock held: a change written and synced is installed in memory by
         # its task after the sync, and a compaction before that would drop it.

@@ -30,11 +30,11 @@ async def recover(coordinator: TransactionCoordinator, stamp: int) -> None:
         log.warning(
             "event=txn_decided_by_marker id=%r committed=%s", entry.transactional_id, committed
         )
-        await coordinator._end([entry], committed, "recovery")
+        await coordinator.end_transactions([entry], committed, "recovery")
     decided_entries = [e for e in coordinator.entries.values() if e.state in DECIDED]
     if decided_entries:
         log.info("event=txn_recovery decided=%d", len(decided_entries))
-        await coordinator._complete(decided_entries)
+        await coordinator.complete(decided_entries)
     claimed: set[tuple[int, str, int]] = set()
     for entry in coordinator.entries.values():
         if entry.state in OPEN:
@@ -43,7 +43,8 @@ async def recover(coordinator: TransactionCoordinator, stamp: int) -> None:
         for pid in partition.producers.open_txns:
             if (pid, partition.topic, partition.index) in claimed:
                 continue
-            owner = coordinator.entries.get(coordinator._pids.get(pid, ""))
+            owner_id = coordinator.owner_of(pid)
+            owner = None if owner_id is None else coordinator.entries.get(owner_id)
             if (
                 owner is not None
                 and owner.producer_id == pid
@@ -61,7 +62,7 @@ async def recover(coordinator: TransactionCoordinator, stamp: int) -> None:
                     partition.index,
                 )
                 key = (partition.topic, partition.index)
-                await coordinator._persist([with_partitions(owner, {key}, stamp)])
+                await coordinator.persist([with_partitions(owner, {key}, stamp)])
                 continue
             epoch = partition.producers.epoch_of(pid)
             log.warning(
