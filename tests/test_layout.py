@@ -137,8 +137,8 @@ def test_domain_exports_are_defined(domain: str) -> None:
     assert all(hasattr(module, name) for name in module.__all__)
 
 
-def test_broker_rooms_import_each_other_without_a_circle() -> None:
-    """The domains and the top-level modules form layers: no import runs back up."""
+def _room_order() -> list[str]:
+    """broker/'s rooms, each after every room it imports; CycleError names a circle."""
     graph: dict[str, set[str]] = {}
     for path, name in _broker_imports():
         rel = path.relative_to(BROKER)
@@ -147,9 +147,22 @@ def test_broker_rooms_import_each_other_without_a_circle() -> None:
         graph.setdefault(importer, set())
         if imported != importer:
             graph[importer].add(imported)
-    order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
+    return list(graphlib.TopologicalSorter(graph).static_order())
+
+
+def test_broker_rooms_import_each_other_without_a_circle() -> None:
+    """The domains and the top-level modules form layers: no import runs back up."""
+    order = _room_order()
     assert order.index("broker.storage") < order.index("broker.partition")
     assert order.index("broker.handlers") < order.index("broker.network")
+
+
+def test_metrics_imports_the_transaction_names_it_labels() -> None:
+    """The abort causes and the coordinator's figures are the transactions domain's;
+    metrics imports them, so nothing the coordinator imports may import metrics."""
+    order = _room_order()
+    assert order.index("broker.transactions") < order.index("broker.metrics")
+    assert order.index("broker.group_commit") < order.index("broker.metrics")
 
 
 def test_the_transaction_states_and_admission_rules_are_pure() -> None:

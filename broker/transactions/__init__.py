@@ -10,5 +10,6 @@ Other domains import from here, not from the modules.
 
 from broker.transactions.coordinator import TransactionCoordinator, now_ms
 from broker.transactions.log import TxnLog
+from broker.transactions.state import TXN_ABORT_CAUSES, TxnStats
 
-__all__ = ["TransactionCoordinator", "TxnLog", "now_ms"]
+__all__ = ["TXN_ABORT_CAUSES", "TransactionCoordinator", "TxnLog", "TxnStats", "now_ms"]

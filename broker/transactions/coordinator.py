@@ -35,7 +35,6 @@ import anyio
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
 from broker.group_commit import FlushFailed, GroupCommitter
-from broker.metrics import TXN_ABORT_CAUSES, TxnStats
 from broker.partition import Partition, StorageError
 from broker.producer_ids import ProducerIdManager
 from broker.producer_state import PRODUCER_EPOCH_MAX
@@ -50,12 +49,14 @@ from broker.transactions.state import (
     OPEN,
     PREPARE_COMMIT,
     PREPARED,
+    TXN_ABORT_CAUSES,
     Admitted,
     AppVersion,
     Ask,
     Refused,
     TxnEntry,
     TxnStateError,
+    TxnStats,
     admission,
     completed,
     decided,

@@ -18,9 +18,10 @@ versions encode to plain lists for broker/transactions/log.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from protocol.authorization import ANONYMOUS
 from protocol.errors import ErrorCode
@@ -39,6 +40,28 @@ ENDED = frozenset({EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT})
 STATES = frozenset(TXN_STATES)
 assert OPEN | DECIDED | ENDED == STATES
 DEFAULT_TIMEOUT_MS = 60_000  # Kafka's transaction.timeout.ms default
+
+TXN_ABORT_CAUSES: tuple[str, ...] = (
+    "client",  # EndTxn(committed=false), CommitTxns(committed=false), or an app version
+    # already committed (the re-run's transactions are aborted)
+    "timeout",  # ONGOING past transaction_timeout_ms, PREPARED past its prepared timeout
+    "fenced",  # a new instance's InitProducerId aborted the old one's open transaction
+    "recovery",  # at start: transactional data no transaction claims, closed with ABORT
+)
+"""Why a transaction was aborted: each gets a `minibroker_transactions_aborted_total`
+series, 0 until it happens."""
+
+
+class TxnStats(NamedTuple):
+    """The transaction coordinator's state, taken when Prometheus scrapes."""
+
+    states: Mapping[str, int]
+    """Transactional ids held, by state."""
+    commits: int
+    aborts: Mapping[str, int]
+    """Aborted transactions by cause: client, timeout, fenced, recovery."""
+    oldest_open_ms: Mapping[tuple[str, int], int]
+    """Per (topic, partition) with an open transaction: when the oldest one started."""
 
 
 class TxnStateError(ValueError):
