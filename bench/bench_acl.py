@@ -1,7 +1,7 @@
 """What an authorization decision costs with 10,000 ACLs against none, in process (no broker).
 
 With `authorizer = true` the broker decides every topic, group and transactional id a
-request names (PROTOCOL.md section 7), so `Authorizer.authorize` is on the hot path.
+request names (docs/protocol.md section 7), so `Authorizer.authorize` is on the hot path.
 It looks only at the patterns that can match the name, so its cost should not grow
 with the number of ACLs; this suite checks that. The 10,000 bindings: 999 principals
 with ten each (five literal topics, three prefixes, a deny, a prefixed group) and ten

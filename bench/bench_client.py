@@ -54,6 +54,7 @@ from typing import Any
 from bench import progress
 from bench.bench_broker import WINDOW, fdatasync_ceiling_mb_s
 from bench.bench_broker import _cpu_s as cpu_s_schedstat
+from bench.open_loop import producer_latencies
 from bench.stats import percentile
 from client import Consumer, Producer, TopicPartition
 from client.admin import create_topic
@@ -93,7 +94,7 @@ LATENCY_DURATION_S = 2.0
 TREE = Path(__file__).resolve().parent.parent  # the source tree whose client is measured
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -117,13 +118,13 @@ class _Clock:
         self.pid = broker.proc.pid
         self.wall = time.perf_counter()
         self.cpu = time.process_time()
-        self.broker_cpu = _cpu_seconds(self.pid)
+        self.broker_cpu = cpu_seconds(self.pid)
 
     def stop(self) -> tuple[float, float, float]:
         return (
             time.perf_counter() - self.wall,
             time.process_time() - self.cpu,
-            _cpu_seconds(self.pid) - self.broker_cpu,
+            cpu_seconds(self.pid) - self.broker_cpu,
         )
 
 
@@ -290,13 +291,11 @@ def _send_rate(broker: BrokerProcess, records: int, config: dict[str, Any]) -> t
 
 def _p50_p99_ms(broker: BrokerProcess, rate: float, config: dict[str, Any]) -> tuple[float, float]:
     """Produce p50 and p99 in ms, from each record's scheduled send time to its ack, of an open
-    loop at `rate` records/s for LATENCY_DURATION_S (bench_peers' loop and timing)."""
-    from bench.bench_peers import _producer_latencies
-
+    loop at `rate` records/s for LATENCY_DURATION_S (bench/open_loop.py)."""
     topic = f"bench-latency-{time.monotonic_ns()}"
     values = [os.urandom(RECORD_SIZE) for _ in range(256)]
     records = max(100, int(rate * LATENCY_DURATION_S))
-    latencies = _producer_latencies(broker.bootstrap, topic, values, config, rate, records)
+    latencies = producer_latencies(broker.bootstrap, topic, values, config, rate, records)
     return percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000
 
 

@@ -27,7 +27,7 @@ Durability classes, as each server acknowledges:
 
 minibroker's open-loop ack times are per batch: every record of a batch is acknowledged
 at once, so one done callback per batch, run on the producer's I/O thread, gives each
-record's time (see `_AckTimes`).
+record's time (see `AckTimes` in bench/open_loop.py).
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.bench_peers --scale 0.1 [--out DIR]
 """
@@ -49,11 +49,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import progress
-from bench.bench_client import PRODUCER_CONFIG, _cpu_seconds
+from bench.bench_client import PRODUCER_CONFIG, cpu_seconds
+from bench.open_loop import (
+    ACK_WAIT_S,
+    producer_latencies,
+    records_due,
+    run_open_loop,
+    scheduled_latencies,
+)
 from bench.peers_servers import NatsServer, RedisServer, find_binary
 from bench.stats import min_max, percentile
 from client import Consumer, Producer, TopicPartition
-from client.accumulator import RecordHandle
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 
@@ -64,7 +70,6 @@ PRODUCE_RECORDS = 300_000  # per round at scale 1, each round also bounded in ti
 REDIS_PIPELINE_DEPTH = 1_000
 NATS_MAX_PENDING = 4_000  # nats-py's default publish_async_max_pending
 READ_CHUNK = 5_000  # records per XRANGE and per JetStream fetch
-ACK_WAIT_S = 30.0  # bound on waiting for outstanding acknowledgements
 # The Producer settings of bench/bench_client.py (what a user tuning for acks=all would
 # set: 256 KiB batches, linger_ms 5); acks=1 is the same without idempotence, which
 # Kafka's rules tie to acks=all.
@@ -130,64 +135,6 @@ class Case:
 # ---------------------------------------------------------------------------- schedule
 
 
-def _due(t0: float, rate: float, records: int, now: float) -> int:
-    """How many records are due by `now` on the fixed schedule (record k at t0 + k/rate)."""
-    return max(0, min(records, int((now - t0) * rate) + 1))
-
-
-def _latencies(acked: list[float], t0: float, rate: float, end: float) -> list[float]:
-    """Seconds from each record's scheduled time to its ack; one never acknowledged
-    counts as acknowledged at `end` (a lower bound, still in the tail)."""
-    return [(a or end) - (t0 + k / rate) for k, a in enumerate(acked)]
-
-
-def _open_loop(send: Callable[[int, int], None], rate: float, records: int) -> float:
-    """Call `send(first, stop)` with the records due, sleeping until the next is due;
-    returns t0. A send that blocks makes the next call carry everything due meanwhile."""
-    t0 = time.perf_counter() + 0.005
-    deadline = t0 + records / rate + ACK_WAIT_S
-    sent = 0
-    while sent < records and time.perf_counter() < deadline:
-        due = _due(t0, rate, records, time.perf_counter())
-        if due > sent:
-            send(sent, due)
-            sent = due
-        else:
-            time.sleep(max(0.0, t0 + sent / rate - time.perf_counter()))
-    return t0
-
-
-class _AckTimes:
-    """Each batch's acknowledgement time, stamped on the producer's I/O thread.
-
-    Every record of a batch is acknowledged at once, so a done callback on the record
-    that opens each batch times them all. It runs as the answer is handled, as
-    kafka-producer-perf-test's callback does: a thread waiting on the handles instead
-    would add its own wait for the GIL (up to the 5 ms switch interval) to every figure,
-    and an `on_delivery` per record would cost the producer a third of its throughput."""
-
-    def __init__(self) -> None:
-        self.firsts: list[int] = []  # the first record of each batch, in order
-        self.acked_at: dict[int, float] = {}  # first record -> perf_counter; 0.0: failed
-        self.sent = 0  # records sent so far: `send_due` sets it
-
-    def opened(self, first: int, handle: RecordHandle) -> None:
-        """`first`, just sent, opened a batch: time its acknowledgement."""
-        self.firsts.append(first)
-        handle.add_done_callback(partial(self._stamp, first))
-
-    def _stamp(self, first: int, handle: RecordHandle) -> None:
-        self.acked_at[first] = time.perf_counter() if handle.exception() is None else 0.0
-
-    def per_record(self, records: int) -> list[float]:
-        """Each record's ack time: its batch's, or 0.0 (failed, never acknowledged, or
-        never sent because the loop ran out of time)."""
-        acked = [0.0] * records
-        for first, stop in zip(self.firsts, [*self.firsts[1:], self.sent], strict=True):
-            acked[first:stop] = [self.acked_at.get(first, 0.0)] * (stop - first)
-        return acked
-
-
 def _chunks_until(records: int, deadline: float) -> Iterator[range]:
     """Record indexes in chunks of 1,024, until all `records` or the perf_counter
     `deadline`: a produce round bounded in count and in time."""
@@ -196,50 +143,6 @@ def _chunks_until(records: int, deadline: float) -> Iterator[range]:
         stop = min(records, sent + 1024)
         yield range(sent, stop)
         sent = stop
-
-
-def _open_loop_acked(
-    producer: Producer,
-    send_due: Callable[[int, int], None],
-    acks: _AckTimes,
-    rate: float,
-    records: int,
-) -> float:
-    """`_open_loop`, then every ack (`send_due` calls `acks.opened` for each batch and
-    sets `acks.sent`); returns t0. Once `flush` returns every callback has run: the I/O
-    thread runs a batch's callbacks as it finishes it, before `flush` may resume."""
-    t0 = _open_loop(send_due, rate, records)
-    producer.flush(ACK_WAIT_S)
-    return t0
-
-
-def _producer_latencies(
-    bootstrap: str,
-    topic: str,
-    values: list[bytes],
-    config: dict[str, Any],
-    rate: float,
-    records: int,
-) -> list[float]:
-    """Each record's latency in s, from its scheduled send time to its ack, of the SDK
-    producer's open loop at `rate` records/s to partition 0 of a new one-partition
-    `topic` (`values` cycled, 256 of them)."""
-    create_topic(bootstrap, topic, partitions=1)
-    acks = _AckTimes()
-    with Producer(bootstrap, **config) as producer:
-        producer.partitions_for(topic)
-        send = producer.send
-
-        def send_due(first: int, stop: int) -> None:
-            for i in range(first, stop):
-                handle = send(topic, values[i & 255], partition=0)
-                if handle[1] == 0:  # the first record of a new batch
-                    acks.opened(i, handle)
-            acks.sent = stop
-
-        t0 = _open_loop_acked(producer, send_due, acks, rate, records)
-        end = time.perf_counter()
-    return _latencies(acks.per_record(records), t0, rate, end)
 
 
 def _values() -> list[bytes]:
@@ -288,7 +191,7 @@ def minibroker_cases(broker: BrokerProcess, backend: str) -> list[Case]:
                 sys.setswitchinterval(default_switch_s)
 
         def timed(topic: str, rate: float, records: int) -> list[float]:
-            return _producer_latencies(bootstrap, topic, values, config, rate, records)
+            return producer_latencies(bootstrap, topic, values, config, rate, records)
 
         return run
 
@@ -377,8 +280,8 @@ def redis_case(server: RedisServer, label: str, durability: str) -> Case:
         with client() as r:
             r.ping()
 
-            t0 = _open_loop(partial(xadd, r, stream, acked=acked), rate, records)
-        return _latencies(acked, t0, rate, time.perf_counter())
+            t0 = run_open_loop(partial(xadd, r, stream, acked=acked), rate, records)
+        return scheduled_latencies(acked, t0, rate, time.perf_counter())
 
     def consume(stream: str, records: int) -> tuple[int, float]:
         with client() as r:
@@ -471,7 +374,7 @@ def nats_cases(server: NatsServer) -> list[Case]:
                 deadline = t0 + records / rate + ACK_WAIT_S
                 sent = 0
                 while sent < records and clock() < deadline:
-                    due = _due(t0, rate, records, clock())
+                    due = records_due(t0, rate, records, clock())
                     for i in range(sent, due):
                         hdr = headers(True, subject, i)
                         future = await js.publish_async(subject, values[i & 255], headers=hdr)
@@ -480,7 +383,7 @@ def nats_cases(server: NatsServer) -> list[Case]:
                     await asyncio.sleep(max(0.0, t0 + sent / rate - clock()))
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(js.publish_async_completed(), ACK_WAIT_S)
-                return _latencies(acked, t0, rate, clock())
+                return scheduled_latencies(acked, t0, rate, clock())
             finally:
                 await nc.close()
 
@@ -577,7 +480,7 @@ def _produce_rounds(
             for case in _abba(group, r):
                 stream = case.name(f"tput-{len(case.streams)}")
                 assert case.produce is not None
-                client_cpu, server_cpu = time.process_time(), _cpu_seconds(case.server_pid)
+                client_cpu, server_cpu = time.process_time(), cpu_seconds(case.server_pid)
                 got = _measure(case, "produce", partial(case.produce, stream, records, max_s))
                 if got:
                     sent, seconds = got
@@ -585,7 +488,7 @@ def _produce_rounds(
                     cpu[case.label].append(
                         (
                             (time.process_time() - client_cpu) / sent * 1e6,
-                            (_cpu_seconds(case.server_pid) - server_cpu) / sent * 1e6,
+                            (cpu_seconds(case.server_pid) - server_cpu) / sent * 1e6,
                         )
                     )
                     case.streams.append((stream, sent))

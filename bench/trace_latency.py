@@ -36,14 +36,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.bench_peers import (
-    ACK_WAIT_S,
-    MB_ACKS_1,
-    MB_ACKS_ALL,
-    _AckTimes,
-    _open_loop_acked,
-    _values,
-)
+from bench.bench_peers import MB_ACKS_1, MB_ACKS_ALL, _values
+from bench.open_loop import ACK_WAIT_S, AckTimes, run_open_loop_acked
 from bench.stats import min_max, percentile
 from client import Producer
 from client.accumulator import ProducerBatch
@@ -134,7 +128,7 @@ def traced_open_loop(
     create_topic(bootstrap, topic, partitions=1)
     values = _values()
     stamps = _Stamps()
-    acks = _AckTimes()
+    acks = AckTimes()
     appended = [0.0] * records
     batch_of = [-1] * records  # each record's batch number
     gc_pauses: list[tuple[float, int, float]] = []  # (at, generation, seconds)
@@ -172,7 +166,7 @@ def traced_open_loop(
             if took > 0.005:
                 slow_sends.append((now, took))
 
-        t0 = _open_loop_acked(producer, send_due, acks, rate, records)
+        t0 = run_open_loop_acked(producer, send_due, acks, rate, records)
     acked_at = {first: at for first, at in acks.acked_at.items() if at}
     out: dict[str, list[Any]] = {stage: [] for stage in (*STAGES, "total", "at_s")}
     batch_acked: dict[int, float] = {}

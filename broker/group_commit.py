@@ -14,11 +14,11 @@ import logging
 import os
 import time
 from collections.abc import Iterable
+from typing import Protocol
 
 import anyio
 
 from broker.crash_points import crash_point
-from broker.metrics import BrokerMetrics
 from broker.partition import Partition
 
 log = logging.getLogger(f"minibroker.{__name__}")
@@ -28,8 +28,15 @@ class FlushFailed(Exception):
     """fdatasync failed: the batch is in the page cache but not known durable."""
 
 
+class FsyncObserver(Protocol):
+    """Where each round's figures go (broker/metrics.py's BrokerMetrics): metrics imports
+    the domains whose names it labels, so this module does not import metrics."""
+
+    def observe_fsync(self, seconds: float, batches: int) -> None: ...
+
+
 class GroupCommitter:
-    def __init__(self, metrics: BrokerMetrics) -> None:
+    def __init__(self, metrics: FsyncObserver) -> None:
         self._metrics = metrics
         self._dirty: dict[int, Partition] = {}
         self._batches_queued = 0

@@ -20,6 +20,11 @@ import re
 import sys
 import time
 
+AUDIT_LOGGER = "minibroker.audit"
+"""The one logger named for its readers, not a module: the audit trail (who
+authenticated, which requests were denied), under `minibroker` so the format and
+level apply, and apart so operators can route it."""
+
 _PAIR = re.compile(r"""(\w+)=('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S+)""")
 # One printf-style conversion of a template, as `%` formatting reads it.
 _SPEC = re.compile(r"%(?:\(\w*\))?[-#0 +]*(\*|\d*)(?:\.(\*|\d*))?[hlL]?([diouxXeEfFgGcrsa%])")

@@ -88,6 +88,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from broker import __version__
+from broker.transactions import TXN_ABORT_CAUSES, TxnStats
 from protocol.errors import ErrorCode
 from protocol.messages import REQUEST_TYPES, TXN_STATES
 
@@ -97,14 +98,12 @@ __all__ = [
     "CONTENT_TYPE",
     "KNOWN_APIS",
     "PRODUCER_EVENT_KINDS",
-    "TXN_ABORT_CAUSES",
     "TXN_STATES",
     "BrokerMetrics",
     "GroupSnapshot",
     "GroupStats",
     "OffsetStats",
     "PartitionStats",
-    "TxnStats",
 ]
 
 log = logging.getLogger(f"minibroker.{__name__}")
@@ -129,16 +128,6 @@ PRODUCER_EVENT_KINDS: tuple[str, ...] = (
     "expired",  # state forgotten after producer_id_expiration_ms idle
     "evicted",  # state forgotten (LRU) because a partition held max_producers_per_partition
 )
-
-TXN_ABORT_CAUSES: tuple[str, ...] = (
-    "client",  # EndTxn(committed=false), CommitTxns(committed=false), or an app version
-    # already committed (the re-run's transactions are aborted)
-    "timeout",  # ONGOING past transaction_timeout_ms, PREPARED past its prepared timeout
-    "fenced",  # a new instance's InitProducerId aborted the old one's open transaction
-    "recovery",  # at start: transactional data no transaction claims, closed with ABORT
-)
-"""Why a transaction was aborted: each gets a `minibroker_transactions_aborted_total`
-series, 0 until it happens."""
 
 # Request latency: a local produce with acks=1 takes tens of microseconds, an
 # fsync'd one about a millisecond, a long-polling Fetch up to its max_wait_ms.
@@ -201,18 +190,6 @@ class _Listener:
         self.open = 0
         self.accepted = 0
         self.handshake_failures = 0
-
-
-class TxnStats(NamedTuple):
-    """The transaction coordinator's state, taken when Prometheus scrapes."""
-
-    states: Mapping[str, int]
-    """Transactional ids held, by state."""
-    commits: int
-    aborts: Mapping[str, int]
-    """Aborted transactions by cause: client, timeout, fenced, recovery."""
-    oldest_open_ms: Mapping[tuple[str, int], int]
-    """Per (topic, partition) with an open transaction: when the oldest one started."""
 
 
 class GroupSnapshot(NamedTuple):

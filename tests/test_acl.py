@@ -1,5 +1,5 @@
 """ACL bindings and decisions without a broker (broker/security/acl.py): each rule of
-PROTOCOL.md section 7 "Authorization" by hand, then the index against a scan of
+docs/protocol.md section 7 "Authorization" by hand, then the index against a scan of
 every binding over random bindings, queries and deletions."""
 
 from __future__ import annotations

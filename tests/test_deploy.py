@@ -19,13 +19,8 @@ from typing import Any
 
 import pytest
 
-from broker.metrics import (
-    PRODUCER_EVENT_KINDS,
-    BrokerMetrics,
-    OffsetStats,
-    PartitionStats,
-    TxnStats,
-)
+from broker.metrics import PRODUCER_EVENT_KINDS, BrokerMetrics, OffsetStats, PartitionStats
+from broker.transactions import TxnStats
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

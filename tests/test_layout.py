@@ -141,8 +141,8 @@ def test_domain_exports_are_defined(domain: str) -> None:
     assert all(hasattr(module, name) for name in module.__all__)
 
 
-def test_broker_rooms_import_each_other_without_a_circle() -> None:
-    """The domains and the top-level modules form layers: no import runs back up."""
+def _room_order() -> list[str]:
+    """broker/'s rooms, each after every room it imports; CycleError names a circle."""
     graph: dict[str, set[str]] = {}
     for path, name in _broker_imports():
         rel = path.relative_to(BROKER)
@@ -151,7 +151,12 @@ def test_broker_rooms_import_each_other_without_a_circle() -> None:
         graph.setdefault(importer, set())
         if imported != importer:
             graph[importer].add(imported)
-    order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
+    return list(graphlib.TopologicalSorter(graph).static_order())
+
+
+def test_broker_rooms_import_each_other_without_a_circle() -> None:
+    """The domains and the top-level modules form layers: no import runs back up."""
+    order = _room_order()
     assert order.index("broker.storage") < order.index("broker.partition")
     assert order.index("broker.handlers") < order.index("broker.network")
 
@@ -187,3 +192,55 @@ def test_the_kafka_codec_stays_out_of_the_network() -> None:
         if path.is_relative_to(kafka) and _unit(name) == "broker.network"
     ]
     assert wrong == []
+
+
+def test_metrics_imports_the_transaction_names_it_labels() -> None:
+    """The abort causes and the coordinator's figures are the transactions domain's;
+    metrics imports them, so nothing the coordinator imports may import metrics."""
+    order = _room_order()
+    assert order.index("broker.transactions") < order.index("broker.metrics")
+    assert order.index("broker.group_commit") < order.index("broker.metrics")
+
+
+def test_the_transaction_states_and_admission_rules_are_pure() -> None:
+    """`broker/transactions/state.py` holds the transitions and the admission rules, which
+    the coordinator and its unit tests share: values in, values out, no IO or clock."""
+    path = BROKER / "transactions" / "state.py"
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert imported & {"anyio", "trio", "asyncio", "socket", "os", "time", "broker"} == set()
+
+
+def test_the_audit_logger_is_named_once() -> None:
+    """Operators route the audit trail by its logger's name: one definition, in logs.py."""
+    named = [
+        str(path.relative_to(ROOT))
+        for path in sorted(BROKER.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant) and node.value == "minibroker.audit"
+    ]
+    assert named == ["broker/logs.py"]
+
+
+def test_bench_modules_import_each_other_without_a_circle() -> None:
+    """A suite shares code through a module both import (bench/open_loop.py), never by
+    reaching into another suite that reaches back, even inside a function."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        importer = f"bench.{path.stem}"
+        graph.setdefault(importer, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "bench":
+                names = [f"bench.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            graph[importer] |= {n for n in names if n.startswith("bench.") and n != importer}
+    list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle

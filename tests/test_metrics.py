@@ -18,16 +18,15 @@ from broker.metrics import (
     CONTENT_TYPE,
     PRODUCER_EVENT_KINDS,
     REQUEST_BUCKETS,
-    TXN_ABORT_CAUSES,
     TXN_STATES,
     BrokerMetrics,
     GroupSnapshot,
     GroupStats,
     OffsetStats,
     PartitionStats,
-    TxnStats,
 )
 from broker.network.http_endpoints import MAX_REQUEST_BYTES, serve_http
+from broker.transactions import TXN_ABORT_CAUSES, TxnStats
 
 GROUP_FAMILIES = (
     "minibroker_group_members",

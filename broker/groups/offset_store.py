@@ -61,6 +61,7 @@ class OffsetLogError(RecordLogError):
 
 class OffsetLog(RecordLog):
     error = OffsetLogError
+    failure_event = "offsets_log"
 
     def __init__(self, data_dir: Path, max_bytes: int) -> None:
         super().__init__(data_dir / DIRECTORY, FILE, max_bytes)
@@ -144,7 +145,6 @@ class OffsetStore:
         self.state = OffsetState()
         self._locks: dict[str, anyio.Lock] = {}
         self._reserved = 0  # new offsets of commits written but not installed yet
-        self._failed: OSError | None = None
         self._commits: Counter[str] = Counter({"OffsetCommit": 0, "TxnOffsetCommit": 0})
         self._expired = 0
 
@@ -187,21 +187,15 @@ class OffsetStore:
     ) -> None:
         """Write `record`, wait until it is durable, install it. OSError when it could not
         be: then nothing is installed. A failed write leaves the file as it was; after a
-        failed fdatasync the file's state is unknown, so the store takes no more writes
-        until a restart reads it again. `on_written` runs once the record is written."""
-        if self._failed is not None:
-            raise OSError(f"an earlier fdatasync of {self.log.path} failed: {self._failed}")
+        failed fdatasync the file's state is unknown, so the log takes no more writes
+        until a restart reads it again (RecordLog.failure_event). `on_written` runs once
+        the record is written."""
         end = self.log.write(record)
         if written_point is not None:
             crash_point(written_point)
         if on_written is not None:
             await on_written()
-        try:
-            await self.log.durable(end)
-        except OSError as exc:
-            self._failed = exc
-            log.error("event=offsets_log_sync_failed path=%s error=%r", self.log.path, str(exc))
-            raise
+        await self.log.durable_or_refuse(end)
         if durable_point is not None:
             crash_point(durable_point)
         self.state.apply(record)
@@ -468,7 +462,7 @@ class OffsetStore:
         """Compact the log when due, then look at every group not being written. The
         sweep's records are written, not synced: one lost in a crash is redone by the
         first sweep after the restart."""
-        if self._failed is not None:
+        if self.log.failed is not None:
             return
         if not self._locks and self.log.wants_compaction():
             # Every record written is installed: writers hold a group lock until then.

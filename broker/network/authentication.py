@@ -20,6 +20,7 @@ import anyio
 
 from broker.config import BrokerConfig, Listener
 from broker.crash_points import crash_point
+from broker.logs import AUDIT_LOGGER
 from broker.metrics import BrokerMetrics
 from broker.security import (
     FAILURE_MESSAGE,
@@ -38,9 +39,6 @@ from broker.security import (
 from protocol import messages as m
 from protocol.errors import ErrorCode
 
-AUDIT_LOGGER = "minibroker.audit"
-"""One line per authentication, for the people who watch who logs in. A logger of its
-own (under `minibroker`, so the format and level apply) so it can be routed apart."""
 PLAIN_CHECKS_MAX = 4
 """PLAIN checks running at once: each is a PBKDF2 of thousands of HMACs, and a flood
 of attempts must not take every worker thread (and core) from the rest."""

@@ -1,4 +1,5 @@
-"""ACL bindings and the decisions they make, pure logic (PROTOCOL.md section 7, "Authorization").
+"""ACL bindings and the decisions they make, pure logic (docs/protocol.md section 7,
+"Authorization").
 
 An `AclBinding` allows or denies a principal, from a host, one operation on the
 resources its pattern names; `validate` says why a binding from a request is refused

@@ -1,5 +1,5 @@
 """The durable ACL set, `<data_dir>/security/acls.wal`: CreateAcls and DeleteAcls
-(PROTOCOL.md section 7, "Authorization").
+(docs/protocol.md section 7, "Authorization").
 
 The bindings, their index and their records are pure (broker/security/acl.py); this
 module orders the IO around them. The file is a record log
@@ -54,6 +54,7 @@ class AclLogError(RecordLogError):
 
 class AclLog(RecordLog):
     error = AclLogError
+    failure_event = "acl_log"
 
     def __init__(self, data_dir: Path, max_bytes: int = LOG_BYTES_MAX) -> None:
         super().__init__(data_dir / DIRECTORY, FILE, max_bytes)
@@ -91,7 +92,6 @@ class AclStore:
         self.authorizer = Authorizer(super_users)
         self._lock = anyio.Lock()
         self._live_bytes = 0  # of the bindings in force, as compaction writes them
-        self._failed: OSError | None = None
 
     def load(self) -> None:
         """Read the log into memory, compacting it when due (AclLogError when it is damaged)."""
@@ -99,7 +99,7 @@ class AclStore:
         self._live_bytes = sum(_binding_bytes(b) for b in self.authorizer)
         log.info("event=acls_loaded bindings=%d records=%d", len(self.authorizer), records)
         if self._wants_compaction():
-            self._compact(list(self.authorizer.snapshot()))
+            self.log.compact_or_refuse(list(self.authorizer.snapshot()))
 
     def _replay(self, body: Any) -> None:
         try:
@@ -173,10 +173,8 @@ class AclStore:
         """Write `record` (creating and deleting those bindings), wait until it is durable,
         install it, compact when due; under the lock. The reason when it could not be
         written: then nothing changed. After a failed fdatasync the file's state is
-        unknown (and after a failed compaction, the file handle's), so the store takes no
-        more changes until a restart reads the file again."""
-        if self._failed is not None:
-            return f"acl log: {self.log.path} failed earlier ({self._failed}); restart the broker"
+        unknown (and after a failed compaction, the file handle's), so the log takes no
+        more changes until a restart reads the file again (RecordLog.failure_event)."""
         # A record written must be installed, or memory would lag the file and the next
         # change could write a record that replays as damage. RecordLog waits for its
         # fdatasync thread without a checkpoint today; the shield makes it this code's
@@ -188,10 +186,8 @@ class AclStore:
                 return f"acl log: {exc}"  # the file is as it was
             crash_point("acl_record_written")
             try:
-                await self.log.durable(end)
+                await self.log.durable_or_refuse(end)
             except OSError as exc:
-                self._failed = exc
-                log.error("event=acl_log_sync_failed path=%s error=%r", self.log.path, str(exc))
                 return f"acl log: {exc}"
             crash_point("acl_record_durable")
             self.authorizer.apply(record)
@@ -205,20 +201,12 @@ class AclStore:
                 len(self.authorizer),
             )
             if self._wants_compaction():
-                await anyio.to_thread.run_sync(self._compact, list(self.authorizer.snapshot()))
+                snapshot = list(self.authorizer.snapshot())
+                await anyio.to_thread.run_sync(self.log.compact_or_refuse, snapshot)
         return None
 
     def _wants_compaction(self) -> bool:
         return self.log.size_bytes > max(self.log.max_bytes, 2 * self._live_bytes)
-
-    def _compact(self, records: list[list[Any]]) -> None:
-        """Rewrite the file with `records`, the bindings in force. A failure leaves the store
-        refusing changes until a restart, as the file handle may no longer be the file's."""
-        try:
-            self.log.compact(records)
-        except OSError as exc:
-            self._failed = exc
-            log.error("event=acl_log_compaction_failed path=%s error=%r", self.log.path, str(exc))
 
     def close(self) -> None:
         self.log.close()

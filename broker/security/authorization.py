@@ -34,13 +34,12 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from broker.logs import AUDIT_LOGGER
 from broker.security.acl import Authorizer
 from protocol.authorization import CLUSTER_NAME, Entries, Omission, ResourceType
 from protocol.errors import ErrorCode
 from protocol.messages import Request, Response
 
-AUDIT_LOGGER = "minibroker.audit"
-"""Its own name rather than a module's: operators route the audit trail by it."""
 AUDIT_REPEAT_S = 60.0
 """A denial repeated within this long of the last line logged for it is counted, not
 logged; the next line logged for it says how many were held back."""

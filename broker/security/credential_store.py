@@ -50,6 +50,7 @@ class CredentialLogError(RecordLogError):
 
 class CredentialLog(RecordLog):
     error = CredentialLogError
+    failure_event = "credentials"
 
     def __init__(self, data_dir: Path) -> None:
         super().__init__(data_dir / DIRECTORY, FILE, LOG_MAX_BYTES)
@@ -63,7 +64,6 @@ class CredentialStore:
         self.log = CredentialLog(data_dir)
         self.state = CredentialState()
         self._lock = anyio.Lock()
-        self._failed: OSError | None = None
 
     def open(self) -> None:
         """Read the file (cutting a torn tail) and, for a new one, write the mock secret.
@@ -119,24 +119,13 @@ class CredentialStore:
             if record is not None:
                 await self._write_durably(record)
                 if self.log.wants_compaction():
-                    self._compact()
+                    # Every record written is applied (writes hold the lock until then),
+                    # so the old file may go.
+                    self.log.compact_or_refuse(self.state.snapshot())
         changed = [r.user for r in results if r.error == 0]
         if changed:
             log.info("event=credentials_altered users=%r", changed)
         return m.AlterUserScramCredentialsResponse(results=results)
-
-    def _compact(self) -> None:
-        """Rewrite the file as the state: every record written is applied (writes hold the
-        lock until then), so the old file may go. The change just written is durable
-        either way; but once a rewrite failed, which file the log writes to is unknown,
-        so the store takes no more writes until a restart reads it again."""
-        try:
-            self.log.compact(self.state.snapshot())
-        except OSError as exc:
-            self._failed = exc
-            log.error(
-                "event=credentials_compaction_failed path=%s error=%r", self.log.path, str(exc)
-            )
 
     def _replay(self, record: Any) -> None:
         try:
@@ -151,14 +140,6 @@ class CredentialStore:
     async def _write_durably(self, record: list[Any]) -> None:
         """Write `record`, wait until it is durable, apply it. A failed write leaves the
         file as it was; after a failed fdatasync the file's state is unknown, so the
-        store takes no more writes until a restart reads it again."""
-        if self._failed is not None:
-            raise OSError(f"an earlier write of {self.log.path} failed: {self._failed}")
-        end = self.log.write(record)
-        try:
-            await self.log.durable(end)
-        except OSError as exc:
-            self._failed = exc
-            log.error("event=credentials_sync_failed path=%s error=%r", self.log.path, str(exc))
-            raise
+        log takes no more writes until a restart reads it again (RecordLog.failure_event)."""
+        await self.log.durable_or_refuse(self.log.write(record))
         self.state.apply(record)

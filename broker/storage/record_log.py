@@ -18,6 +18,11 @@ answered), while a bad record followed by good ones means damage at rest and
 stops the broker: guessing could undo an answered change. Compaction replaces the
 file, atomically (write_atomic), with records of the whole state, once it has
 grown past `max_bytes` and twice its last compacted size.
+
+A store that must stop at the first doubt syncs and compacts with
+`durable_or_refuse` and `compact_or_refuse`: once either failed (the file's state
+on disk, or which file the handle is, is then unknown) its log refuses every
+write until a restart reads the file again.
 """
 
 from __future__ import annotations
@@ -93,6 +98,9 @@ class RecordLog:
     `error` is the exception raised on damage, so the broker's refusal names the log."""
 
     error: type[RecordLogError] = RecordLogError
+    failure_event: str | None = None
+    """What a log that refuses writes (`durable_or_refuse`, `compact_or_refuse`) logs
+    its failures as: event=<failure_event>_sync_failed or _compaction_failed."""
 
     def __init__(self, directory: Path, file_name: str, max_bytes: int) -> None:
         self.directory = directory
@@ -104,6 +112,7 @@ class RecordLog:
         self._compacted_bytes = 0
         self._round: anyio.Event | None = None
         self._round_error: OSError | None = None
+        self.failed: OSError | None = None  # the failure that made it refuse writes
 
     def open(self, replay: Callable[[Any], None]) -> int:
         """Open (or create) the file, give every record's body to `replay` in order, cut
@@ -134,7 +143,13 @@ class RecordLog:
 
     def write(self, body: Any) -> int:
         """Write one record now (not yet durable); return the size the file must reach
-        on disk for it to be. A failed write leaves the file as before and raises."""
+        on disk for it to be. A failed write leaves the file as before and raises, and
+        so does a write after the log refused writes (`failed`)."""
+        if self.failed is not None:
+            raise OSError(
+                f"{self.path} failed earlier ({self.failed}): after an earlier write failed, "
+                "none is taken until the broker restarts"
+            )
         data = encode_record(body)
         position = self._written
         try:
@@ -203,6 +218,30 @@ class RecordLog:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         self._written = self._flushed = self._compacted_bytes = len(data)
         log.info("event=record_log_compacted path=%s bytes=%d", self.path, len(data))
+
+    async def durable_or_refuse(self, end: int) -> None:
+        """`durable`; should the sync fail, the log refuses writes from then on, as the
+        file's state on disk is unknown, and raises."""
+        try:
+            await self.durable(end)
+        except OSError as exc:
+            self._refuse_writes(exc, "sync")
+            raise
+
+    def compact_or_refuse(self, bodies: Iterable[Any]) -> None:
+        """`compact`; should it fail, the log refuses writes rather than raising: every
+        record is durable either way, but the handle may no longer be the file's."""
+        try:
+            self.compact(bodies)
+        except OSError as exc:
+            self._refuse_writes(exc, "compaction")
+
+    def _refuse_writes(self, exc: OSError, step: str) -> None:
+        assert self.failure_event is not None, "only a log that names its failures refuses"
+        self.failed = exc
+        log.error(
+            "event=%s_%s_failed path=%s error=%r", self.failure_event, step, self.path, str(exc)
+        )
 
     def close(self) -> None:
         if self._fd >= 0:

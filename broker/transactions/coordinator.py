@@ -35,12 +35,12 @@ import anyio
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
 from broker.group_commit import FlushFailed, GroupCommitter
-from broker.metrics import TXN_ABORT_CAUSES, TxnStats
 from broker.partition import Partition, StorageError
 from broker.producer_ids import ProducerIdManager
 from broker.producer_state import PRODUCER_EPOCH_MAX
 from broker.topics import TopicRegistry
 from broker.transactions.log import TxnLog, TxnLogError
+from broker.transactions.recovery import recover
 from broker.transactions.state import (
     DECIDED,
     DEFAULT_TIMEOUT_MS,
@@ -49,14 +49,17 @@ from broker.transactions.state import (
     OPEN,
     PREPARE_COMMIT,
     PREPARED,
+    TXN_ABORT_CAUSES,
+    Admitted,
     AppVersion,
-    Ended,
-    Identity,
+    Ask,
+    Refused,
     TxnEntry,
     TxnStateError,
+    TxnStats,
+    admission,
     completed,
     decided,
-    identify,
     initialized,
     prepared,
     with_group,
@@ -188,18 +191,7 @@ class TransactionCoordinator:
         tid = self._pids.get(producer_id)
         return None if tid is None else self.entries[tid].principal
 
-    @staticmethod
-    def _check_principal(entry: TxnEntry, principal: str) -> None:
-        """Refuse a request carrying the id's producer from another principal than the one
-        it belongs to: INVALID_PRODUCER_ID_MAPPING, as for an unknown producer id."""
-        if entry.principal != principal:
-            raise CoordinatorError(
-                ErrorCode.INVALID_PRODUCER_ID_MAPPING,
-                f"the producer of transactional id {entry.transactional_id!r} belongs to "
-                "another principal",
-            )
-
-    async def _persist(
+    async def persist(
         self,
         entries: Iterable[TxnEntry],
         apps: Iterable[AppVersion] = (),
@@ -298,9 +290,9 @@ class TransactionCoordinator:
         async with self._locked([transactional_id]):
             entry = self.entries.get(transactional_id)
             if entry is not None and entry.state in DECIDED:
-                entry = (await self._complete([entry]))[0]
+                entry = (await self.complete([entry]))[0]
             if entry is not None and entry.state in OPEN:
-                entry = (await self._end([entry], False, "fenced"))[0]
+                entry = (await self.end_transactions([entry], False, "fenced"))[0]
             removed: list[str] = []
             if entry is None:
                 removed = self._make_room()
@@ -308,7 +300,7 @@ class TransactionCoordinator:
             else:
                 pid, epoch = self._next_ids(entry, principal)
             new = initialized(entry, transactional_id, pid, epoch, timeout, now_ms(), principal)
-            await self._persist([new], removed=removed)
+            await self.persist([new], removed=removed)
             return pid, epoch
 
     def _make_room(self) -> list[str]:
@@ -346,15 +338,15 @@ class TransactionCoordinator:
         ended: set[TopicPartition] = set()
         admitted: set[TopicPartition] = set()
         for key, header in batches:
-            verdict = self._judge_batch(transactional_id, entry, header)
-            if verdict is None:
-                admitted.add(key)
-            else:
-                refused[key] = verdict
-                if identify(entry, header.producer_id, header.producer_epoch) is (
-                    Identity.LAST_ENDED
-                ):
+            verdict = admission(
+                entry, transactional_id, header.producer_id, header.producer_epoch, Ask.BATCH
+            )
+            if isinstance(verdict, Refused):
+                refused[key] = (verdict.code, verdict.message)
+                if verdict.last_ended:
                     ended.add(key)
+            else:
+                admitted.add(key)
         if not admitted:
             return refused, ended, 0
         assert entry is not None
@@ -382,37 +374,6 @@ class TransactionCoordinator:
                     refused[key] = (ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}")
         return refused, ended, end
 
-    @staticmethod
-    def _judge_batch(
-        transactional_id: str, entry: TxnEntry | None, header: BatchHeader
-    ) -> tuple[ErrorCode, str] | None:
-        pid, epoch = header.producer_id, header.producer_epoch
-        who = identify(entry, pid, epoch)
-        if who is ErrorCode.INVALID_PRODUCER_ID_MAPPING:
-            return (
-                ErrorCode.INVALID_TXN_STATE,
-                f"producer id {pid} is not the one bound to transactional id {transactional_id!r}",
-            )
-        if who is Identity.LAST_ENDED:
-            return (
-                ErrorCode.INVALID_PRODUCER_EPOCH,
-                f"epoch {epoch} of producer {pid} is fenced: its transaction ended",
-            )
-        if isinstance(who, ErrorCode):
-            return (
-                ErrorCode.INVALID_PRODUCER_EPOCH,
-                f"epoch {epoch} of producer {pid} is fenced: a newer instance took over",
-            )
-        assert entry is not None
-        if entry.state in DECIDED:
-            return (
-                ErrorCode.CONCURRENT_TRANSACTIONS,
-                "the previous transaction's markers are still being written; retry",
-            )
-        if entry.state == PREPARED:
-            return ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
-        return None
-
     def locked(self, transactional_id: str) -> Any:
         """The lock a transactional Produce holds from admission to append, and a
         TxnOffsetCommit from judgement to its pending offsets being written."""
@@ -426,25 +387,9 @@ class TransactionCoordinator:
         """Raise CoordinatorError unless `principal`'s producer may add offsets to its
         transaction: the fencing verdicts of EndTxn, and the states a transactional batch
         is refused in."""
-        entry = self.entries.get(transactional_id)
-        who = self._identify(transactional_id, entry, producer_id, producer_epoch)
-        assert entry is not None
-        self._check_principal(entry, principal)
-        if who is Identity.LAST_ENDED:
-            raise CoordinatorError(
-                ErrorCode.INVALID_PRODUCER_EPOCH,
-                f"epoch {producer_epoch} of producer {producer_id} is fenced: its transaction "
-                "ended",
-            )
-        if entry.state in DECIDED:
-            raise CoordinatorError(
-                ErrorCode.CONCURRENT_TRANSACTIONS,
-                "the previous transaction's markers are still being written; retry",
-            )
-        if entry.state == PREPARED:
-            raise CoordinatorError(
-                ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
-            )
+        self._admitted(
+            transactional_id, producer_id, producer_epoch, Ask.OFFSETS, principal=principal
+        )
 
     def add_group(self, transactional_id: str, group_id: str) -> int:
         """Make the transaction hold the group (it starts the transaction if none is open),
@@ -479,26 +424,30 @@ class TransactionCoordinator:
 
     async def end_txn(self, req: m.EndTxnRequest, principal: str) -> m.EndTxnResponse:
         async with self._locked([req.transactional_id]):
-            entry = self.entries.get(req.transactional_id)
-            who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
-            assert entry is not None
-            self._check_principal(entry, principal)
-            if who is Identity.LAST_ENDED:
+            verdict = self._admitted(
+                req.transactional_id,
+                req.producer_id,
+                req.producer_epoch,
+                Ask.END,
+                committed=req.committed,
+                principal=principal,
+            )
+            entry = self.entries[req.transactional_id]
+            if verdict is Admitted.RETRY:
                 last = entry.last_ended
                 assert last is not None
-                _same_end_or_raise(last, req.committed)
                 if entry.state in DECIDED:
-                    await self._complete([entry])
+                    await self.complete([entry])
                 return m.EndTxnResponse(
                     producer_id=last.next_producer_id, producer_epoch=last.next_producer_epoch
                 )
-            if entry.state in DECIDED:
-                entry = (await self._complete([entry]))[0]
+            if verdict is Admitted.FINISH_FIRST:
+                entry = (await self.complete([entry]))[0]
             if req.last_sequences is not None:
                 missing = self._batches_missing(entry, req.last_sequences)
                 if missing is not None:
                     raise CoordinatorError(ErrorCode.CONCURRENT_TRANSACTIONS, missing)
-            ended = (await self._end([entry], req.committed, "client"))[0]
+            ended = (await self.end_transactions([entry], req.committed, "client"))[0]
             return m.EndTxnResponse(
                 producer_id=ended.producer_id, producer_epoch=ended.producer_epoch
             )
@@ -535,18 +484,14 @@ class TransactionCoordinator:
             )
         app_ids = [] if req.txn_app_id is None else [req.txn_app_id]
         async with self._locked([req.transactional_id], app_ids):
-            entry = self.entries.get(req.transactional_id)
-            who = self._identify(req.transactional_id, entry, req.producer_id, req.producer_epoch)
-            assert entry is not None
-            self._check_principal(entry, principal)
-            if who is Identity.LAST_ENDED:
-                assert entry.last_ended is not None
-                _same_end_or_raise(entry.last_ended, None)
-            if entry.state in DECIDED:
-                raise CoordinatorError(
-                    ErrorCode.CONCURRENT_TRANSACTIONS,
-                    "the previous transaction's markers are still being written; retry",
-                )
+            self._admitted(
+                req.transactional_id,
+                req.producer_id,
+                req.producer_epoch,
+                Ask.PREPARE,
+                principal=principal,
+            )
+            entry = self.entries[req.transactional_id]
             recorded = self.apps.get(req.txn_app_id) if req.txn_app_id is not None else None
             if (
                 recorded is not None
@@ -557,7 +502,7 @@ class TransactionCoordinator:
                 # driver committed or aborted): its transaction can never be committed, so
                 # it must not hold the last stable offset until its prepared timeout.
                 if entry.state in OPEN:
-                    await self._end([entry], False, "client")
+                    await self.end_transactions([entry], False, "client")
                 raise CoordinatorError(
                     ErrorCode.INVALID_TXN_STATE,
                     f"app {req.txn_app_id!r} has version {recorded.txn_app_version} recorded, "
@@ -570,17 +515,33 @@ class TransactionCoordinator:
             # go to disk first.
             await self._contents_durable([entry])
             stamp = now_ms()
-            await self._persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
+            await self.persist([prepared(entry, stamp + req.prepared_timeout_ms, stamp)])
             crash_point("txn_prepared")
             return m.PrepareTxnResponse()
 
-    def _identify(
-        self, transactional_id: str, entry: TxnEntry | None, pid: int, epoch: int
-    ) -> Identity:
-        who = identify(entry, pid, epoch)
-        if isinstance(who, ErrorCode):
-            raise CoordinatorError(who, _fencing_message(who, transactional_id, pid, epoch, entry))
-        return who
+    def _admitted(
+        self,
+        transactional_id: str,
+        pid: int,
+        epoch: int,
+        ask: Ask,
+        *,
+        committed: bool | None = None,
+        principal: str | None = None,
+    ) -> Admitted:
+        """`admission`'s verdict on the id's entry; CoordinatorError when it refuses."""
+        verdict = admission(
+            self.entries.get(transactional_id),
+            transactional_id,
+            pid,
+            epoch,
+            ask,
+            committed=committed,
+            principal=principal,
+        )
+        if isinstance(verdict, Refused):
+            raise CoordinatorError(verdict.code, verdict.message)
+        return verdict
 
     async def commit_txns(self, req: m.CommitTxnsRequest) -> m.CommitTxnsResponse:
         ids = [t.transactional_id for t in req.transactions]
@@ -597,35 +558,19 @@ class TransactionCoordinator:
             to_end: list[TxnEntry] = []
             to_finish: list[TxnEntry] = []
             for ref in req.transactions:
-                entry = self.entries.get(ref.transactional_id)
                 try:
-                    who = self._identify(
-                        ref.transactional_id, entry, ref.producer_id, ref.producer_epoch
+                    verdict = self._admitted(
+                        ref.transactional_id,
+                        ref.producer_id,
+                        ref.producer_epoch,
+                        Ask.COMMIT_TXNS,
+                        committed=req.committed,
                     )
-                    assert entry is not None
-                    if who is Identity.LAST_ENDED:
-                        last = entry.last_ended
-                        assert last is not None
-                        _same_end_or_raise(last, req.committed)
-                        if entry.state in DECIDED:
-                            to_finish.append(entry)
-                    elif entry.state in DECIDED:
-                        raise CoordinatorError(
-                            ErrorCode.CONCURRENT_TRANSACTIONS,
-                            "the previous transaction's markers are still being written; retry",
-                        )
-                    elif req.committed and entry.state != PREPARED:
-                        raise CoordinatorError(
-                            ErrorCode.INVALID_TXN_STATE,
-                            f"only a PREPARED transaction commits here, not {entry.state}",
-                        )
-                    elif not req.committed and entry.state not in OPEN:
-                        raise CoordinatorError(
-                            ErrorCode.INVALID_TXN_STATE,
-                            f"only an open transaction aborts, not {entry.state}",
-                        )
-                    else:
+                    entry = self.entries[ref.transactional_id]
+                    if verdict is Admitted.PROCEED:
                         to_end.append(entry)
+                    elif entry.state in DECIDED:
+                        to_finish.append(entry)
                     results.append(m.TxnResult(ref.transactional_id))
                 except CoordinatorError as exc:
                     results.append(m.TxnResult(ref.transactional_id, exc.code, exc.message))
@@ -641,11 +586,11 @@ class TransactionCoordinator:
             if req.txn_app_id is not None and req.txn_app_version is not None:
                 app = AppVersion(req.txn_app_id, req.txn_app_version, now_ms())
             if to_finish:
-                await self._complete(to_finish)
+                await self.complete(to_finish)
             if to_end:
-                await self._end(to_end, req.committed, "client", app)
+                await self.end_transactions(to_end, req.committed, "client", app)
             elif app is not None:
-                await self._persist([], [app])
+                await self.persist([], [app])
             return m.CommitTxnsResponse(
                 txn_app_version=app.txn_app_version
                 if app is not None
@@ -666,14 +611,14 @@ class TransactionCoordinator:
             and entry.state in OPEN
         ]
         if still_open:
-            await self._end(still_open, False, "client")
+            await self.end_transactions(still_open, False, "client")
         return m.CommitTxnsResponse(
             already_committed=True,
             txn_app_version=recorded.txn_app_version,
             transactions=[m.TxnResult(ref.transactional_id) for ref in req.transactions],
         )
 
-    async def _end(
+    async def end_transactions(
         self, entries: list[TxnEntry], committed: bool, cause: str, app: AppVersion | None = None
     ) -> list[TxnEntry]:
         """Decide `entries` in one durable record (with `app`), then complete them."""
@@ -688,7 +633,7 @@ class TransactionCoordinator:
             for e in entries
         ]
         # Written, not yet synced: the decision shares its fsync round with the markers
-        # (docs/protocol.md section 5), which `_complete` waits for together.
+        # (docs/protocol.md section 5), which `complete` waits for together.
         self._write(decisions, [] if app is None else [app])
         crash_point("txn_decided")
         for before in entries:
@@ -705,7 +650,7 @@ class TransactionCoordinator:
                     cause,
                     len(before.partitions),
                 )
-        return await self._complete(decisions)
+        return await self.complete(decisions)
 
     async def _contents_durable(self, entries: list[TxnEntry]) -> None:
         """Return once every batch and pending offset of the open `entries` is on disk;
@@ -737,7 +682,7 @@ class TransactionCoordinator:
         if groups:
             await self.offsets.settled(groups)
 
-    async def _complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
+    async def complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
         """Write the markers of the decided `entries`, wait until they and every change
         written to `txn.wal` before them (the decisions) are durable, in one fsync round,
         then record the entries COMPLETE. Raises OSError or StorageError (the entries stay
@@ -806,7 +751,7 @@ class TransactionCoordinator:
         done = {e.transactional_id: completed(e, now_ms()) for e in pending}
         # Not fsynced: lost, the entry is still decided and recovery completes it again,
         # finding its markers written (in_txn is false) and writing none twice.
-        await self._persist(done.values(), durable=False)
+        await self.persist(done.values(), durable=False)
         return [done.get(e.transactional_id, e) for e in entries]
 
     # ------------------------------------------------------------------ housekeeping
@@ -857,10 +802,10 @@ class TransactionCoordinator:
                     if current is None:
                         continue
                     if current.state in DECIDED:
-                        await self._complete([current])
+                        await self.complete([current])
                     elif current.deadline_ms is not None and current.deadline_ms <= stamp:
                         log.info("event=txn_timed_out id=%r state=%s", tid, current.state)
-                        await self._end([current], False, "timeout")
+                        await self.end_transactions([current], False, "timeout")
         expiration = self.config.transactional_id_expiration_ms
         busy = self._locks_held()
         expired = [
@@ -878,7 +823,7 @@ class TransactionCoordinator:
             if app.committed_ms + expiration < stamp and name not in busy_apps
         ]
         if expired or expired_apps:
-            await self._persist([], removed=expired, removed_apps=expired_apps)
+            await self.persist([], removed=expired, removed_apps=expired_apps)
             log.info("event=txn_ids_expired ids=%d apps=%d", len(expired), len(expired_apps))
         # Only with no lock held: a change written and synced is installed in memory by
         # its task after the sync, and a compaction before that would drop it.
@@ -896,99 +841,8 @@ class TransactionCoordinator:
         ]
 
     async def recover(self) -> None:
-        """Before serving: finish every decided transaction, and abort any transaction a
-        partition holds open that no entry claims, so no last stable offset is stuck, and
-        drop pending offsets no open transaction claims, so no OffsetFetch with
-        require_stable waits for ever."""
-        for entry, committed in self._decided_by_markers():
-            # The decision shared its fsync round with the markers and was lost: a marker
-            # is only written for a decided transaction, so the one found decides it.
-            log.warning(
-                "event=txn_decided_by_marker id=%r committed=%s", entry.transactional_id, committed
-            )
-            await self._end([entry], committed, "recovery")
-        decided_entries = [e for e in self.entries.values() if e.state in DECIDED]
-        if decided_entries:
-            log.info("event=txn_recovery decided=%d", len(decided_entries))
-            await self._complete(decided_entries)
-        claimed: set[tuple[int, str, int]] = set()
-        for entry in self.entries.values():
-            if entry.state in OPEN:
-                claimed |= {(entry.producer_id, t, p) for t, p in entry.partitions}
-        stamp = now_ms()
-        for partition in self.topics.all_partitions():
-            for pid in partition.producers.open_txns:
-                if (pid, partition.topic, partition.index) in claimed:
-                    continue
-                owner = self.entries.get(self._pids.get(pid, ""))
-                if (
-                    owner is not None
-                    and owner.producer_id == pid
-                    and (owner.state == ONGOING or owner.state in ENDED)
-                    and partition.producers.epoch_of(pid) == owner.producer_epoch
-                ):
-                    # The current transaction's batch reached the disk and its partition
-                    # add, which shared the round, did not: the batch is the transaction's
-                    # (its pid and epoch say so), and a retry of it would be answered as a
-                    # duplicate, so it is adopted rather than aborted.
-                    log.warning(
-                        "event=txn_partition_adopted id=%r topic=%s partition=%d",
-                        owner.transactional_id,
-                        partition.topic,
-                        partition.index,
-                    )
-                    key = (partition.topic, partition.index)
-                    await self._persist([with_partitions(owner, {key}, stamp)])
-                    continue
-                epoch = partition.producers.epoch_of(pid)
-                log.warning(
-                    "event=txn_orphan_aborted topic=%s partition=%d producer_id=%d",
-                    partition.topic,
-                    partition.index,
-                    pid,
-                )
-                offset = partition.append_marker(pid, 0 if epoch is None else epoch, False, stamp)
-                self.counters.aborts["recovery"] += 1
-                partition.log.flush()
-                assert partition.log.flushed_offset > offset
-        for partition in self.topics.all_partitions():
-            # txn.wal was synced at open and every decision made here was synced: no
-            # marker is needed to decide a transaction any more.
-            partition.producers.forget_markers()
-        claimed_groups = {
-            (group_id, entry.producer_id)
-            for entry in self.entries.values()
-            if entry.state in OPEN
-            for group_id in entry.groups
-        }
-        orphans = sorted(self.offsets.pending_owners() - claimed_groups)
-        for group_id, pid in orphans:
-            log.warning("event=txn_orphan_offsets_dropped group=%r producer_id=%d", group_id, pid)
-            self.counters.aborts["recovery"] += 1
-        if orphans:
-            await self.offsets.write_markers(
-                [(pid, [group_id], False) for group_id, pid in orphans]
-            )
-
-    def _decided_by_markers(self) -> list[tuple[TxnEntry, bool]]:
-        """Open transactions that a partition remembers a marker of (same pid and epoch),
-        found by the replay at open or kept by a snapshot taken after it, with that
-        marker's outcome."""
-        found = []
-        for entry in self.entries.values():
-            if entry.state not in OPEN:
-                continue
-            for topic, index in sorted(entry.partitions):
-                partition = self.topics.partition(topic, index)
-                marker = (
-                    None
-                    if partition is None
-                    else partition.producers.last_marker(entry.producer_id)
-                )
-                if marker is not None and marker[0] == entry.producer_epoch:
-                    found.append((entry, marker[1]))
-                    break
-        return found
+        """Before serving: finish what a crash left (broker/transactions/recovery.py)."""
+        await recover(self, now_ms())
 
     # ------------------------------------------------------------------ listing
 
@@ -1047,33 +901,3 @@ class TransactionCoordinator:
 
     def close(self) -> None:
         self.log.close()
-
-
-def _same_end_or_raise(last: Ended, committed: bool | None) -> None:
-    """A request naming the transaction that just ended is a retry when it asks the
-    same end (`committed`; None asks none). Else: 47 when the broker ended it (its
-    timeout passed), so the producer learns it is fenced; 48 when the client did."""
-    if committed is not None and last.committed == committed:
-        return
-    if not last.by_client:
-        raise CoordinatorError(
-            ErrorCode.INVALID_PRODUCER_EPOCH,
-            "the broker aborted the transaction (its timeout passed); this epoch is fenced",
-        )
-    raise CoordinatorError(
-        ErrorCode.INVALID_TXN_STATE,
-        f"the transaction already ended ({'commit' if last.committed else 'abort'})",
-    )
-
-
-def _fencing_message(
-    code: ErrorCode, transactional_id: str, pid: int, epoch: int, entry: TxnEntry | None
-) -> str:
-    if entry is None:
-        return f"transactional id {transactional_id!r} is unknown: call InitProducerId"
-    current = f"current producer {entry.producer_id} epoch {entry.producer_epoch}"
-    if code == ErrorCode.PRODUCER_FENCED:
-        return f"producer {pid} epoch {epoch} was fenced ({current})"
-    if code == ErrorCode.INVALID_PRODUCER_EPOCH:
-        return f"epoch {epoch} of producer {pid} was never issued ({current})"
-    return f"producer {pid} is not bound to {transactional_id!r} ({current})"

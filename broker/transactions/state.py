@@ -18,9 +18,10 @@ versions encode to plain lists for broker/transactions/log.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from protocol.authorization import ANONYMOUS
 from protocol.errors import ErrorCode
@@ -39,6 +40,28 @@ ENDED = frozenset({EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT})
 STATES = frozenset(TXN_STATES)
 assert OPEN | DECIDED | ENDED == STATES
 DEFAULT_TIMEOUT_MS = 60_000  # Kafka's transaction.timeout.ms default
+
+TXN_ABORT_CAUSES: tuple[str, ...] = (
+    "client",  # EndTxn(committed=false), CommitTxns(committed=false), or an app version
+    # already committed (the re-run's transactions are aborted)
+    "timeout",  # ONGOING past transaction_timeout_ms, PREPARED past its prepared timeout
+    "fenced",  # a new instance's InitProducerId aborted the old one's open transaction
+    "recovery",  # at start: transactional data no transaction claims, closed with ABORT
+)
+"""Why a transaction was aborted: each gets a `minibroker_transactions_aborted_total`
+series, 0 until it happens."""
+
+
+class TxnStats(NamedTuple):
+    """The transaction coordinator's state, taken when Prometheus scrapes."""
+
+    states: Mapping[str, int]
+    """Transactional ids held, by state."""
+    commits: int
+    aborts: Mapping[str, int]
+    """Aborted transactions by cause: client, timeout, fenced, recovery."""
+    oldest_open_ms: Mapping[tuple[str, int], int]
+    """Per (topic, partition) with an open transaction: when the oldest one started."""
 
 
 class TxnStateError(ValueError):
@@ -196,6 +219,144 @@ def identify(entry: TxnEntry | None, producer_id: int, producer_epoch: int) -> I
     if last is not None and producer_id == last.producer_id:
         return ErrorCode.PRODUCER_FENCED  # ended and taken over, or moved to a new pid
     return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+class Ask(Enum):
+    """What a request asks of a transactional id's entry."""
+
+    BATCH = "batch"  # a transactional Produce's batch joins the transaction
+    OFFSETS = "offsets"  # a TxnOffsetCommit's offsets join it
+    END = "end"  # EndTxn
+    PREPARE = "prepare"  # PrepareTxn
+    COMMIT_TXNS = "commit_txns"  # CommitTxns, committing or aborting
+
+
+class Admitted(Enum):
+    """How an accepted request goes on."""
+
+    PROCEED = "proceed"
+    RETRY = "retry"
+    """A retry of the transaction that just ended, asking the same end: answered as it
+    was, once that transaction's markers are finished if they are not yet."""
+    FINISH_FIRST = "finish_first"
+    """EndTxn while the previous transaction's markers are being written: they are
+    finished first, then the request proceeds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A request the entry does not accept, and the error it is answered with."""
+
+    code: ErrorCode
+    message: str
+    last_ended: bool = False
+    """The request carries the pid and epoch of the transaction that just ended."""
+
+
+MARKERS_PENDING = Refused(
+    ErrorCode.CONCURRENT_TRANSACTIONS,
+    "the previous transaction's markers are still being written; retry",
+)
+
+
+def admission(
+    entry: TxnEntry | None,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    ask: Ask,
+    *,
+    committed: bool | None = None,
+    principal: str | None = None,
+) -> Admitted | Refused:
+    """Whether `entry` accepts the request, the one place the rules live: who sends it
+    (`identify`), whether `principal` owns the producer (None: checked elsewhere), and
+    which states accept what is asked. `committed` is the end asked (END, COMMIT_TXNS)."""
+    who = identify(entry, producer_id, producer_epoch)
+    if isinstance(who, ErrorCode):
+        return _not_identified(who, ask, transactional_id, producer_id, producer_epoch, entry)
+    assert entry is not None
+    if principal is not None and entry.principal != principal:
+        return Refused(
+            ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+            f"the producer of transactional id {transactional_id!r} belongs to another principal",
+        )
+    joins = ask is Ask.BATCH or ask is Ask.OFFSETS
+    if who is Identity.LAST_ENDED:
+        if joins:
+            return Refused(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"epoch {producer_epoch} of producer {producer_id} is fenced: its transaction "
+                "ended",
+                last_ended=True,
+            )
+        assert entry.last_ended is not None
+        return _same_end(entry.last_ended, committed)
+    if entry.state in DECIDED:
+        return Admitted.FINISH_FIRST if ask is Ask.END else MARKERS_PENDING
+    if joins and entry.state == PREPARED:
+        return Refused(
+            ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
+        )
+    if ask is Ask.COMMIT_TXNS and committed and entry.state != PREPARED:
+        return Refused(
+            ErrorCode.INVALID_TXN_STATE,
+            f"only a PREPARED transaction commits here, not {entry.state}",
+        )
+    if ask is Ask.COMMIT_TXNS and not committed and entry.state not in OPEN:
+        return Refused(
+            ErrorCode.INVALID_TXN_STATE, f"only an open transaction aborts, not {entry.state}"
+        )
+    return Admitted.PROCEED
+
+
+def _same_end(last: Ended, committed: bool | None) -> Admitted | Refused:
+    """A request naming the transaction that just ended is a retry when it asks the
+    same end (`committed`; None asks none). Else: 47 when the broker ended it (its
+    timeout passed), so the producer learns it is fenced; 48 when the client did."""
+    if committed is not None and last.committed == committed:
+        return Admitted.RETRY
+    if not last.by_client:
+        return Refused(
+            ErrorCode.INVALID_PRODUCER_EPOCH,
+            "the broker aborted the transaction (its timeout passed); this epoch is fenced",
+        )
+    return Refused(
+        ErrorCode.INVALID_TXN_STATE,
+        f"the transaction already ended ({'commit' if last.committed else 'abort'})",
+    )
+
+
+def _not_identified(
+    code: ErrorCode,
+    ask: Ask,
+    transactional_id: str,
+    pid: int,
+    epoch: int,
+    entry: TxnEntry | None,
+) -> Refused:
+    """The refusal of a request whose pid and epoch are not the entry's. A batch gets
+    the codes a transactional Produce answers with; the rest get `identify`'s."""
+    if ask is Ask.BATCH:
+        if code is ErrorCode.INVALID_PRODUCER_ID_MAPPING:
+            return Refused(
+                ErrorCode.INVALID_TXN_STATE,
+                f"producer id {pid} is not the one bound to transactional id {transactional_id!r}",
+            )
+        return Refused(
+            ErrorCode.INVALID_PRODUCER_EPOCH,
+            f"epoch {epoch} of producer {pid} is fenced: a newer instance took over",
+        )
+    if entry is None:
+        return Refused(
+            code, f"transactional id {transactional_id!r} is unknown: call InitProducerId"
+        )
+    current = f"current producer {entry.producer_id} epoch {entry.producer_epoch}"
+    if code == ErrorCode.PRODUCER_FENCED:
+        return Refused(code, f"producer {pid} epoch {epoch} was fenced ({current})")
+    if code == ErrorCode.INVALID_PRODUCER_EPOCH:
+        return Refused(code, f"epoch {epoch} of producer {pid} was never issued ({current})")
+    return Refused(code, f"producer {pid} is not bound to {transactional_id!r} ({current})")
 
 
 def initialized(

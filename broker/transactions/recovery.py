@@ -1,0 +1,114 @@
+"""The transaction coordinator's recovery, before the listener opens (docs/transactions.md).
+
+A crash can leave a transaction decided in `txn.wal` with markers missing, decided
+only by a marker (the decision shared its fsync round and was lost), or a
+partition holding a batch whose partition add was lost; this finishes, decides,
+adopts or aborts each, so no last stable offset stays stuck.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from broker.transactions.state import DECIDED, ENDED, ONGOING, OPEN, TxnEntry, with_partitions
+
+if TYPE_CHECKING:
+    from broker.transactions.coordinator import TransactionCoordinator
+
+log = logging.getLogger(f"minibroker.{__name__}")
+
+
+async def recover(coordinator: TransactionCoordinator, stamp: int) -> None:
+    """Before serving: finish every decided transaction, and abort any transaction a
+    partition holds open that no entry claims, so no last stable offset is stuck, and
+    drop pending offsets no open transaction claims, so no OffsetFetch with
+    require_stable waits for ever."""
+    for entry, committed in _decided_by_markers(coordinator):
+        # The decision shared its fsync round with the markers and was lost: a marker
+        # is only written for a decided transaction, so the one found decides it.
+        log.warning(
+            "event=txn_decided_by_marker id=%r committed=%s", entry.transactional_id, committed
+        )
+        await coordinator.end_transactions([entry], committed, "recovery")
+    decided_entries = [e for e in coordinator.entries.values() if e.state in DECIDED]
+    if decided_entries:
+        log.info("event=txn_recovery decided=%d", len(decided_entries))
+        await coordinator.complete(decided_entries)
+    claimed: set[tuple[int, str, int]] = set()
+    for entry in coordinator.entries.values():
+        if entry.state in OPEN:
+            claimed |= {(entry.producer_id, t, p) for t, p in entry.partitions}
+    for partition in coordinator.topics.all_partitions():
+        for pid in partition.producers.open_txns:
+            if (pid, partition.topic, partition.index) in claimed:
+                continue
+            owner_id = coordinator.owner_of(pid)
+            owner = None if owner_id is None else coordinator.entries.get(owner_id)
+            if (
+                owner is not None
+                and owner.producer_id == pid
+                and (owner.state == ONGOING or owner.state in ENDED)
+                and partition.producers.epoch_of(pid) == owner.producer_epoch
+            ):
+                # The current transaction's batch reached the disk and its partition
+                # add, which shared the round, did not: the batch is the transaction's
+                # (its pid and epoch say so), and a retry of it would be answered as a
+                # duplicate, so it is adopted rather than aborted.
+                log.warning(
+                    "event=txn_partition_adopted id=%r topic=%s partition=%d",
+                    owner.transactional_id,
+                    partition.topic,
+                    partition.index,
+                )
+                key = (partition.topic, partition.index)
+                await coordinator.persist([with_partitions(owner, {key}, stamp)])
+                continue
+            epoch = partition.producers.epoch_of(pid)
+            log.warning(
+                "event=txn_orphan_aborted topic=%s partition=%d producer_id=%d",
+                partition.topic,
+                partition.index,
+                pid,
+            )
+            offset = partition.append_marker(pid, 0 if epoch is None else epoch, False, stamp)
+            coordinator.counters.aborts["recovery"] += 1
+            partition.log.flush()
+            assert partition.log.flushed_offset > offset
+    for partition in coordinator.topics.all_partitions():
+        # txn.wal was synced at open and every decision made here was synced: no
+        # marker is needed to decide a transaction any more.
+        partition.producers.forget_markers()
+    claimed_groups = {
+        (group_id, entry.producer_id)
+        for entry in coordinator.entries.values()
+        if entry.state in OPEN
+        for group_id in entry.groups
+    }
+    orphans = sorted(coordinator.offsets.pending_owners() - claimed_groups)
+    for group_id, pid in orphans:
+        log.warning("event=txn_orphan_offsets_dropped group=%r producer_id=%d", group_id, pid)
+        coordinator.counters.aborts["recovery"] += 1
+    if orphans:
+        await coordinator.offsets.write_markers(
+            [(pid, [group_id], False) for group_id, pid in orphans]
+        )
+
+
+def _decided_by_markers(coordinator: TransactionCoordinator) -> list[tuple[TxnEntry, bool]]:
+    """Open transactions that a partition remembers a marker of (same pid and epoch),
+    found by the replay at open or kept by a snapshot taken after it, with that
+    marker's outcome."""
+    found = []
+    for entry in coordinator.entries.values():
+        if entry.state not in OPEN:
+            continue
+        for topic, index in sorted(entry.partitions):
+            partition = coordinator.topics.partition(topic, index)
+            marker = (
+                None if partition is None else partition.producers.last_marker(entry.producer_id)
+            )
+            if marker is not None and marker[0] == entry.producer_epoch:
+                found.append((entry, marker[1]))
+                break
+    return found

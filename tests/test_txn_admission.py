@@ -1,0 +1,103 @@
+"""Unit tests of the admission rules (broker/transactions/state.py `admission`): which
+request a transactional id's entry accepts in which state, without a broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.transactions.state import (
+    MARKERS_PENDING,
+    Admitted,
+    Ask,
+    Refused,
+    TxnEntry,
+    admission,
+    completed,
+    decided,
+    initialized,
+    prepared,
+    with_partitions,
+)
+from protocol.errors import ErrorCode
+
+EMPTY_ENTRY = initialized(None, "tx", 5, 0, 1000, 0, "User:alice")
+ONGOING_ENTRY = with_partitions(EMPTY_ENTRY, {("t", 0)}, 1)
+PREPARED_ENTRY = prepared(ONGOING_ENTRY, 100, 2)
+DECIDED_ENTRY = decided(ONGOING_ENTRY, True, (5, 1), 3)  # committed by the client
+ENDED_ENTRY = completed(DECIDED_ENTRY, 4)
+
+
+def code(verdict: Admitted | Refused) -> Admitted | ErrorCode:
+    return verdict.code if isinstance(verdict, Refused) else verdict
+
+
+@pytest.mark.parametrize(
+    ("entry", "ask", "committed", "expected"),
+    [
+        (ONGOING_ENTRY, Ask.BATCH, None, Admitted.PROCEED),
+        (EMPTY_ENTRY, Ask.OFFSETS, None, Admitted.PROCEED),
+        (PREPARED_ENTRY, Ask.BATCH, None, ErrorCode.INVALID_TXN_STATE),
+        (PREPARED_ENTRY, Ask.OFFSETS, None, ErrorCode.INVALID_TXN_STATE),
+        (PREPARED_ENTRY, Ask.PREPARE, None, Admitted.PROCEED),
+        (ONGOING_ENTRY, Ask.END, True, Admitted.PROCEED),
+        (EMPTY_ENTRY, Ask.END, False, Admitted.PROCEED),
+        (PREPARED_ENTRY, Ask.COMMIT_TXNS, True, Admitted.PROCEED),
+        (ONGOING_ENTRY, Ask.COMMIT_TXNS, True, ErrorCode.INVALID_TXN_STATE),
+        (ONGOING_ENTRY, Ask.COMMIT_TXNS, False, Admitted.PROCEED),
+        (EMPTY_ENTRY, Ask.COMMIT_TXNS, False, ErrorCode.INVALID_TXN_STATE),
+    ],
+)
+def test_each_request_is_accepted_in_its_states(
+    entry: TxnEntry, ask: Ask, committed: bool | None, expected: object
+) -> None:
+    verdict = admission(
+        entry, "tx", entry.producer_id, entry.producer_epoch, ask, committed=committed
+    )
+    assert code(verdict) == expected
+
+
+@pytest.mark.parametrize("ask", [Ask.BATCH, Ask.OFFSETS, Ask.PREPARE, Ask.COMMIT_TXNS])
+def test_nothing_but_end_txn_passes_markers_being_written(ask: Ask) -> None:
+    verdict = admission(DECIDED_ENTRY, "tx", 5, 1, ask, committed=True)
+    assert verdict == MARKERS_PENDING
+    assert admission(DECIDED_ENTRY, "tx", 5, 1, Ask.END, committed=True) is Admitted.FINISH_FIRST
+
+
+@pytest.mark.parametrize("entry", [DECIDED_ENTRY, ENDED_ENTRY])
+def test_the_transaction_that_just_ended_is_retried_only_with_the_same_end(
+    entry: TxnEntry,
+) -> None:
+    for ask in (Ask.END, Ask.COMMIT_TXNS):
+        assert admission(entry, "tx", 5, 0, ask, committed=True) is Admitted.RETRY
+        assert code(admission(entry, "tx", 5, 0, ask, committed=False)) == (
+            ErrorCode.INVALID_TXN_STATE
+        )
+    assert code(admission(entry, "tx", 5, 0, Ask.PREPARE)) == ErrorCode.INVALID_TXN_STATE
+    joined = admission(entry, "tx", 5, 0, Ask.BATCH)
+    assert isinstance(joined, Refused) and joined.last_ended
+    assert joined.code == ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+def test_a_transaction_the_broker_aborted_fences_its_producer() -> None:
+    timed_out = decided(ONGOING_ENTRY, False, (5, 1), 3, by_client=False)
+    verdict = admission(timed_out, "tx", 5, 0, Ask.END, committed=True)
+    assert code(verdict) == ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+def test_a_batch_of_an_unknown_or_fenced_producer_gets_produce_codes() -> None:
+    assert code(admission(EMPTY_ENTRY, "tx", 6, 0, Ask.BATCH)) == ErrorCode.INVALID_TXN_STATE
+    assert code(admission(ENDED_ENTRY, "tx", 5, 5, Ask.BATCH)) == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert code(admission(None, "tx", 5, 0, Ask.END, committed=True)) == (
+        ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    )
+    assert code(admission(ENDED_ENTRY, "tx", 5, 0, Ask.OFFSETS)) == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert code(admission(ONGOING_ENTRY, "tx", 5, 3, Ask.END, committed=True)) == (
+        ErrorCode.INVALID_PRODUCER_EPOCH
+    )
+
+
+def test_another_principal_is_refused_where_it_is_checked() -> None:
+    assert code(admission(ONGOING_ENTRY, "tx", 5, 0, Ask.OFFSETS, principal="User:bob")) == (
+        ErrorCode.INVALID_PRODUCER_ID_MAPPING
+    )
+    assert admission(ONGOING_ENTRY, "tx", 5, 0, Ask.BATCH) is Admitted.PROCEED
