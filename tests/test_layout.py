@@ -150,3 +150,32 @@ def test_broker_rooms_import_each_other_without_a_circle() -> None:
     order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
     assert order.index("broker.storage") < order.index("broker.partition")
     assert order.index("broker.handlers") < order.index("broker.network")
+
+
+CLIENT = ROOT / "client"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The modules a file imports, `from a import b` read as a.b when b is a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if (ROOT / node.module.replace(".", "/") / f"{a.name}.py").is_file()
+            )
+    return found
+
+
+def test_the_transaction_manager_is_pure_and_beside_the_accumulator() -> None:
+    """The transaction manager takes answers in and hands batches out, as the accumulator
+    does: no event loop, no socket, no I/O module of the client. The accumulator asks it
+    through `TransactionGate` and never imports it, so the two make no circle."""
+    io = {"anyio", "trio", "asyncio", "socket", "client.sender", "client.connection"}
+    manager = _imported_modules(CLIENT / "transaction_manager.py")
+    assert {m for m in manager if m in io or m.split(".")[0] in io} == set()
+    assert "client.transaction_manager" not in _imported_modules(CLIENT / "accumulator.py")
