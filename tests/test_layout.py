@@ -179,3 +179,29 @@ def test_the_transaction_manager_is_pure_and_beside_the_accumulator() -> None:
     manager = _imported_modules(CLIENT / "transaction_manager.py")
     assert {m for m in manager if m in io or m.split(".")[0] in io} == set()
     assert "client.transaction_manager" not in _imported_modules(CLIENT / "accumulator.py")
+
+
+def _private_uses_of_the_core(face: str, path: Path) -> list[str]:
+    """`_name`s that class `face` reads off its async core (`self._core`, or `core`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == face)
+    found = []
+    for node in ast.walk(cls):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id == "core") or (
+            isinstance(owner, ast.Attribute)
+            and owner.attr == "_core"
+            and isinstance(owner.value, ast.Name)
+            and owner.value.id == "self"
+        ):
+            found.append(f"{face} line {node.lineno}: {node.attr}")
+    return found
+
+
+def test_the_sync_consumer_uses_only_the_async_ones_public_api() -> None:
+    """The sync Consumer is a face: what it needs of AsyncConsumer is public, so the core
+    can change inside without the face (its rebalance, with the listener called on the
+    polling thread, is the core's own, reached through PortalThread.call_serving)."""
+    assert _private_uses_of_the_core("Consumer", CLIENT / "consumer.py") == []
