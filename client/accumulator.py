@@ -30,19 +30,17 @@ Idempotence, per partition:
   sequence changes).
 - INVALID_PRODUCER_EPOCH and PRODUCER_FENCED are fatal for every batch.
 
-Transactions (a `transactional` accumulator, Kafka's TransactionManager states
-in `TxnState`): appends are accepted only in IN_TRANSACTION, and every batch is
-stamped transactional. There is no KIP-360 bump inside a transaction (an
-InitProducerId would abort it on the broker): a batch that fails for good,
-OUT_OF_ORDER_SEQUENCE_NUMBER and UNKNOWN_PRODUCER_ID included, makes the
-transaction abortable instead: its queued batches fail at once, later appends
-are refused and commit is refused, so no transaction with a lost batch is ever
-committed. EndTxn's answer brings the next epoch, adopted with sequences
-restarting at 0. INVALID_PRODUCER_ID_MAPPING is fatal too. The producer sends
-InitProducerId, EndTxn and PrepareTxn itself and reports the answers here.
+Transactions: a `transactional` accumulator stamps every batch transactional and
+asks its transaction manager (`TransactionGate`, client/transaction_manager.py)
+what the transaction decides for its batches: whether a batch that failed for
+good makes it abortable, whether queued batches may expire, whether a failed
+batch is retried. There is no KIP-360 bump inside a transaction (an
+InitProducerId would abort it on the broker). INVALID_PRODUCER_ID_MAPPING is
+fatal too.
 
 Thread safety: `append` runs on the caller's thread (the sync face's hot path)
-while the rest runs on the I/O thread, so every method takes `lock`. Batch
+while the rest runs on the I/O thread, so every method takes `lock`, but for
+the ones the transaction manager calls while it holds it (they say so). Batch
 completion (events, callbacks) happens outside the lock, in `ProducerBatch.notify`.
 """
 
@@ -55,25 +53,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgpack
 
 from client.errors import (
     FENCING_CODES,
-    MEMBER_ERRORS,
     TXN_FATAL_CODES,
     ConnectionLostError,
     DeliveryTimeoutError,
-    IllegalStateError,
     MinibrokerError,
     MinibrokerTimeoutError,
     RecordTooLargeError,
-    TransactionAbortableError,
     TransactionAbortedError,
-    TxnOffsetCommitFailedError,
     error_for,
 )
 from client.types import BatchMetadata, RecordMetadata
@@ -400,25 +393,25 @@ class BatchFuture:
         return [b.batch_metadata() for b in self.batches]
 
 
-class TxnState(Enum):
-    """Where a transactional producer is (Kafka's TransactionManager states, plus prepare)."""
+class TransactionGate(Protocol):
+    """What a transactional accumulator asks its transaction manager, under `lock`."""
 
-    UNINITIALIZED = "uninitialized"  # no usable pid/epoch: init_transactions() first
-    INITIALIZING = "initializing"
-    READY = "ready"  # between transactions
-    IN_TRANSACTION = "in_transaction"
-    COMMITTING = "committing"
-    ABORTING = "aborting"
-    PREPARING = "preparing"
-    PREPARED = "prepared"  # handed over: someone commits or aborts it by its TxnHandle
-    ABORTABLE_ERROR = "abortable_error"  # a batch failed: only an abort is possible
-    FATAL_ERROR = "fatal_error"  # fenced: the producer is unusable
+    @property
+    def aborting(self) -> bool:
+        """Whether the transaction is lost, so a failed batch is neither retried nor split."""
 
+    @property
+    def commit_landed(self) -> bool:
+        """Whether a commit naming the last sequences landed: every batch is written."""
 
-# States in which the transaction's batches go out without lingering, and are waited for.
-_ENDING = frozenset({TxnState.COMMITTING, TxnState.ABORTING, TxnState.PREPARING})
-# States in which a failing batch makes the transaction abortable.
-_ONGOING = frozenset({TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.PREPARING})
+    def may_expire(self) -> bool:
+        """Whether queued batches may expire (not while a commit is in doubt)."""
+
+    def batch_failed(self, error: BaseException, done: list[ProducerBatch]) -> None:
+        """A batch failed for good: the transaction decides what that costs it."""
+
+    def fenced(self) -> None:
+        """The producer became unusable (fatal error)."""
 
 
 class _PartitionState:
@@ -503,21 +496,10 @@ class RecordAccumulator:
         self._bump_needed = False
         self.fatal_error: MinibrokerError | None = None
         self.closed = False
-        # Why appends fail: fatal error, closed, or (transactional) no transaction begun.
+        # Why appends fail: fatal error, closed, or (transactional) no transaction begun,
+        # which the transaction manager says (`refuse`).
         self._refused: MinibrokerError | None = None
-        self.txn_state: TxnState | None = None
-        self._txn_error: MinibrokerError | None = None  # the first failure of the transaction
-        # The last sequences named by an EndTxn(commit) that went out behind the batches and
-        # has not been answered: the broker may have committed, after which a batch's
-        # failure (a resend fenced, or timed out while the broker was down) says nothing
-        # about the transaction. Only an answer to that EndTxn ends the doubt.
-        self._commit_in_doubt: dict[tuple[str, int], int] | None = None
-        self._doubt_failure: BaseException | None = None  # the first batch failure meanwhile
-        # That EndTxn committed: every batch of the transaction is in the log, and one still
-        # unanswered is resent only to learn its offset.
-        self._commit_landed = False
-        if transactional:
-            self._enter(TxnState.UNINITIALIZED)
+        self._txn: TransactionGate | None = None  # set by the transaction manager
 
         self._topics: dict[str, dict[int, _PartitionState]] = {}
         self._states: list[_PartitionState] = []
@@ -845,7 +827,7 @@ class RecordAccumulator:
             if batch.finished:
                 return []
             done: list[ProducerBatch] = []
-            if self._commit_landed and error != ErrorCode.NONE:
+            if error != ErrorCode.NONE and self._txn is not None and self._txn.commit_landed:
                 self._fail(batch, error_for(error, f"produce to {batch.topic}", message), done)
             elif error == ErrorCode.NONE or (
                 error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER and self.idempotent
@@ -948,15 +930,15 @@ class RecordAccumulator:
             return done
 
     def _expiring(self) -> bool:
-        """Whether batches expire now: not while a commit is in doubt, since committed or
-        not, the broker's answer to its EndTxn settles them."""
-        return self._commit_in_doubt is None or self._commit_landed
+        """Whether batches expire now (expire() and next_deadline() alike): not while the
+        transaction manager holds a commit in doubt."""
+        return self._txn is None or self._txn.may_expire()
 
     def fail_all(self, error: MinibrokerError, *, fatal: bool = False) -> list[ProducerBatch]:
         """Finish every unfinished batch with `error`; `fatal` also refuses all later records."""
         with self.lock:
             if fatal:
-                self._set_fatal(error)
+                self.set_fatal(error)
             done: list[ProducerBatch] = []
             self._fail_everything(error, done)
             return done
@@ -980,7 +962,7 @@ class RecordAccumulator:
         backoff: bool,
         done: list[ProducerBatch],
     ) -> None:
-        if self.txn_state in (TxnState.ABORTING, TxnState.ABORTABLE_ERROR):
+        if self._txn is not None and self._txn.aborting:
             self._finish(batch, TransactionAbortedError("the transaction was aborted"), -1, done)
             return
         if batch.attempts > self.retries:
@@ -1016,7 +998,7 @@ class RecordAccumulator:
             batch.record_count < 2
             or batch.payload is not None
             or batch.parent is not None
-            or self.txn_state in (TxnState.ABORTING, TxnState.ABORTABLE_ERROR)
+            or (self._txn is not None and self._txn.aborting)
         ):
             return False
         records = msgpack.unpackb(join_records(batch.parts, batch.record_count), raw=False)
@@ -1097,39 +1079,21 @@ class RecordAccumulator:
                 self._finish(parent, first_error, parent.pieces[0].base_offset, done)
 
     def _fail(self, batch: ProducerBatch, error: BaseException, done: list[ProducerBatch]) -> None:
-        if self.transactional:
-            if self._commit_landed:
+        txn = self._txn
+        if txn is not None:
+            if txn.commit_landed:
                 self._finish(batch, None, -1, done)  # written, whatever befell this resend
                 return
             self._finish(batch, error, -1, done)
-            if self._commit_in_doubt is not None:
-                self._doubt_failure = self._doubt_failure or error
-            elif self.txn_state in _ONGOING:
-                self._make_abortable(error, done)
+            txn.batch_failed(error, done)
             return
         if self.idempotent and batch.sequence is not None:
             # Its sequence range is now a hole the broker will never see filled.
             self._bump_needed = True
         self._finish(batch, error, -1, done)
 
-    def _make_abortable(
-        self,
-        cause: BaseException,
-        done: list[ProducerBatch],
-        kind: type[TransactionAbortableError] = TransactionAbortableError,
-    ) -> None:
-        """The transaction lost a batch (or its offsets): fail its queued ones now and allow
-        only an abort."""
-        self._txn_error = kind(
-            f"the transaction must be aborted: {cause}", getattr(cause, "code", None)
-        )
-        self._enter(TxnState.ABORTABLE_ERROR)
-        self._drop_queued(
-            TransactionAbortedError(f"not sent: the transaction failed ({cause})"), done
-        )
-
-    def _drop_queued(self, error: MinibrokerError, done: list[ProducerBatch]) -> None:
-        """Fail every batch not in flight with `error`."""
+    def fail_queued(self, error: MinibrokerError, done: list[ProducerBatch]) -> None:
+        """Fail every batch not in flight with `error` (the transaction manager holds `lock`)."""
         for state in self._states:
             while state.queue:
                 batch = state.queue.popleft()
@@ -1137,18 +1101,17 @@ class RecordAccumulator:
                     state.open = None
                 self._finish(batch, error, -1, done)
 
-    def _set_fatal(self, error: MinibrokerError) -> None:
+    def set_fatal(self, error: MinibrokerError) -> None:
+        """Refuse every later record with `error` (the caller holds `lock`)."""
         self.fatal_error = self._refused = error
-        self._commit_in_doubt = self._doubt_failure = None
-        self._commit_landed = False
+        if self._txn is not None:
+            self._txn.fenced()
         if self._space_waiters:
             self._space.notify_all()
-        if self.transactional:
-            self.txn_state = TxnState.FATAL_ERROR
 
     def _fail_everything(self, error: MinibrokerError, done: list[ProducerBatch]) -> None:
         if error.code in (TXN_FATAL_CODES if self.transactional else FENCING_CODES):
-            self._set_fatal(error)
+            self.set_fatal(error)
         for state in self._states:
             state.queue.clear()
             state.open = None
@@ -1179,9 +1142,10 @@ class RecordAccumulator:
         with self.lock:
             if self.producer_id >= 0:
                 self.metrics["epoch_bumps"] += 1
-            self._adopt(producer_id, producer_epoch)
+            self.adopt(producer_id, producer_epoch)
 
-    def _adopt(self, producer_id: int, producer_epoch: int) -> None:
+    def adopt(self, producer_id: int, producer_epoch: int) -> None:
+        """Take the id and epoch, sequences restarting at 0 (the caller holds `lock`)."""
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
         self._needs_producer_id = False
@@ -1204,318 +1168,57 @@ class RecordAccumulator:
         with self.lock:
             self._needs_producer_id = True
 
-    # ------------------------------------------------------------------ transactions
+    # ------------------------------------------------------------------ for transactions
 
-    def _enter(self, state: TxnState) -> None:
-        """Move to `state`: batches go out without lingering while a transaction ends, and
-        appends are refused with the error that says why, outside IN_TRANSACTION."""
-        was_ending = self.txn_state in _ENDING
-        self.txn_state = state
-        if state is not TxnState.COMMITTING:
-            self._commit_in_doubt = self._doubt_failure = None
-            self._commit_landed = False
-        if (state in _ENDING) != was_ending:
-            self._flushing += 1 if not was_ending else -1
-            if not was_ending:
-                self._sender_wake_at = -math.inf
-                self.wakeup()
-        if self.fatal_error is not None or self.closed:
-            return
-        if state is TxnState.IN_TRANSACTION:
-            self._refused = None
-        elif state is TxnState.ABORTABLE_ERROR:
-            self._refused = self._txn_error
-        elif state is TxnState.READY:
-            self._refused = IllegalStateError(
-                "send() outside a transaction: call begin_transaction() first"
-            )
-        elif state is TxnState.PREPARED:
-            self._refused = IllegalStateError(
-                "the transaction is prepared: no more records; init_transactions() starts afresh"
-            )
-        elif state in _ENDING:
-            self._refused = IllegalStateError(
-                f"the transaction is {state.value}: begin the next one first"
-            )
-        else:
-            self._refused = IllegalStateError("call init_transactions() first")
-        if self._refused is not None and self._space_waiters:
+    def attach_transactions(self, gate: TransactionGate) -> None:
+        """Ask `gate`, the transaction manager, about the batches (it holds `lock`)."""
+        self._txn = gate
+
+    def refuse(self, error: MinibrokerError | None) -> None:
+        """Refuse appends with `error`, or accept them (the caller holds `lock`)."""
+        self._refused = error
+        if error is not None and self._space_waiters:
             self._space.notify_all()
 
-    def _txn_require(self, call: str, *states: TxnState) -> None:
-        """Raise unless the producer is in one of `states` (the fatal error when fenced)."""
-        if not self.transactional:
-            raise IllegalStateError(f"{call} needs a transactional producer (transactional_id)")
-        if self.fatal_error is not None:
-            raise self.fatal_error
-        if self.closed:
-            raise MinibrokerError("producer is closed")
-        if self.txn_state not in states:
-            assert self.txn_state is not None
-            if self.txn_state is TxnState.ABORTABLE_ERROR and self._txn_error is not None:
-                raise self._txn_error
-            if self.txn_state is TxnState.COMMITTING:
-                raise IllegalStateError(
-                    f"{call} is not allowed while commit_transaction() has not finished: the "
-                    "broker may have committed the transaction, so call commit_transaction() "
-                    "again to learn the outcome (it is safe to repeat)"
-                )
-            raise IllegalStateError(f"{call} is not allowed when {self.txn_state.value}")
+    def set_ending(self, ending: bool) -> None:
+        """A transaction starts or stops ending: its batches go out without lingering
+        meanwhile (the caller holds `lock`)."""
+        if ending:
+            self._flushing += 1
+            self._sender_wake_at = -math.inf
+            self.wakeup()
+        else:
+            self._flushing -= 1
 
-    def _txn_answer_error(self, error: int, context: str, message: str | None) -> MinibrokerError:
-        """The exception for a failed transactional request; a fencing code is fatal."""
-        exc = error_for(error, context, message)
-        if error in TXN_FATAL_CODES:
-            # No batch is unfinished: these requests go out only once all were answered.
-            self._set_fatal(exc)
-        return exc
+    def unfinished_batches(self) -> list[ProducerBatch]:
+        """The batches not finished yet (the caller holds `lock`)."""
+        return list(self._incomplete)
 
-    def begin_init(self) -> None:
-        """init_transactions() starts: fresh, between transactions, or after a prepare."""
-        with self.lock:
-            self._txn_require(
-                "init_transactions()",
-                TxnState.UNINITIALIZED,
-                TxnState.INITIALIZING,
-                TxnState.READY,
-                TxnState.PREPARED,
-            )
-            self._enter(TxnState.INITIALIZING)
+    def last_sequences(self) -> dict[tuple[str, int], int] | None:
+        """Each partition's last sequence at this epoch when every batch was sent and no
+        epoch bump or fatal error stands in the way, else None (the caller holds `lock`)."""
+        if (
+            self.fatal_error is not None
+            or self._bump_needed
+            or any(state.queue for state in self._states)
+        ):
+            return None
+        return {
+            (topic, partition): state.last_sequence
+            for topic, states in self._topics.items()
+            for partition, state in states.items()
+            if state.last_sequence is not None
+        }
 
-    def on_init(
-        self, error: int, producer_id: int, producer_epoch: int, message: str | None
-    ) -> None:
-        """InitProducerId's answer: adopt the id and epoch, or raise (fatal when fenced)."""
-        with self.lock:
-            if error == ErrorCode.NONE:
-                self._adopt(producer_id, producer_epoch)
-                self._enter(TxnState.READY)
-                return
-            exc = self._txn_answer_error(error, "InitProducerId", message)
-            if self.fatal_error is None:
-                self._enter(TxnState.UNINITIALIZED)
-            raise exc
-
-    def begin_transaction(self) -> None:
-        with self.lock:
-            self._txn_require("begin_transaction()", TxnState.READY)
-            self._txn_error = None
-            self._enter(TxnState.IN_TRANSACTION)
-
-    def begin_commit(self) -> list[ProducerBatch]:
-        """commit_transaction() starts: no more appends; returns the batches to wait for.
-
-        Also resumes a commit that timed out. An abortable transaction raises its error."""
-        with self.lock:
-            self._txn_require(
-                "commit_transaction()",
-                TxnState.IN_TRANSACTION,
-                TxnState.PREPARED,
-                TxnState.COMMITTING,
-            )
-            self._enter(TxnState.COMMITTING)
-            return list(self._incomplete)
-
-    def begin_prepare(self) -> list[ProducerBatch]:
-        """prepare_transaction() starts: as begin_commit, for a PrepareTxn."""
-        with self.lock:
-            self._txn_require("prepare_transaction()", TxnState.IN_TRANSACTION, TxnState.PREPARING)
-            self._enter(TxnState.PREPARING)
-            return list(self._incomplete)
-
-    def begin_abort(self) -> tuple[list[ProducerBatch], list[ProducerBatch]]:
-        """abort_transaction() starts: queued batches fail with TransactionAbortedError.
-
-        Returns (the in-flight batches to wait for, the batches finished now)."""
-        with self.lock:
-            self._txn_require(
-                "abort_transaction()",
-                TxnState.IN_TRANSACTION,
-                TxnState.ABORTABLE_ERROR,
-                TxnState.PREPARING,
-                TxnState.PREPARED,
-                TxnState.ABORTING,
-            )
-            self._enter(TxnState.ABORTING)
-            done: list[ProducerBatch] = []
-            self._drop_queued(TransactionAbortedError("the transaction was aborted"), done)
-            return list(self._incomplete), done
-
-    def all_sent(self) -> bool:
-        """Whether no batch waits to be sent (each unfinished one is in flight)."""
-        with self.lock:
-            return not any(state.queue for state in self._states)
-
-    def commit_sequences(self) -> dict[tuple[str, int], int] | None:
-        """While committing with every batch sent and none failed: each partition's last
-        sequence of the transaction, for an EndTxn sent right behind the last Produce
-        (the broker commits only if its log ends there). None when the commit must wait
-        for the answers instead: a batch failed or waits to be sent, or nothing was sent.
-        The caller sends that EndTxn: from here until its answer, the commit is in doubt.
-
-        A pid and epoch name one transaction and sequences restart at each, so a
-        partition's last sequence covers every batch the transaction sent there."""
-        with self.lock:
-            if (
-                self.txn_state is not TxnState.COMMITTING
-                or self.fatal_error is not None
-                or self._bump_needed
-                or any(state.queue for state in self._states)
-            ):
-                return None
-            sequences = {
-                (topic, partition): state.last_sequence
-                for topic, states in self._topics.items()
-                for partition, state in states.items()
-                if state.last_sequence is not None
-            }
-            if sequences:
-                self._commit_in_doubt = sequences
-            return sequences or None
-
-    @property
-    def commit_in_doubt(self) -> dict[tuple[str, int], int] | None:
-        """The last sequences of an EndTxn(commit) sent behind the batches and not answered
-        (the transaction may be committed), or None."""
-        with self.lock:
-            return self._commit_in_doubt
-
-    def on_commit_landed(self) -> None:
-        """The EndTxn naming the last sequences committed (its answer is not applied yet):
-        the log holds every batch of the transaction. A batch still unanswered is resent
-        only to learn its offset; expiry or a refusal finishes it as written, offset -1."""
-        with self.lock:
-            assert self._commit_in_doubt is not None
-            self._commit_landed = True
-
-    def on_commit_refused(self) -> list[ProducerBatch]:
-        """The broker answered the EndTxn behind the batches without committing (it then
-        changed nothing): the doubt ends, and a batch that failed meanwhile makes the
-        transaction abortable after all. Returns the batches finished now."""
-        with self.lock:
-            failure = self._doubt_failure
-            self._commit_in_doubt = self._doubt_failure = None
-            done: list[ProducerBatch] = []
-            if failure is not None and self.txn_state in _ONGOING:
-                self._make_abortable(failure, done)
-            return done
-
-    def check_flushed(self) -> None:
-        """Before EndTxn(commit) or PrepareTxn: raise if any batch of the transaction failed
-        (TransactionAbortableError) or is still unfinished."""
-        with self.lock:
-            if self.fatal_error is not None:
-                raise self.fatal_error
-            if self.txn_state is TxnState.ABORTABLE_ERROR:
-                assert self._txn_error is not None
-                raise self._txn_error
-            if self._incomplete:
-                raise IllegalStateError(f"{len(self._incomplete)} batch(es) still unfinished")
-
-    def on_end(
-        self,
-        committed: bool,
-        error: int,
-        producer_id: int,
-        producer_epoch: int,
-        message: str | None,
-    ) -> list[ProducerBatch]:
-        """EndTxn's answer. Success brings the next transaction's pid and epoch (sequences
-        restart at 0). A failed commit leaves the transaction abortable; a failed abort
-        leaves the epoch unknown, so init_transactions() is needed; fencing is fatal.
-        Returns the batches finished now (a commit's whose answers were lost)."""
-        with self.lock:
-            if error == ErrorCode.NONE:
-                done: list[ProducerBatch] = []
-                if committed and self._commit_in_doubt is not None:
-                    self._settle_committed(done)
-                self._adopt(producer_id, producer_epoch)
-                self._txn_error = None
-                self.metrics["transactions_committed" if committed else "transactions_aborted"] += 1
-                self._enter(TxnState.READY)
-                return done
-            verb = "commit" if committed else "abort"
-            exc = self._txn_answer_error(error, f"EndTxn({verb})", message)
-            if self.fatal_error is not None:
-                raise exc
-            if committed:
-                self._txn_error = TransactionAbortableError(
-                    f"the transaction must be aborted: {exc}", error
-                )
-                self._enter(TxnState.ABORTABLE_ERROR)
-                raise self._txn_error
-            self._enter(TxnState.UNINITIALIZED)
-            raise exc
-
-    def _settle_committed(self, done: list[ProducerBatch]) -> None:
-        """An EndTxn naming the last sequences committed: the broker's log held every batch
-        up to them, so a batch still unanswered was written (its offset unknown, -1, as
-        for a duplicate whose original is no longer cached) and is not sent again: under
-        the next epoch it would be a new batch."""
+    def finish_as_written(self, done: list[ProducerBatch]) -> None:
+        """Finish every unanswered batch as written, offset unknown (-1), and send nothing
+        more: a commit naming the last sequences landed (the caller holds `lock`)."""
         for state in self._states:
             state.queue.clear()
             state.open = None
         for batch in list(self._incomplete):
             if batch.pieces is None and not batch.finished:
                 self._finish(batch, None, -1, done)
-        if self._doubt_failure is not None:
-            log.warning(
-                "the transaction committed with every batch in the log, but a batch reported "
-                "a failure before the commit's answer: %s",
-                self._doubt_failure,
-            )
-
-    def on_prepare(self, error: int, message: str | None) -> tuple[int, int]:
-        """PrepareTxn's answer: the prepared (pid, epoch), or raise (abortable or fatal)."""
-        with self.lock:
-            if error == ErrorCode.NONE:
-                self._enter(TxnState.PREPARED)
-                return self.producer_id, self.producer_epoch
-            exc = self._txn_answer_error(error, "PrepareTxn", message)
-            if self.fatal_error is not None:
-                raise exc
-            self._txn_error = TransactionAbortableError(
-                f"the transaction must be aborted: {exc}", error
-            )
-            self._enter(TxnState.ABORTABLE_ERROR)
-            raise self._txn_error
-
-    def begin_send_offsets(self) -> None:
-        """send_offsets_to_transaction() starts: only inside a begun transaction."""
-        with self.lock:
-            self._txn_require("send_offsets_to_transaction()", TxnState.IN_TRANSACTION)
-
-    def on_send_offsets(
-        self, error: int, message: str | None
-    ) -> tuple[MinibrokerError | None, list[ProducerBatch]]:
-        """TxnOffsetCommit's answer: (the error to raise or None, the batches finished now).
-
-        Fencing is fatal. Any other refusal leaves the transaction abortable, its queued
-        batches failed: TxnOffsetCommitFailedError when the group refused the consumer's
-        member (fenced, stale or unknown, or its instance id taken over), as Kafka's
-        CommitFailedException there (and its abortable FencedInstanceIdException)."""
-        with self.lock:
-            if error == ErrorCode.NONE:
-                return None, []
-            exc = self._txn_answer_error(error, "TxnOffsetCommit", message)
-            if self.fatal_error is not None:
-                return exc, []
-            done: list[ProducerBatch] = []
-            if self.txn_state in _ONGOING:
-                refused_member = error in MEMBER_ERRORS or error == ErrorCode.FENCED_INSTANCE_ID
-                kind = TxnOffsetCommitFailedError if refused_member else TransactionAbortableError
-                self._make_abortable(exc, done, kind)
-            return self._txn_error or exc, done
-
-    @property
-    def transaction_open(self) -> bool:
-        """Whether a transaction was begun and is neither ended nor prepared (or being so)."""
-        return self.txn_state in (
-            TxnState.IN_TRANSACTION,
-            TxnState.ABORTABLE_ERROR,
-            TxnState.PREPARING,
-            TxnState.ABORTING,
-        )
 
     # ------------------------------------------------------------------ flush / close
 
@@ -1542,16 +1245,15 @@ class RecordAccumulator:
             self._sender_wake_at = -math.inf
             self.wakeup()
 
+    def all_sent(self) -> bool:
+        """Whether no batch waits to be sent (each unfinished one is in flight)."""
+        with self.lock:
+            return not any(state.queue for state in self._states)
+
     def incomplete(self) -> list[ProducerBatch]:
         """The batches not finished yet."""
         with self.lock:
             return list(self._incomplete)
-
-    @property
-    def failed_in_doubt(self) -> bool:
-        """Whether a batch failed while a commit was in doubt."""
-        with self.lock:
-            return self._doubt_failure is not None
 
     @property
     def unfinished(self) -> int:

@@ -18,9 +18,10 @@ up only after `on_partitions_revoked` returned (and, with enable_auto_commit,
 its position was committed), and records of a revoked partition are never
 returned after that callback.
 
-`Consumer` is the same core on a daemon thread's event loop, with kafka-python's
-`poll()` and iteration; its rebalance callbacks are plain functions run on the
-caller's thread.
+`Consumer` is the same core on a daemon thread's event loop, driven only through
+its public methods, with kafka-python's `poll()` and iteration; its rebalance
+callbacks are plain functions run on the caller's thread, which waits for the core
+in `PortalThread.call_serving` meanwhile.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -139,6 +140,17 @@ def _steps(changes: Changes) -> list[tuple[str, Partitions]]:
     return [(step, partitions) for step, partitions in steps if partitions]
 
 
+class HeldRecords(Protocol):
+    """Records a face took from the consumer and has not returned to the application
+    yet (the sync Consumer's local buffer): commits count only what it received."""
+
+    def unreturned(self) -> dict[TopicPartition, int]:
+        """The offset of each partition's first record held."""
+
+    def give_back(self, partitions: Partitions) -> dict[TopicPartition, int]:
+        """Drop the records held of `partitions`: the offset of each one's first."""
+
+
 class AsyncConsumer:
     """Kafka-style consumer for asyncio, uvloop and trio programs (aiokafka-like API)."""
 
@@ -148,10 +160,13 @@ class AsyncConsumer:
         topics: Iterable[str] | None = None,
         listener: ConsumerRebalanceListener | None = None,
         bootstrap_servers: str | Sequence[str] = "127.0.0.1:9092",
+        held: HeldRecords | None = None,
         **config: Any,
     ) -> None:
         """Topic names (positional or `topics=`) are subscribed with a `group_id`, else
-        assigned all their partitions; TopicPartitions are assigned."""
+        assigned all their partitions; TopicPartitions are assigned. `held` is for a face
+        that hands records out itself, holding some back (the sync Consumer): what is
+        held is not consumed, for commits and rebalances."""
         for name, where in BROKER_SIDE_GROUP_SETTINGS.items():
             if name in config:
                 raise ValueError(
@@ -211,6 +226,7 @@ class AsyncConsumer:
         self._from_committed: set[TopicPartition] = set()  # to start at the committed offset
         self._next_auto_commit_ms = monotonic_ms() + cfg.auto_commit_interval_ms
         self._auto_committed: dict[TopicPartition, int] = {}
+        self._held = held
         if names and cfg.group_id:
             if partitions:
                 raise ValueError("name topics to subscribe or partitions to assign, not both")
@@ -416,6 +432,25 @@ class AsyncConsumer:
 
     # ------------------------------------------------------------------ consuming
 
+    @property
+    def rebalance_due(self) -> bool:
+        """Whether the next poll has partitions to lose, revoke or take (`poll_group`)."""
+        return self._coordinator is not None and self._coordinator.rebalance_due
+
+    async def poll_group(self) -> None:
+        """What each poll does for the group before it returns records, as Kafka's does:
+        restart max_poll_interval_ms, go through a due rebalance with the listener's
+        callbacks, auto-commit when due. `getmany` calls it; a face that hands out records
+        it holds calls it before it does."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            return
+        coordinator.membership.polled(monotonic_ms())
+        if coordinator.rebalance_due:
+            await self._rebalance(coordinator.membership.pending())
+        if self._auto_commit_due():
+            self._auto_commit(self._consumed_positions())
+
     async def getmany(
         self,
         *partitions: TopicPartition,
@@ -427,32 +462,11 @@ class AsyncConsumer:
         At most `max_records` (default max_poll_records) in total, taken
         round-robin across partitions; limited to `partitions` when given. A subscribed
         consumer runs its rebalance callbacks and auto-commits here, as Kafka's poll does."""
-        return await self._poll(partitions, timeout_ms, max_records, group_work=True)
-
-    async def _poll(
-        self,
-        partitions: Sequence[TopicPartition],
-        timeout_ms: float,
-        max_records: int | None,
-        *,
-        group_work: bool,
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """getmany(); without `group_work` (the sync face, which does it on its own thread)
-        it returns early, empty, when a rebalance is due."""
         self._check_running()
         limit = max_records or self.config.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
-        coordinator = self._coordinator
         while True:
-            if coordinator is not None:
-                coordinator.membership.polled(monotonic_ms())
-                if group_work:
-                    if coordinator.rebalance_due:
-                        await self._rebalance(coordinator.membership.pending())
-                    if self._auto_commit_due():
-                        self._auto_commit(self._consumed_positions())
-                elif coordinator.rebalance_due:
-                    return {}
+            await self.poll_group()
             # A fatal error may have come while waiting (the fetcher's too, without a group).
             self._check_running()
             with gc_paused():
@@ -552,8 +566,12 @@ class AsyncConsumer:
         self._notify_data()
 
     def _consumed_positions(self) -> dict[TopicPartition, int]:
-        """What a commit without offsets stores: the position of every assigned partition."""
-        return {tp: p for tp in self._assignment if (p := self._positions.get(tp)) is not None}
+        """What a commit without offsets stores: the position of every assigned partition,
+        moved back to the first record a face holds."""
+        positions = {tp: p for tp in self._assignment if (p := self._positions.get(tp)) is not None}
+        if self._held is not None:
+            positions.update(self._held.unreturned())
+        return positions
 
     def _leaving_changes(self) -> Changes:
         """What leaving the group does to the owned partitions: lost when fenced, else revoked."""
@@ -564,7 +582,12 @@ class AsyncConsumer:
         return Changes(revoke=m.owned)
 
     async def _rebalance(self, changes: Changes) -> None:
-        """Go through `changes` with the listener's callbacks (awaited when coroutines)."""
+        """Go through `changes` with the listener's callbacks (awaited when coroutines).
+        Records a face holds of partitions given up come again from the core first, so
+        positions and commits count only what the application received."""
+        gone = changes.lost | changes.revoke
+        if gone and self._held is not None:
+            self._rewind(self._held.give_back(gone))
         failure: BaseException | None = None
         for step, partitions in _steps(changes):
             await self._start_step(step, partitions)
@@ -623,7 +646,7 @@ class AsyncConsumer:
         self._coordinator.wake()
 
     def _rewind(self, positions: dict[TopicPartition, int]) -> None:
-        """The sync face hands back records it took but never returned: they come again."""
+        """A face hands back records it took but never returned: they come again."""
         for tp, offset in positions.items():
             if tp in self._positions:
                 self._set_position(tp, offset)
@@ -951,6 +974,67 @@ class AsyncConsumer:
             return response
 
 
+class _LocalRecords:
+    """The sync Consumer's records taken from the core and not returned yet, as entries
+    [partition, records, index of the next one]. The core reads and drops them
+    (HeldRecords) only while the application's thread waits for it."""
+
+    def __init__(self) -> None:
+        self.entries: deque[list[Any]] = deque()
+
+    def unreturned(self, only: Partitions | None = None) -> dict[TopicPartition, int]:
+        first: dict[TopicPartition, int] = {}
+        for tp, records, index in self.entries:
+            if index < len(records) and tp not in first and (only is None or tp in only):
+                first[tp] = records[index].offset
+        return first
+
+    def give_back(self, partitions: Partitions | None = None) -> dict[TopicPartition, int]:
+        """Drop the entries of `partitions` (all by default); the offsets they start at."""
+        rewind = self.unreturned(partitions)
+        keep: deque[list[Any]] = deque()
+        for entry in self.entries:
+            if partitions is None or entry[0] in partitions:
+                entry[2] = len(entry[1])  # ends it for an iteration in progress
+            else:
+                keep.append(entry)
+        self.entries.clear()
+        self.entries.extend(keep)
+        return rewind
+
+
+class _OnPollingThread(ConsumerRebalanceListener):
+    """A sync Consumer's listener, its callbacks run on the thread that polls: that
+    thread waits in `call_serving` while the core goes through the rebalance."""
+
+    def __init__(self, listener: ConsumerRebalanceListener, thread: PortalThread) -> None:
+        self._listener = listener
+        self._thread = thread
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._run(self._listener.on_partitions_revoked, revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._run(self._listener.on_partitions_assigned, assigned)
+
+    async def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+        await self._run(self._listener.on_partitions_lost, lost)
+
+    async def _run(
+        self, callback: Callable[[set[TopicPartition]], Any], partitions: set[TopicPartition]
+    ) -> None:
+        if inspect.isawaitable(await self._thread.on_caller(callback, partitions)):
+            raise TypeError("the sync Consumer's rebalance callbacks are plain functions")
+
+
+def _seek_back(core: AsyncConsumer, positions: dict[TopicPartition, int]) -> None:
+    """On the I/O thread: records handed back come again, for partitions still assigned."""
+    assigned = core.assignment()
+    for tp, offset in positions.items():
+        if tp in assigned:
+            core.seek(tp, offset)
+
+
 class Consumer:
     """The synchronous consumer: `AsyncConsumer` on a private daemon thread.
 
@@ -977,8 +1061,8 @@ class Consumer:
     ) -> None:
         self._thread = PortalThread("minibroker-consumer")
         self._portal = self._thread.portal
-        # Handed over but not yet returned: [partition, records, index of the next one].
-        self._local: deque[list[Any]] = deque()
+        self._held = _LocalRecords()
+        self._local = self._held.entries
         self._closed = False
         try:
             # Built on the I/O thread, so that its AnyIO locks and events belong to that
@@ -988,17 +1072,40 @@ class Consumer:
                     AsyncConsumer,
                     *assigned,
                     topics=topics,
-                    listener=listener,
+                    listener=self._on_polling_thread(listener),
                     bootstrap_servers=bootstrap_servers,
+                    held=self._held,
                     **config,
                 )
             )
             self.config = core.config
-            self._cm = self._portal.wrap_async_context_manager(core)
-            self._cm.__enter__()
+            self._lifetime, self._events = self._portal.start_task(self._run_core)
         except BaseException:
             self._thread.close()
             raise
+
+    async def _run_core(
+        self, *, task_status: anyio.abc.TaskStatus[tuple[anyio.Event, anyio.Event]]
+    ) -> None:
+        """The core from start to stop in this one task, as its task group needs: it
+        stops once the first event handed back at start is set, then sets the second."""
+        release, stopped = anyio.Event(), anyio.Event()
+        try:
+            async with self._core:
+                task_status.started((release, stopped))
+                await release.wait()
+        finally:
+            stopped.set()
+
+    async def _stop_core(self) -> None:
+        release, stopped = self._events
+        release.set()
+        await stopped.wait()
+
+    def _on_polling_thread(
+        self, listener: ConsumerRebalanceListener | None
+    ) -> ConsumerRebalanceListener | None:
+        return None if listener is None else _OnPollingThread(listener, self._thread)
 
     # ------------------------------------------------------------------ the group
 
@@ -1006,15 +1113,11 @@ class Consumer:
         self, topics: Iterable[str], listener: ConsumerRebalanceListener | None = None
     ) -> None:
         """See AsyncConsumer.subscribe; the listener's methods are plain functions here."""
-        self._portal.call(self._core.subscribe, list(topics), listener)
+        self._portal.call(self._core.subscribe, list(topics), self._on_polling_thread(listener))
 
     def unsubscribe(self) -> None:
         """Give up every partition (auto-commit, then on_partitions_revoked) and leave."""
-        core = self._core
-        coordinator = core._require_group("unsubscribe()")
-        if coordinator.is_member:
-            self._rebalance(self._portal.call(core._leaving_changes))
-            self._portal.call(coordinator.leave)
+        self._thread.call_serving(self._core.unsubscribe)
 
     def subscription(self) -> set[str]:
         return self._portal.call(self._core.subscription)
@@ -1024,82 +1127,27 @@ class Consumer:
 
     def commit(self, offsets: Offsets | None = None) -> None:
         """See AsyncConsumer.commit: by default the positions of the records returned so far."""
-        chosen = self._consumed() if offsets is None else offsets
-        self._portal.call(self._core.commit, chosen)
+        self._portal.call(self._core.commit, offsets)
 
     def commit_async(
         self, offsets: Offsets | None = None, callback: CommitCallback | None = None
     ) -> None:
         """Start a commit and return; `callback(offsets, error or None)` runs on the I/O thread."""
-        chosen = self._consumed() if offsets is None else offsets
-        self._portal.call(self._core.commit_async, chosen, callback)
+        self._portal.call(self._core.commit_async, offsets, callback)
 
     def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
         return self._portal.call(self._core.committed, partition)
 
-    def _consumed(self) -> dict[TopicPartition, int]:
-        """The core's positions, moved back to the first record still in the local buffer."""
-        positions = self._portal.call(self._core._consumed_positions)
-        positions.update(self._unreturned())
-        return positions
-
-    def _unreturned(self, only: Partitions | None = None) -> dict[TopicPartition, int]:
-        """The offset of the first record of each partition taken but not returned yet."""
-        first: dict[TopicPartition, int] = {}
-        for tp, records, index in self._local:
-            if index < len(records) and tp not in first and (only is None or tp in only):
-                first[tp] = records[index].offset
-        return first
-
-    def _rebalance_due(self) -> bool:
-        coordinator = self._core._coordinator
-        return coordinator is not None and coordinator.rebalance_due
-
     def _group_work(self) -> None:
         """What Kafka's poll does for the group: rebalance callbacks and auto-commit."""
-        core = self._core
-        coordinator = core._coordinator
-        if coordinator is None:
-            return
-        coordinator.membership.polled(monotonic_ms())
-        if coordinator.rebalance_due:
-            self._rebalance(self._portal.call(coordinator.membership.pending))
-        if core._auto_commit_due():
-            self._portal.call(core._auto_commit, self._consumed())
+        self._thread.call_serving(self._core.poll_group)
 
-    def _rebalance(self, changes: Changes) -> None:
-        """AsyncConsumer._rebalance with the listener called on this thread."""
-        core, portal = self._core, self._portal
-        gone = changes.lost | changes.revoke
-        if gone:
-            self._give_back(gone)
-        failure: BaseException | None = None
-        for step, partitions in _steps(changes):
-            portal.call(core._start_step, step, partitions)
-            try:
-                if inspect.isawaitable(_callback(core._listener, step)(set(partitions))):
-                    raise TypeError("the sync Consumer's rebalance callbacks are plain functions")
-            except Exception as exc:
-                log.exception("rebalance callback for %s failed", step)
-                failure = failure or exc
-            portal.call(core._finish_step, step, partitions)
-        if failure is not None:
-            raise failure
-
-    def _give_back(self, only: Partitions | None = None) -> None:
-        """Return local records not yet handed out to the core (all, or of `only`), so that
-        positions and commits count only what the application received."""
-        rewind = self._unreturned(only)
-        keep: deque[list[Any]] = deque()
-        for entry in self._local:
-            if only is None or entry[0] in only:
-                entry[2] = len(entry[1])  # ends it for an iteration in progress
-            else:
-                keep.append(entry)
-        self._local.clear()
-        self._local.extend(keep)
+    def _give_back(self) -> None:
+        """Return every local record not yet handed out to the core, so that positions
+        and commits count only what the application received."""
+        rewind = self._held.give_back()
         if rewind:
-            self._portal.call(self._core._rewind, rewind)
+            self._portal.call(_seek_back, self._core, rewind)
 
     # ------------------------------------------------------------------ assignment
 
@@ -1156,8 +1204,9 @@ class Consumer:
         and auto-commits here, as Kafka's poll does."""
         limit = max_records or self.config.max_poll_records
         local = self._local
-        self._group_work()
-        if not local:
+        if local:
+            self._group_work()
+        else:
             self._refill(timeout_ms, limit)
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
         count = 0
@@ -1177,23 +1226,13 @@ class Consumer:
         return out
 
     def _refill(self, timeout_ms: float, at_least: int) -> None:
-        """Take records from the core, waiting up to `timeout_ms`; a rebalance that comes
-        meanwhile is handled here, on the caller's thread, and the wait goes on."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            remaining_ms = max(deadline - time.monotonic(), 0) * 1000
-            take = partial(
-                self._core._poll,
-                (),
-                remaining_ms,
-                max(at_least, REFILL_RECORDS),
-                group_work=False,
-            )
-            for tp, records in self._portal.call(take).items():
-                self._local.append([tp, records, 0])
-            if self._local or not self._rebalance_due():
-                return
-            self._group_work()
+        """Take records from the core, waiting up to `timeout_ms`, after the group's work
+        (a rebalance's callbacks run on this thread meanwhile)."""
+        take = partial(
+            self._core.getmany, timeout_ms=timeout_ms, max_records=max(at_least, REFILL_RECORDS)
+        )
+        for tp, records in self._thread.call_serving(take).items():
+            self._local.append([tp, records, 0])
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         """Records one by one; ends after consumer_timeout_ms without any (like kafka-python).
@@ -1201,7 +1240,7 @@ class Consumer:
         A generator, cheaper per record than `__next__` (which `next(consumer)` uses)."""
         local = self._local
         while True:
-            if local and self._rebalance_due():
+            if local and self._core.rebalance_due:
                 self._group_work()
             if not local:
                 try:
@@ -1221,7 +1260,7 @@ class Consumer:
 
     def __next__(self) -> ConsumerRecord:
         local = self._local
-        if local and self._rebalance_due():
+        if local and self._core.rebalance_due:
             self._group_work()
         if not local:
             self._wait_for_records()
@@ -1241,7 +1280,6 @@ class Consumer:
             waited_ms = (time.monotonic() - idle_since) * 1000
             if waited_ms >= idle_limit:
                 raise StopIteration
-            self._group_work()
             self._refill(min(idle_limit - waited_ms, 1000), REFILL_RECORDS)
 
     def _drop_pending(self) -> None:
@@ -1255,13 +1293,8 @@ class Consumer:
             return
         self._closed = True
         try:
-            coordinator = self._core._coordinator
-            if coordinator is not None and self._core._fatal is None:
-                self._give_back()
-                if coordinator.is_member:
-                    with contextlib.suppress(Exception):  # logged; closing goes on
-                        self._rebalance(self._portal.call(self._core._leaving_changes))
-            self._cm.__exit__(None, None, None)
+            self._thread.call_serving(self._stop_core)
+            self._lifetime.result()
         finally:
             self._thread.close()
 

@@ -10,8 +10,9 @@ With a `transactional_id`, both faces also run Kafka's transactions:
 `commit_transaction()` / `abort_transaction()` (or `transaction()` as a context
 manager), or `prepare_transaction()` to hand a `TxnHandle` to whoever commits it.
 `send_offsets_to_transaction()` puts a consumer group's offsets in the transaction
-(consume-transform-produce exactly once). The state machine is the accumulator's;
-the requests are sent from the caller's task (`Sender.request`).
+(consume-transform-produce exactly once). The state machine is the transaction
+manager's (client/transaction_manager.py), which steers the accumulator; the
+requests are sent from the caller's task (`Sender.request`).
 
 `Producer` is an `AsyncProducer` on a daemon thread's event loop, driven only
 through its public methods. Its `send()` is the hot path: `nonblocking_send`
@@ -58,6 +59,7 @@ from client.errors import MinibrokerError, MinibrokerTimeoutError
 from client.metadata import PartitionCounts
 from client.partitioner import Partitioner
 from client.sender import Sender
+from client.transaction_manager import TransactionManager
 from client.types import (
     BatchMetadata,
     ConsumerGroupMetadata,
@@ -127,6 +129,7 @@ class AsyncProducer:
             wakeup=lambda: self._sender.wake(),
             on_batch_full=self._on_batch_full,
         )
+        self._txn = TransactionManager(self._acc)
         self._sender = Sender(cfg, self._acc)
         self._metadata = PartitionCounts(
             partial(self._sender.connection, block=True),
@@ -159,7 +162,7 @@ class AsyncProducer:
         if self._state != "running":
             self._state = "closed"
             return
-        if self._acc.transaction_open:
+        if self._txn.transaction_open:
             with anyio.move_on_after(math.inf if timeout is None else timeout):
                 try:
                     await self.abort_transaction()
@@ -398,7 +401,7 @@ class AsyncProducer:
         it otherwise). Fencing raises ProducerFencedError and is fatal."""
         self._check_running()
         cfg = self.config
-        self._acc.begin_init()
+        self._txn.begin_init()
         response = await self._sender.request(
             InitProducerIdRequest(
                 transactional_id=cfg.transactional_id,
@@ -406,7 +409,7 @@ class AsyncProducer:
             ),
             self._block_deadline(),
         )
-        self._acc.on_init(
+        self._txn.on_init(
             response.error, response.producer_id, response.producer_epoch, response.message
         )
 
@@ -414,7 +417,7 @@ class AsyncProducer:
         """Start a transaction: send() is accepted until it is committed, aborted or prepared.
 
         The broker starts it with the first batch; its transaction_timeout_ms runs from there."""
-        self._acc.begin_transaction()
+        self._txn.begin_transaction()
 
     async def commit_transaction(self) -> None:
         """Send every buffered record, wait for all answers, then commit (EndTxn).
@@ -425,24 +428,30 @@ class AsyncProducer:
         have committed): call it again to learn it; it is safe to repeat, and nothing
         else is allowed meanwhile."""
         self._check_running()
-        acc = self._acc
-        pending = acc.begin_commit()
-        if pending and acc.commit_in_doubt is None:
+        txn = self._txn
+        pending = txn.begin_commit()
+        if pending and txn.commit_in_doubt is None:
             response = await self._sender.request_behind_batches(
-                self._end_txn_behind, self.config.request_timeout_ms / 1000
+                self._end_txn_at_last_sequences, self.config.request_timeout_ms / 1000
             )
             if response is not None and response.error == ErrorCode.NONE:
                 await self._on_committed(response)
                 return
             if response is not None:
                 # Refused, so nothing changed; a batch failed meanwhile counts again.
-                self._sender.finish(acc.on_commit_refused())
-        if acc.commit_in_doubt is not None:
+                self._sender.finish(txn.on_commit_refused())
+        if txn.commit_in_doubt is not None:
             await self._settle_commit()
             return
         await _wait_all(pending)
-        acc.check_flushed()
+        txn.check_flushed()
         await self._end_transaction(committed=True)
+
+    def _end_txn_at_last_sequences(self) -> EndTxnRequest | None:
+        """The EndTxn to send behind the batches, or None when the commit must wait for
+        their answers instead (TransactionManager.commit_sequences)."""
+        sequences = self._txn.commit_sequences()
+        return None if sequences is None else self._end_txn_behind(sequences)
 
     def _end_txn_behind(self, sequences: dict[tuple[str, int], int]) -> EndTxnRequest:
         """EndTxn(commit) naming each partition's last sequence: the broker commits only
@@ -469,7 +478,7 @@ class AsyncProducer:
         only then does the producer move to the next epoch, under which a resend would
         be a new batch. Bounded by delivery_timeout_ms: a batch that runs out is
         finished as written, its offset unknown."""
-        self._acc.on_commit_landed()
+        self._txn.on_commit_landed()
         await _wait_all(self._acc.incomplete())
         self._on_end(True, response)
 
@@ -481,10 +490,10 @@ class AsyncProducer:
         says: committed; or not committed for want of a batch (CONCURRENT_TRANSACTIONS),
         after which the batches' own answers decide, as before any commit was sent.
         MinibrokerTimeoutError at max_block_ms leaves the outcome unknown."""
-        acc = self._acc
+        acc, txn = self._acc, self._txn
         deadline = self._block_deadline()
         attempts = 0
-        while (sequences := acc.commit_in_doubt) is not None:
+        while (sequences := txn.commit_in_doubt) is not None:
             response = await self._sender.request(
                 self._end_txn_behind(sequences), deadline, _SETTLE_RETRIABLE
             )
@@ -506,9 +515,9 @@ class AsyncProducer:
                     "transaction open and its batches are still being sent; call "
                     "commit_transaction() again"
                 )
-            if acc.failed_in_doubt:
-                self._sender.finish(acc.on_commit_refused())
-                acc.check_flushed()
+            if txn.failed_in_doubt:
+                self._sender.finish(txn.on_commit_refused())
+                txn.check_flushed()
             attempts += 1
             await anyio.sleep(self._retry_backoff_s(attempts))
 
@@ -516,7 +525,7 @@ class AsyncProducer:
         """Abort the transaction: records not yet sent fail with TransactionAbortedError,
         records in flight are waited for, then EndTxn(abort). The producer goes on."""
         self._check_running()
-        in_flight, done = self._acc.begin_abort()
+        in_flight, done = self._txn.begin_abort()
         self._sender.finish(done)
         await _wait_all(in_flight)
         await self._end_transaction(committed=False)
@@ -535,8 +544,8 @@ class AsyncProducer:
 
         The producer accepts no more records; init_transactions() starts afresh."""
         self._check_running()
-        await _wait_all(self._acc.begin_prepare())
-        self._acc.check_flushed()
+        await _wait_all(self._txn.begin_prepare())
+        self._txn.check_flushed()
         acc, cfg = self._acc, self.config
         assert cfg.transactional_id is not None
         response = await self._sender.request(
@@ -550,7 +559,7 @@ class AsyncProducer:
             ),
             self._block_deadline(),
         )
-        producer_id, producer_epoch = acc.on_prepare(response.error, response.message)
+        producer_id, producer_epoch = self._txn.on_prepare(response.error, response.message)
         return TxnHandle(cfg.transactional_id, producer_id, producer_epoch)
 
     async def send_offsets_to_transaction(
@@ -569,7 +578,7 @@ class AsyncProducer:
         raises TxnOffsetCommitFailedError, a CommitFailedError after which the
         transaction can only be aborted."""
         self._check_running()
-        self._acc.begin_send_offsets()
+        self._txn.begin_send_offsets()
         group = (
             ConsumerGroupMetadata(group_metadata)
             if isinstance(group_metadata, str)
@@ -604,7 +613,7 @@ class AsyncProducer:
                     attempts += 1
                     await anyio.sleep(self._retry_backoff_s(attempts))
                     continue
-                error, done = acc.on_send_offsets(code, response.message)
+                error, done = self._txn.on_send_offsets(code, response.message)
                 self._sender.finish(done)
                 if error is not None:
                     raise error
@@ -624,7 +633,7 @@ class AsyncProducer:
             yield
             await self.commit_transaction()
         except BaseException as exc:
-            if self._acc.transaction_open:
+            if self._txn.transaction_open:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self._block_s()):
                     try:
                         await self.abort_transaction()
@@ -649,7 +658,7 @@ class AsyncProducer:
     def _on_end(self, committed: bool, response: EndTxnResponse) -> None:
         """Apply EndTxn's answer (raising its error) and signal the batches it finished."""
         self._sender.finish(
-            self._acc.on_end(
+            self._txn.on_end(
                 committed,
                 response.error,
                 response.producer_id,
@@ -854,9 +863,10 @@ class Producer:
 
     def begin_transaction(self) -> None:
         """See AsyncProducer.begin_transaction."""
-        # A state change under the accumulator's lock, which any thread may take: no trip
-        # to the I/O thread (it cost as much as sending a hundred records).
-        self._core._acc.begin_transaction()
+        # A state change under the accumulator's lock (the transaction manager's too), which
+        # any thread may take: no trip to the I/O thread (it cost as much as sending a
+        # hundred records).
+        self._core._txn.begin_transaction()
 
     def commit_transaction(self) -> None:
         """Flush, then commit; TransactionAbortableError if any record of it failed."""

@@ -77,9 +77,7 @@ class Sender:
         self._wakeup_event: anyio.Event | None = None
         self._space_event: anyio.Event | None = None
         # A request to send behind the batches (request_behind_batches) and its callback.
-        self._trailer: (
-            tuple[Callable[[dict[tuple[str, int], int]], Request], ResponseCallback] | None
-        ) = None
+        self._trailer: tuple[Callable[[], Request | None], ResponseCallback] | None = None
         self._done: anyio.Event | None = None
         self._latency_sum_ms = 0.0
         self._latency_max_ms = 0.0
@@ -165,13 +163,13 @@ class Sender:
             await anyio.sleep(min(backoff_ms / 1000, remaining_s))
 
     async def request_behind_batches(
-        self, make: Callable[[dict[tuple[str, int], int]], Request], timeout_s: float
+        self, make: Callable[[], Request | None], timeout_s: float
     ) -> Any | None:
-        """Send the request `make` builds from the accumulator's commit_sequences() in the
-        same write as the transaction's last Produce requests, once every batch is sent
-        (an EndTxn that then shares the batches' fsync round): its answer, or None when
-        the accumulator has no sequences to name (a batch failed), there was no answer
-        within `timeout_s`, or the connection was lost."""
+        """Send the request `make` builds, once every batch is sent, in the same write as
+        the transaction's last Produce requests (an EndTxn that then shares the batches'
+        fsync round): its answer, or None when `make` had nothing to send (the transaction
+        manager had no sequences to name: a batch failed), there was no answer within
+        `timeout_s`, or the connection was lost."""
         done = anyio.Event()
         outcome: list[Any] = []
 
@@ -197,11 +195,11 @@ class Sender:
             return None
         make, on_answer = self._trailer
         self._trailer = None
-        sequences = self.acc.commit_sequences()
-        if sequences is None:
+        request = make()
+        if request is None:
             on_answer(None, None)
             return None
-        return make(sequences), on_answer
+        return request, on_answer
 
     async def wait_for_space(self, deadline_ms: float) -> None:
         """Wait until some batch finished (freeing buffer memory) or `deadline_ms`; raises

@@ -1,4 +1,5 @@
-"""Sans-IO tests of the transactional producer's state machine (client/accumulator.py).
+"""Sans-IO tests of the transactional producer's state machine (client/transaction_manager.py
+and the accumulator it steers).
 
 Kafka's rules, checked without a broker or a sleep: sends only inside a begun
 transaction, batches stamped transactional, fatal (fenced) versus abortable
@@ -13,10 +14,11 @@ import json
 import math
 import pickle
 import random
+from typing import Any
 
 import pytest
 
-from client.accumulator import ProducerBatch, RecordAccumulator, TxnState
+from client.accumulator import ProducerBatch, RecordAccumulator
 from client.errors import (
     TXN_FATAL_CODES,
     DeliveryTimeoutError,
@@ -27,6 +29,7 @@ from client.errors import (
     TransactionAbortedError,
     error_for,
 )
+from client.transaction_manager import TransactionManager, TxnState
 from client.types import TxnHandle
 from protocol.batch import read_header
 from protocol.errors import ErrorCode
@@ -43,7 +46,22 @@ class Clock:
         return self.now
 
 
-def make(**overrides: object) -> RecordAccumulator:
+class TxnAccumulator:
+    """An accumulator and its transaction manager, as the producer holds them: the tests
+    call either's methods and read either's attributes on this one object."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.accumulator = RecordAccumulator(**settings)
+        self.transactions = TransactionManager(self.accumulator)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self.transactions, name)
+        except AttributeError:
+            return getattr(self.accumulator, name)
+
+
+def make(**overrides: object) -> TxnAccumulator:
     """A transactional accumulator after init_transactions() (pid 7, epoch 0)."""
     settings: dict[str, object] = {
         "clock": Clock(),
@@ -54,26 +72,26 @@ def make(**overrides: object) -> RecordAccumulator:
         "delivery_timeout_ms": 120_000,
     }
     settings.update(overrides)
-    acc = RecordAccumulator(**settings)  # type: ignore[arg-type]
+    acc = TxnAccumulator(**settings)
     acc.begin_init()
     acc.on_init(E.NONE, PID, 0, None)
     return acc
 
 
-def add(acc: RecordAccumulator, value: bytes = b"v", partition: int = 0):
+def add(acc: TxnAccumulator, value: bytes = b"v", partition: int = 0):
     return acc.append("t", partition, 1_000, None, value, None, None)
 
 
-def drain(acc: RecordAccumulator, now: float = 0) -> list[ProducerBatch]:
+def drain(acc: TxnAccumulator, now: float = 0) -> list[ProducerBatch]:
     return [batch for request in acc.drain(now, 5) for batch in request]
 
 
-def succeed(acc: RecordAccumulator, batches: list[ProducerBatch]) -> None:
+def succeed(acc: TxnAccumulator, batches: list[ProducerBatch]) -> None:
     for batch in batches:
         acc.on_response(batch, E.NONE, 0, 1)
 
 
-def commit(acc: RecordAccumulator, next_epoch: int) -> None:
+def commit(acc: TxnAccumulator, next_epoch: int) -> None:
     """A whole successful commit: flush, check, EndTxn answered with `next_epoch`."""
     succeed(acc, drain(acc))
     acc.begin_commit()
@@ -86,7 +104,7 @@ def commit(acc: RecordAccumulator, next_epoch: int) -> None:
 
 
 def test_sends_need_init_then_a_begun_transaction() -> None:
-    acc = RecordAccumulator(transactional=True)
+    acc = TxnAccumulator(transactional=True)
     assert acc.txn_state is TxnState.UNINITIALIZED
     assert acc.producer_id_request() is None  # no InitProducerId before init_transactions()
     with pytest.raises(IllegalStateError, match="init_transactions"):
@@ -103,7 +121,7 @@ def test_sends_need_init_then_a_begun_transaction() -> None:
 
 
 def test_transactional_calls_on_a_plain_producer_are_illegal() -> None:
-    acc = RecordAccumulator()
+    acc = TxnAccumulator()
     for call in (acc.begin_init, acc.begin_transaction, acc.begin_commit, acc.begin_abort):
         with pytest.raises(IllegalStateError, match="transactional_id"):
             call()
@@ -375,7 +393,7 @@ def test_fencing_on_endtxn_prepare_or_init_is_fatal(error: ErrorCode) -> None:
     with pytest.raises(ProducerFencedError):
         acc.on_prepare(error, None)
 
-    acc = RecordAccumulator(transactional=True)
+    acc = TxnAccumulator(transactional=True)
     acc.begin_init()
     with pytest.raises(ProducerFencedError):
         acc.on_init(error, -1, -1, None)
@@ -384,7 +402,7 @@ def test_fencing_on_endtxn_prepare_or_init_is_fatal(error: ErrorCode) -> None:
 
 
 def test_an_invalid_transaction_timeout_is_reported_and_init_can_be_retried() -> None:
-    acc = RecordAccumulator(transactional=True)
+    acc = TxnAccumulator(transactional=True)
     acc.begin_init()
     with pytest.raises(MinibrokerError, match="INVALID_TRANSACTION_TIMEOUT"):
         acc.on_init(E.INVALID_TRANSACTION_TIMEOUT, -1, -1, None)
@@ -533,7 +551,7 @@ def test_commit_sequences_are_none_once_a_batch_failed() -> None:
         acc.check_flushed()
 
 
-def in_doubt(acc: RecordAccumulator) -> list[ProducerBatch]:
+def in_doubt(acc: TxnAccumulator) -> list[ProducerBatch]:
     """A transaction over partitions 0 and 1 whose EndTxn went out behind its batches
     (commit_sequences named them) and is unanswered; returns the two batches."""
     acc.begin_transaction()

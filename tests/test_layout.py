@@ -244,3 +244,58 @@ def test_bench_modules_import_each_other_without_a_circle() -> None:
                 continue
             graph[importer] |= {n for n in names if n.startswith("bench.") and n != importer}
     list(graphlib.TopologicalSorter(graph).static_order())  # CycleError names a circle
+
+
+CLIENT = ROOT / "client"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The modules a file imports, `from a import b` read as a.b when b is a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if (ROOT / node.module.replace(".", "/") / f"{a.name}.py").is_file()
+            )
+    return found
+
+
+def test_the_transaction_manager_is_pure_and_beside_the_accumulator() -> None:
+    """The transaction manager takes answers in and hands batches out, as the accumulator
+    does: no event loop, no socket, no I/O module of the client. The accumulator asks it
+    through `TransactionGate` and never imports it, so the two make no circle."""
+    io = {"anyio", "trio", "asyncio", "socket", "client.sender", "client.connection"}
+    manager = _imported_modules(CLIENT / "transaction_manager.py")
+    assert {m for m in manager if m in io or m.split(".")[0] in io} == set()
+    assert "client.transaction_manager" not in _imported_modules(CLIENT / "accumulator.py")
+
+
+def _private_uses_of_the_core(face: str, path: Path) -> list[str]:
+    """`_name`s that class `face` reads off its async core (`self._core`, or `core`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == face)
+    found = []
+    for node in ast.walk(cls):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id == "core") or (
+            isinstance(owner, ast.Attribute)
+            and owner.attr == "_core"
+            and isinstance(owner.value, ast.Name)
+            and owner.value.id == "self"
+        ):
+            found.append(f"{face} line {node.lineno}: {node.attr}")
+    return found
+
+
+def test_the_sync_consumer_uses_only_the_async_ones_public_api() -> None:
+    """The sync Consumer is a face: what it needs of AsyncConsumer is public, so the core
+    can change inside without the face (its rebalance, with the listener called on the
+    polling thread, is the core's own, reached through PortalThread.call_serving)."""
+    assert _private_uses_of_the_core("Consumer", CLIENT / "consumer.py") == []
