@@ -22,6 +22,7 @@ import msgspec
 
 from broker import __version__ as BROKER_VERSION
 from broker.admin import Admin
+from broker.clock import now_ms
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
 from broker.group_commit import FlushFailed, GroupCommitter
@@ -43,7 +44,7 @@ from broker.security import (
 )
 from broker.storage import CorruptBatchError, FileSpan, OffsetOutOfRange, RecordLog
 from broker.topics import TopicError, TopicRegistry
-from broker.transactions import TransactionCoordinator, now_ms
+from broker.transactions import TransactionCoordinator
 from protocol import messages as m
 from protocol.batch import (
     CONTROL_FLAG,

@@ -12,12 +12,12 @@ connection once the answer is out.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from broker.clock import monotonic_ms
 from broker.config import BrokerConfig, Listener
 from broker.crash_points import crash_point
 from broker.metrics import BrokerMetrics
@@ -45,12 +45,6 @@ PLAIN_CHECKS_MAX = 4
 """PLAIN checks running at once: each is a PBKDF2 of thousands of HMACs, and a flood
 of attempts must not take every worker thread (and core) from the rest."""
 MECHANISM_SHOWN_CHARS = 32  # of a mechanism name a client made up, in the audit line
-
-
-def monotonic_ms() -> int:
-    """Session lifetimes count on the monotonic clock: a wall-clock step must not end or
-    extend them."""
-    return int(time.monotonic() * 1000)
 
 
 class Authentication:

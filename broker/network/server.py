@@ -46,6 +46,7 @@ from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSStream
 
 from broker.admin import finish_deletions
+from broker.clock import monotonic_ms, now_ms
 from broker.config import DEFAULT_LISTENER, RELOADABLE, BrokerConfig, ConfigError, Listener
 from broker.group_commit import GroupCommitter
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
@@ -56,13 +57,12 @@ from broker.handlers import (
     NoAnswer,
     Outcome,
     SplicedReply,
-    now_ms,
 )
 from broker.kafka import KafkaCodec
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
-from broker.network.authentication import Authentication, monotonic_ms
+from broker.network.authentication import Authentication
 from broker.network.http_endpoints import BasicAuth, MetricsAccess, serve_http
 from broker.network.ports import Endpoint, bind, listen
 from broker.producer_ids import ProducerIdManager

@@ -7,7 +7,7 @@ and recovery. The aborted-transaction index of each partition is storage's.
 Other domains import from here, not from the modules.
 """
 
-from broker.transactions.coordinator import TransactionCoordinator, now_ms
+from broker.transactions.coordinator import TransactionCoordinator
 from broker.transactions.log import TxnLog
 
-__all__ = ["TransactionCoordinator", "TxnLog", "now_ms"]
+__all__ = ["TransactionCoordinator", "TxnLog"]
