@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, cast
 
-from broker.handlers import SplicedReply
+from broker.api import SplicedReply
 from broker.kafka import apis
 from broker.kafka.entities import (
     HEAD,

@@ -46,23 +46,23 @@ from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSStream
 
 from broker.admin import finish_deletions
-from broker.clock import monotonic_ms, now_ms
-from broker.config import DEFAULT_LISTENER, RELOADABLE, BrokerConfig, ConfigError, Listener
-from broker.group_commit import GroupCommitter
-from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
-from broker.handlers import (
+from broker.api import (
     Answer,
+    Authentication,
     DurableReply,
     Handlers,
     NoAnswer,
     Outcome,
     SplicedReply,
 )
+from broker.clock import monotonic_ms, now_ms
+from broker.config import DEFAULT_LISTENER, RELOADABLE, BrokerConfig, ConfigError, Listener
+from broker.group_commit import GroupCommitter
+from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
 from broker.kafka import KafkaCodec
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
-from broker.network.authentication import Authentication
 from broker.network.http_endpoints import BasicAuth, MetricsAccess, serve_http
 from broker.network.ports import Endpoint, bind, listen
 from broker.producer_ids import ProducerIdManager
