@@ -18,7 +18,7 @@ reader works.
 The broker serves each of its listeners (config `listeners`, or the one plaintext
 listener at host:port). A `tls`/`sasl_tls` connection is handshaken first
 (`tls.py`) and never sent from files with sendfile; on a `sasl_*` listener every
-request passes the session's SASL state before it runs (`authentication.py`,
+request passes the session's SASL state before it runs (broker/api/security.py,
 broker/security/sasl.py).
 """
 
@@ -45,15 +45,22 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSStream
 
-from broker.admin import finish_deletions
+from broker.admin import Admin, finish_deletions
 from broker.api import (
+    BROKER_ID,
     Answer,
+    Apis,
     Authentication,
+    ClusterApi,
     DurableReply,
-    Handlers,
+    FetchApi,
+    GroupApi,
     NoAnswer,
     Outcome,
+    ProduceApi,
     SplicedReply,
+    TopicApi,
+    TransactionApi,
 )
 from broker.clock import monotonic_ms, now_ms
 from broker.config import DEFAULT_LISTENER, RELOADABLE, BrokerConfig, ConfigError, Listener
@@ -241,7 +248,10 @@ class Broker:
         self.data_dir = DataDir(config.data_path)
         self.ready = False
         self.connections: set[Connection] = set()
-        self.handlers: Handlers | None = None
+        self.handlers: Apis | None = None
+        self.fetch: FetchApi | None = None
+        self.produce: ProduceApi | None = None
+        self.cluster: ClusterApi | None = None
         self.coordinator: TransactionCoordinator | None = None
         self.offsets: OffsetStore | None = None
         self.topics: TopicRegistry | None = None
@@ -351,18 +361,37 @@ class Broker:
                     offsets = self.offsets
                     offsets.members = groups
                     groups.offset_groups = lambda: offsets.state.groups.keys()
-                    self.handlers = Handlers(
+                    fetch = FetchApi(config, self.topics, self.metrics)
+                    self.fetch = fetch
+                    coordinator.on_markers = fetch.wake
+                    admin = Admin(
+                        self.topics, offsets, coordinator, committer, BROKER_ID, fetch.wake
+                    )
+                    produce = ProduceApi(
                         config,
                         self.topics,
                         producer_ids,
                         committer,
                         coordinator,
-                        self.offsets,
                         self.metrics,
-                        self.served[0].advertised,
-                        groups,
-                        acls=self.acls,
-                        extra_apis=authentication.apis(),
+                        fetch.wake,
+                    )
+                    self.cluster = ClusterApi(config, self.topics, self.served[0].advertised)
+                    self.produce = produce
+                    self.handlers = Apis(
+                        config,
+                        self.topics,
+                        self.metrics,
+                        produce,
+                        [
+                            fetch,
+                            self.cluster,
+                            TopicApi(self.topics, admin),
+                            TransactionApi(self.topics, producer_ids, coordinator, self.metrics),
+                            GroupApi(groups, offsets, coordinator),
+                            authentication,
+                        ],
+                        self.acls,
                     )
                     with _refusing_start(config.data_path):
                         self.data_dir.begin_run()
@@ -434,7 +463,7 @@ class Broker:
             acls = AclStore(AclLog(config.data_path), config.super_users, config.acls_max)
             self.acls = acls
             await anyio.to_thread.run_sync(acls.load)
-        self.authentication = Authentication(config, store, self.metrics)
+        self.authentication = Authentication(config, store, self.metrics, self.acls)
         return self.authentication
 
     def _served(self, listener: Listener, sockets: MultiListener[SocketStream]) -> Served:
@@ -565,11 +594,9 @@ class Broker:
             logging.getLogger("minibroker").setLevel(self.config.log_level.upper())
         assert self.topics is not None and self.handlers is not None
         self.topics.apply_settings(self.config)
-        self.handlers.reconfigure(self.config)
-        if self.authentication is not None:
-            self.authentication.config = self.config
+        self._reconfigure(self.config)
         self._reload_tls()
-        self.handlers.housekeeping()
+        _housekeeping(self.topics)
         log.info(
             "event=reloaded applied=%s needs_restart=%s",
             ",".join(f"{k}={v}" for k, v in sorted(applied.items())) or "none",
@@ -600,18 +627,30 @@ class Broker:
             self.config.tls_client_auth,
         )
 
+    def _reconfigure(self, config: BrokerConfig) -> None:
+        """SIGHUP's new settings: the reloadable ones apply from the next request."""
+        assert self.handlers is not None and self.coordinator is not None
+        assert self.offsets is not None and self.authentication is not None
+        assert self.fetch is not None and self.produce is not None and self.cluster is not None
+        for api in (self.handlers, self.produce, self.fetch, self.cluster, self.authentication):
+            api.config = config
+        self.coordinator.config = config
+        self.offsets.config = config
+        if self.acls is not None:
+            self.acls.authorizer.set_super_users(config.super_users)
+
     async def _housekeeping(self) -> None:
-        assert self.handlers is not None
+        assert self.topics is not None
         while True:
             await anyio.sleep(self.config.retention_check_interval_ms / 1000)
-            self.handlers.housekeeping()
+            _housekeeping(self.topics)
 
     async def _drain(self, serve_scope: anyio.CancelScope) -> None:
         """Stop accepting, stop reading, let in-flight replies go out, within the deadline."""
         self._stopping = True
         serve_scope.cancel()
-        if self.handlers is not None:
-            self.handlers.stop_waiting()
+        if self.fetch is not None:
+            self.fetch.stop_waiting()
         for conn in list(self.connections):
             conn.handshake_scope.cancel()
             conn.read_scope.cancel()
@@ -953,7 +992,7 @@ class Broker:
         self,
         first: Request,
         backlog: deque[bytes | memoryview | Decoded],
-        handlers: Handlers,
+        handlers: Apis,
         conn: Connection,
     ) -> list[Request]:
         """`first` and the Produce requests right behind it that append together: their
@@ -974,7 +1013,7 @@ class Broker:
         return run
 
     async def _dispatch(
-        self, requests: list[Request], handlers: Handlers, conn: Connection
+        self, requests: list[Request], handlers: Apis, conn: Connection
     ) -> list[Reply | NoAnswer]:
         """Run one request, or a run of Produce requests that append together, and turn
         each outcome into what the writer sends."""
@@ -1104,6 +1143,22 @@ def _endpoint(listener: Listener) -> Endpoint:
     return Endpoint(
         f"listen ({listener.name})", listener.host, listener.port, f"host {where}", f"port {where}"
     )
+
+
+def _housekeeping(topics: TopicRegistry) -> None:
+    """Retention and producer expiry, run every retention_check_interval_ms."""
+    stamp = now_ms()
+    for p in topics.all_partitions():
+        deleted = p.apply_retention(stamp)
+        if deleted:
+            log.info(
+                "event=retention topic=%s partition=%d segments_deleted=%d log_start_offset=%d",
+                p.topic,
+                p.index,
+                deleted,
+                p.log.log_start_offset,
+            )
+        p.producers.expire(stamp)
 
 
 @contextlib.contextmanager
