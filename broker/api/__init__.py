@@ -13,7 +13,14 @@ from broker.api.cluster import BROKER_ID, ClusterApi
 from broker.api.dispatch import Apis
 from broker.api.fetch import FetchApi
 from broker.api.groups import GroupApi
-from broker.api.outcomes import Answer, DurableReply, NoAnswer, Outcome, SplicedReply
+from broker.api.outcomes import (
+    DISK_FAILURES,
+    Answer,
+    DurableReply,
+    NoAnswer,
+    Outcome,
+    SplicedReply,
+)
 from broker.api.produce import ProduceApi
 from broker.api.security import Authentication
 from broker.api.topics import TopicApi
@@ -21,6 +28,7 @@ from broker.api.transactions import TransactionApi
 
 __all__ = [
     "BROKER_ID",
+    "DISK_FAILURES",
     "Answer",
     "Apis",
     "Authentication",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import anyio
 
 from broker.group_commit import FlushFailed
+from broker.storage import StorageError
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from protocol.framing import splice_frame
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from broker.group_commit import GroupCommitter
     from broker.partition import Partition
     from broker.storage import FileSpan, RecordLog
+
+DISK_FAILURES: tuple[type[Exception], ...] = (OSError, StorageError)
+"""What an API raises when a file it had to write (producer ids, a topic) could not be:
+the disk's trouble, which the connection answers as KAFKA_STORAGE_ERROR."""
 
 
 class Answer(NamedTuple):
