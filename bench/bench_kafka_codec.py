@@ -26,7 +26,7 @@ from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from broker.handlers import SplicedReply
+from broker.api import SplicedReply
 from broker.kafka import KafkaCodec
 from broker.kafka.apis.produce import PRODUCE, answer_produce
 from broker.kafka.entities import build, response_class, write_response

@@ -141,7 +141,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    from broker.network import Broker, ListenError
+    from broker.app import Broker
+    from broker.network import ListenError
 
     try:
         # Loads the TLS certificate and key: a file that does not load is a setting

@@ -18,7 +18,7 @@ from typing import cast
 
 import anyio
 
-from broker.handlers import DurableReply
+from broker.api import DurableReply
 from broker.network.server import AwaitingDurability, Connection, Reply, _send_now
 from broker.security import Session
 from harness.broker_process import BrokerProcess

@@ -124,7 +124,15 @@ def _unit(name: str) -> str:
 def test_domains_are_entered_through_their_package() -> None:
     """A domain's modules are its own business: the rest of the broker imports what the
     domain's __init__ exports, so a change inside one domain stays in its folder."""
-    assert DOMAINS == ["groups", "kafka", "network", "security", "storage", "transactions"]
+    assert DOMAINS == [
+        "api",
+        "groups",
+        "kafka",
+        "network",
+        "security",
+        "storage",
+        "transactions",
+    ]
     wrong = []
     for path, name in _broker_imports():
         parts = name.split(".")
@@ -158,7 +166,7 @@ def test_broker_rooms_import_each_other_without_a_circle() -> None:
     """The domains and the top-level modules form layers: no import runs back up."""
     order = _room_order()
     assert order.index("broker.storage") < order.index("broker.partition")
-    assert order.index("broker.handlers") < order.index("broker.network")
+    assert order.index("broker.api") < order.index("broker.network") < order.index("broker.app")
 
 
 def test_the_native_contract_holds_native_apis_only() -> None:
@@ -299,3 +307,60 @@ def test_the_sync_consumer_uses_only_the_async_ones_public_api() -> None:
     can change inside without the face (its rebalance, with the listener called on the
     polling thread, is the core's own, reached through PortalThread.call_serving)."""
     assert _private_uses_of_the_core("Consumer", CLIENT / "consumer.py") == []
+
+
+def _imported_names(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names taken from it) for every absolute import of `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, [a.name for a in node.names]))
+    return found
+
+
+# What the network may import of the rest of the broker: the settings, the logs, the
+# metrics and the clocks, the security decisions (sessions, SASL admission), the Kafka
+# codec, and of the APIs only what a request comes to (broker/api/outcomes.py).
+NETWORK_MAY_IMPORT = {
+    "broker.api",
+    "broker.clock",
+    "broker.config",
+    "broker.kafka",
+    "broker.logs",
+    "broker.metrics",
+    "broker.network",
+    "broker.security",
+}
+
+
+def test_the_network_knows_the_apis_only_by_their_outcomes() -> None:
+    """Listeners, connections and codecs run whatever the composition root hands them:
+    no domain (storage, transactions, groups, topics) and no API module is theirs to
+    import, so the start-up and the APIs change without touching the network."""
+    outcomes = importlib.import_module("broker.api.outcomes")
+    allowed_names = {n for n, v in vars(outcomes).items() if not n.startswith("_")}
+    wrong = []
+    for path in sorted((BROKER / "network").rglob("*.py")):
+        for module, names in _imported_names(path):
+            if not module.startswith("broker."):
+                continue
+            if _unit(module) not in NETWORK_MAY_IMPORT:
+                wrong.append(f"{path.relative_to(ROOT)} imports {module}")
+            elif _unit(module) == "broker.api" and (
+                module != "broker.api" or not set(names) <= allowed_names
+            ):
+                wrong.append(f"{path.relative_to(ROOT)} imports {module}: {names}")
+    assert wrong == []
+
+
+def test_no_api_module_imports_the_network() -> None:
+    """The APIs answer requests whatever carries them: broker/api/ never reaches into
+    broker/network/ (the SASL handlers included)."""
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path, name in _broker_imports()
+        if path.is_relative_to(BROKER / "api") and _unit(name) == "broker.network"
+    ]
+    assert wrong == []

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import heapq
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping
 from contextlib import asynccontextmanager
 
 import anyio
 
+from broker.clock import monotonic_ms
 from broker.config import BrokerConfig
 from broker.groups import state as group_state
 from broker.groups.assignor import TopicPartition
@@ -36,16 +36,6 @@ from protocol import messages as m
 from protocol.errors import ErrorCode
 
 log = logging.getLogger(f"minibroker.{__name__}")
-
-
-def monotonic_ms() -> int:
-    """The clock of sessions and rebalance timeouts: a wall clock stepped back or forth
-    must not expire a whole broker's members."""
-    return time.monotonic_ns() // 1_000_000
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class PartitionCounts(Mapping[str, int]):

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol
 
 import anyio
 
+from broker.clock import now_ms
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
 from broker.groups.offset_state import (
@@ -45,7 +46,6 @@ from broker.groups.offset_state import (
 from broker.metrics import OffsetStats
 from broker.storage import RecordLog, RecordLogError
 from broker.topics import TopicRegistry
-from broker.transactions import now_ms
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
 

@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, cast
 
-from broker.handlers import SplicedReply
+from broker.api import SplicedReply
 from broker.kafka.api import Exchange, KafkaApi, Reply
 from broker.kafka.apis import API_VERSIONS, BY_KEY, supported_ranges
 from broker.kafka.apis.fetch import fetch_response

@@ -1,4 +1,4 @@
-"""The broker process on AnyIO: listener, connections, lifecycle and signals.
+"""The connections on AnyIO: accepted on every listener, read, run in order, answered.
 
 Each connection has a reader that decodes frames and runs requests strictly
 in order, and a writer that sends replies in that same order. The reader may
@@ -18,8 +18,12 @@ reader works.
 The broker serves each of its listeners (config `listeners`, or the one plaintext
 listener at host:port). A `tls`/`sasl_tls` connection is handshaken first
 (`tls.py`) and never sent from files with sendfile; on a `sasl_*` listener every
-request passes the session's SASL state before it runs (`authentication.py`,
+request passes the session's SASL state before it runs (broker/api/security.py,
 broker/security/sasl.py).
+
+The server knows the APIs by what it asks of them (`Dispatcher`, `Sessions`) and by
+what a request comes to (broker/api/outcomes.py); the composition root, broker/app.py,
+hands it the ones it built.
 """
 
 from __future__ import annotations
@@ -27,56 +31,29 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import ipaddress
 import logging
 import os
-import signal
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol, cast
 
 import anyio
-from anyio.abc import ByteStream, SocketListener, SocketStream, TaskStatus
+from anyio.abc import ByteStream, SocketListener, SocketStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from anyio.streams.stapled import MultiListener
 from anyio.streams.tls import TLSStream
 
-from broker.admin import finish_deletions
-from broker.config import DEFAULT_LISTENER, RELOADABLE, BrokerConfig, ConfigError, Listener
-from broker.group_commit import GroupCommitter
-from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
-from broker.handlers import (
-    Answer,
-    DurableReply,
-    Handlers,
-    NoAnswer,
-    Outcome,
-    SplicedReply,
-    now_ms,
-)
+from broker.api import DISK_FAILURES, Answer, DurableReply, NoAnswer, Outcome, SplicedReply
+from broker.clock import monotonic_ms
+from broker.config import BrokerConfig, Listener
 from broker.kafka import KafkaCodec
-from broker.metrics import BrokerMetrics, PartitionStats
+from broker.metrics import BrokerMetrics
 from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
-from broker.network.authentication import Authentication, monotonic_ms
-from broker.network.http_endpoints import BasicAuth, MetricsAccess, serve_http
-from broker.network.ports import Endpoint, bind, listen
-from broker.producer_ids import ProducerIdManager
-from broker.security import (
-    AclLog,
-    AclStore,
-    Admission,
-    CredentialStore,
-    Session,
-    canonical_host,
-)
-from broker.storage import DataDir, PreviousShutdown, StorageError, cannot_use
-from broker.topics import TopicRegistry
-from broker.transactions import TransactionCoordinator, TxnLog
+from broker.network.listeners import Listeners, Served
+from broker.security import Admission, Session, canonical_host
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, frame
 from protocol.messages import (
@@ -208,410 +185,56 @@ class Connection:
         self.room.set()
 
 
-@dataclass(eq=False)
-class Served:
-    """A listener and the sockets it accepts on."""
+class Dispatcher(Protocol):
+    """What the connections need of the APIs (broker/api/dispatch.py's `Apis`)."""
 
-    listener: Listener
-    sockets: MultiListener[SocketStream]
-    port: int
-    """The port bound (the configured one, or the one port 0 picked)."""
+    def appends_together(self, request: Request) -> bool: ...
 
-    @property
-    def advertised(self) -> tuple[str, int]:
-        """What Metadata answers on this listener."""
-        return (self.listener.advertised_host or self.listener.host, self.port)
+    async def handle(self, request: Request, session: Session) -> Outcome: ...
 
-    @property
-    def insecure(self) -> bool:
-        """Plaintext without authentication where others than this host can reach it."""
-        return self.listener.security == "plaintext" and not _loopback(self.listener.host)
+    def produce_many(self, reqs: list[ProduceRequest], session: Session) -> list[Outcome]: ...
 
 
-class Broker:
-    """Everything one broker process owns, from start to clean shutdown."""
+class Sessions(Protocol):
+    """Who each connection is (broker/api/security.py's `Authentication`)."""
+
+    def session(
+        self, listener: Listener, peer_host: str, advertised: tuple[str, int]
+    ) -> Session: ...
+
+    def certificate_authenticated(self, session: Session, principal: str) -> None: ...
+
+
+class Server:
+    """The connections of every listener: accepted, read, run in order, answered."""
 
     def __init__(
-        self, config: BrokerConfig, reload_config: Callable[[], BrokerConfig] | None = None
-    ):
-        """ConfigError when a TLS listener's certificate, key or CA cannot be loaded."""
+        self,
+        config: BrokerConfig,
+        metrics: BrokerMetrics,
+        apis: Dispatcher,
+        sessions: Sessions,
+        listeners: Listeners,
+        served: list[Served],
+    ) -> None:
         self.config = config
-        self.reload_config = reload_config
-        self.metrics = BrokerMetrics(enabled=config.metrics_port >= 0)
-        self.data_dir = DataDir(config.data_path)
-        self.ready = False
+        """The settings in force: SIGHUP replaces it."""
+        self.metrics = metrics
+        self.apis = apis
+        self.sessions = sessions
+        self.listeners = listeners
+        self.served = served
         self.connections: set[Connection] = set()
-        self.handlers: Handlers | None = None
-        self.coordinator: TransactionCoordinator | None = None
-        self.offsets: OffsetStore | None = None
-        self.topics: TopicRegistry | None = None
-        self.credentials: CredentialStore | None = None
-        self.acls: AclStore | None = None
-        self.authentication: Authentication | None = None
-        self.served: list[Served] = []
-        self.port = config.port
-        self._tls = any(listener.tls for listener in config.effective_listeners())
-        # Read at the start of each handshake: SIGHUP replaces it, open connections keep
-        # the one they shook hands with.
-        self.tls_context = tls.server_context(config) if self._tls else None
-        self.metrics_access = MetricsAccess(
-            tls.metrics_context(config) if config.metrics_tls_certfile else None,
-            BasicAuth(config.metrics_basic_auth_users) if config.metrics_basic_auth_users else None,
-        )
+        self._serve_scope = anyio.CancelScope()
         self._stopping = False
 
-    # ------------------------------------------------------------------ lifecycle
-
-    async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        config = self.config
-        previous = self.data_dir.acquire()
-        with _refusing_start(config.data_path):
-            producer_ids = ProducerIdManager(config.data_path)
-        log.info(
-            "event=starting data_dir=%s backend=%s previous_shutdown=%s pid=%d",
-            config.data_path.resolve(),
-            config.backend,
-            previous.value,
-            os.getpid(),
-        )
-        pid_file = config.pid_file
-        if pid_file:
-            try:
-                with open(pid_file, "w") as f:
-                    f.write(f"{os.getpid()}\n")
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot write pid_file {pid_file}: {exc.strerror}; set pid_file "
-                    "(--pid-file) to a path this user may write, or leave it empty"
-                ) from exc
-        # Signals are caught from here on, before any line that tells a supervisor
-        # the broker is up, so an early SIGTERM is a graceful stop, not a kill.
-        signals = anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-        listen_at = [_endpoint(listener) for listener in config.effective_listeners()]
-        metrics_at = Endpoint(
-            "serve metrics",
-            config.metrics_host,
-            config.metrics_port,
-            "metrics_host",
-            "metrics_port",
-            ", or to -1 to turn the metrics server off",
-        )
-        bound: list[socket.socket] = []
-        try:
-            # Both ports are bound before recovery, so that a port another process holds
-            # ends the start now rather than after recovering every partition.
-            listen_sockets = [bind(endpoint) for endpoint in listen_at]
-            bound += [sock for sockets in listen_sockets for sock in sockets]
-            self.port = listen_sockets[0][0].getsockname()[1]
-            metrics_sockets = bind(metrics_at) if config.metrics_port >= 0 else []
-            bound += metrics_sockets
-            with signals as signal_stream:
-                async with anyio.create_task_group() as tg:
-                    if metrics_sockets:
-                        metrics_port = await tg.start(
-                            serve_http,
-                            await listen(metrics_at, metrics_sockets),
-                            self.metrics,
-                            self.is_ready,
-                            self.metrics_access,
-                        )
-                        log.info(
-                            "event=metrics_listening host=%s port=%d tls=%s basic_auth=%s",
-                            config.metrics_host,
-                            metrics_port,
-                            self.metrics_access.tls_context is not None,
-                            self.metrics_access.users is not None,
-                        )
-                        if (
-                            self.metrics_access.users is not None
-                            and self.metrics_access.tls_context is None
-                            and not _loopback(config.metrics_host)
-                        ):
-                            # The passwords would cross the network in clear.
-                            log.warning(
-                                "event=metrics_basic_auth_without_tls host=%s",
-                                config.metrics_host,
-                            )
-                    await self._recover(previous)
-                    authentication = await self._open_security()
-                    self.served = [
-                        self._served(listener, await listen(endpoint, sockets))
-                        for listener, endpoint, sockets in zip(
-                            config.effective_listeners(), listen_at, listen_sockets, strict=True
-                        )
-                    ]
-                    committer = GroupCommitter(self.metrics)
-                    assert self.topics is not None
-                    self.topics.set_on_rolled(committer.request_flush)
-                    tg.start_soon(committer.run)
-                    coordinator = await self._recover_transactions(producer_ids, committer)
-                    groups = GroupCoordinator(config, PartitionCounts(self.topics))
-                    self.metrics.set_group_source(groups.stats)
-                    assert self.offsets is not None
-                    offsets = self.offsets
-                    offsets.members = groups
-                    groups.offset_groups = lambda: offsets.state.groups.keys()
-                    self.handlers = Handlers(
-                        config,
-                        self.topics,
-                        producer_ids,
-                        committer,
-                        coordinator,
-                        self.offsets,
-                        self.metrics,
-                        self.served[0].advertised,
-                        groups,
-                        acls=self.acls,
-                        extra_apis=authentication.apis(),
-                    )
-                    with _refusing_start(config.data_path):
-                        self.data_dir.begin_run()
-                    self.ready = True
-                    tg.start_soon(coordinator.run)
-                    tg.start_soon(coordinator.log_summaries)
-                    tg.start_soon(groups.run)
-                    tg.start_soon(self.offsets.run)
-                    tg.start_soon(self._housekeeping)
-                    serve_scope = anyio.CancelScope()
-                    # Connections run outside the listener's scope: stopping accepting
-                    # must not cancel a reply that is waiting for its fsync.
-                    async with anyio.create_task_group() as connections:
-                        tg.start_soon(self._serve, serve_scope, connections)
-                        self._log_listening()
-                        task_status.started(self.port)
-                        await self._wait_for_stop_signal(signal_stream)
-                        try:
-                            await self._drain(serve_scope)
-                        finally:
-                            connections.cancel_scope.cancel()
-                    tg.cancel_scope.cancel()
-            clean = self._close_storage()
-        finally:
-            for sock in bound:  # those a failed start left unlistened; closed twice is a no-op
-                sock.close()
-            self.data_dir.release()
-            if pid_file:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(pid_file)
-        if clean:
-            log.info("event=stopped clean=true")
-
-    async def _recover(self, previous: PreviousShutdown) -> None:
-        started = time.perf_counter()
-        self.topics = TopicRegistry(self.config.data_path, self.config)
-        registry = self.topics
-        # Only after a kill or crash are the log tails validated: a new data dir has none.
-        clean = previous is not PreviousShutdown.UNCLEAN
-        with _refusing_start(self.config.data_path):
-            await anyio.to_thread.run_sync(
-                lambda: registry.open_all(clean_shutdown=clean, now_ms=now_ms())
-            )
-        seconds = time.perf_counter() - started
-        self.metrics.set_recovery_seconds(seconds)
-        self.metrics.set_partition_source(self._partition_stats)
-        self.metrics.set_forgotten_source(self._forgotten_producers)
-        self.metrics.set_producer_ids_max(self.config.max_producers_per_partition)
-        self.metrics.set_data_dir(self.config.data_path)
-        log.info(
-            "event=recovered topics=%d partitions=%d seconds=%.3f previous_shutdown=%s",
-            len(registry.topics),
-            len(registry.all_partitions()),
-            seconds,
-            previous.value,
-        )
-
-    async def _open_security(self) -> Authentication:
-        """Open the SCRAM credentials (security/credentials.wal), creating the bootstrap
-        users when it holds none, and with the authorizer on the ACLs
-        (security/acls.wal): before any listener opens (Hi and fdatasync, in a worker
-        thread)."""
-        config = self.config
-        store = CredentialStore(config.data_path)
-        self.credentials = store
-        await anyio.to_thread.run_sync(store.open)
-        await anyio.to_thread.run_sync(store.bootstrap, os.environ)
-        if config.authorizer:
-            acls = AclStore(AclLog(config.data_path), config.super_users, config.acls_max)
-            self.acls = acls
-            await anyio.to_thread.run_sync(acls.load)
-        self.authentication = Authentication(config, store, self.metrics)
-        return self.authentication
-
-    def _served(self, listener: Listener, sockets: MultiListener[SocketStream]) -> Served:
-        served = Served(listener, sockets, sockets.extra(anyio.abc.SocketAttribute.local_port))
-        self.metrics.set_listener(listener.name, insecure=served.insecure)
-        if served.insecure:
-            log.warning(
-                "event=listener_insecure listener=%s host=%s reason=%r",
-                listener.name,
-                listener.host,
-                "plaintext without authentication on an address other hosts can reach: "
-                "anyone who reaches it may read and write every topic; bind "
-                "127.0.0.1, or use security tls, sasl_tls or sasl_plaintext",
-            )
-        return served
-
-    def _log_listening(self) -> None:
-        """One `event=listening` line per listener; the first keeps the format that tools
-        and the test harness read (host, port and data_dir)."""
-        first, *others = self.served
-        log.info(
-            "event=listening listener=%s security=%s host=%s port=%d data_dir=%s",
-            first.listener.name,
-            first.listener.security,
-            first.listener.host,
-            first.port,
-            self.config.data_path.resolve(),
-        )
-        for served in others:
-            log.info(
-                "event=listening listener=%s security=%s host=%s port=%d",
-                served.listener.name,
-                served.listener.security,
-                served.listener.host,
-                served.port,
-            )
-
-    async def _recover_transactions(
-        self, producer_ids: ProducerIdManager, committer: GroupCommitter
-    ) -> TransactionCoordinator:
-        """Load the committed offsets and the transaction log, and finish what a crash left
-        decided (and topic deletions it interrupted), before any partition serves a read
-        or any offset is fetched."""
-        with _refusing_start(self.config.data_path):
-            return await self._recover_logs(producer_ids, committer)
-
-    async def _recover_logs(
-        self, producer_ids: ProducerIdManager, committer: GroupCommitter
-    ) -> TransactionCoordinator:
-        assert self.topics is not None
-        offsets = OffsetStore(
-            self.config,
-            self.topics,
-            OffsetLog(self.config.data_path, self.config.offsets_log_max_bytes),
-            NoMembers(),
-        )
-        self.offsets = offsets
-        offsets.load()
-        await finish_deletions(self.topics, offsets)
-        coordinator = TransactionCoordinator(
-            self.config,
-            self.topics,
-            producer_ids,
-            committer,
-            TxnLog(self.config.data_path, self.config.transaction_log_max_bytes),
-            offsets,
-        )
-        self.coordinator = coordinator
-        coordinator.load()
-        await coordinator.recover()
-        self.metrics.set_transaction_source(coordinator.stats)
-        self.metrics.set_offset_source(offsets.stats)
-        return coordinator
-
-    def _partition_stats(self) -> list[PartitionStats]:
-        assert self.topics is not None
-        return [
-            PartitionStats(
-                p.topic,
-                p.index,
-                p.log.log_end_offset,
-                p.log.log_start_offset,
-                p.last_stable_offset,
-                p.log.size_bytes,
-                len(p.producers),
-            )
-            for p in self.topics.all_partitions()
-        ]
-
-    def _forgotten_producers(self) -> tuple[int, int]:
-        assert self.topics is not None
-        states = [p.producers for p in self.topics.all_partitions()]
-        return sum(s.expired_total for s in states), sum(s.evicted_total for s in states)
-
-    def is_ready(self) -> bool:
-        return self.ready and not self._stopping
-
-    async def _wait_for_stop_signal(self, signals: AsyncIterator[int]) -> None:
-        async for signum in signals:
-            if signum == signal.SIGHUP:
-                self._reload()
-                continue
-            log.info("event=stopping signal=%s", signal.Signals(signum).name)
-            return
-
-    def _reload(self) -> None:
-        if self.reload_config is None:
-            log.warning("event=reload_skipped reason='no config source'")
-            return
-        try:
-            new = self.reload_config()
-        except ConfigError as exc:
-            log.error("event=reload_failed error=%r", str(exc))
-            return
-        changed = {
-            k: getattr(new, k) for k in RELOADABLE if getattr(new, k) != getattr(self.config, k)
-        }
-        ignored = sorted(
-            k
-            for k in vars(new)
-            if k not in RELOADABLE and getattr(new, k) != getattr(self.config, k)
-        )
-        applied = dict(changed)
-        self.config = type(self.config)(
-            **{**vars(self.config), **{k: getattr(new, k) for k in RELOADABLE}}
-        )
-        if "log_level" in changed:
-            logging.getLogger("minibroker").setLevel(self.config.log_level.upper())
-        assert self.topics is not None and self.handlers is not None
-        self.topics.apply_settings(self.config)
-        self.handlers.reconfigure(self.config)
-        if self.authentication is not None:
-            self.authentication.config = self.config
-        self._reload_tls()
-        self.handlers.housekeeping()
-        log.info(
-            "event=reloaded applied=%s needs_restart=%s",
-            ",".join(f"{k}={v}" for k, v in sorted(applied.items())) or "none",
-            ",".join(ignored) or "none",
-        )
-
-    def _reload_tls(self) -> None:
-        """Read the certificate, key and CA files again for the handshakes to come; when
-        they do not load, the running ones stay."""
-        if self.metrics_access.tls_context is not None:
-            try:
-                self.metrics_access.tls_context = tls.metrics_context(self.config)
-            except ConfigError as exc:
-                log.error("event=metrics_tls_reload_failed error=%r", str(exc))
-            else:
-                log.info("event=metrics_tls_reloaded certfile=%s", self.config.metrics_tls_certfile)
-        if not self._tls:
-            return
-        try:
-            self.tls_context = tls.server_context(self.config)
-        except ConfigError as exc:
-            log.error("event=tls_reload_failed error=%r", str(exc))
-            return
-        log.info(
-            "event=tls_reloaded certfile=%s cafile=%s client_auth=%s",
-            self.config.tls_certfile,
-            self.config.tls_cafile or "none",
-            self.config.tls_client_auth,
-        )
-
-    async def _housekeeping(self) -> None:
-        assert self.handlers is not None
-        while True:
-            await anyio.sleep(self.config.retention_check_interval_ms / 1000)
-            self.handlers.housekeeping()
-
-    async def _drain(self, serve_scope: anyio.CancelScope) -> None:
-        """Stop accepting, stop reading, let in-flight replies go out, within the deadline."""
+    def stop(self) -> None:
+        """Stop accepting: connections from now on are refused."""
         self._stopping = True
-        serve_scope.cancel()
-        if self.handlers is not None:
-            self.handlers.stop_waiting()
+        self._serve_scope.cancel()
+
+    async def drain(self) -> None:
+        """Stop reading, let in-flight replies go out, within the shutdown deadline."""
         for conn in list(self.connections):
             conn.handshake_scope.cancel()
             conn.read_scope.cancel()
@@ -621,35 +244,11 @@ class Broker:
         if self.connections:
             log.warning("event=drain_timeout connections=%d", len(self.connections))
 
-    def _close_storage(self) -> bool:
-        """Close the stores and logs (each partition leaves a snapshot) and mark the data
-        dir cleanly shut down. When a write this needs fails (a full disk), say so in one
-        line and leave the marker out: the next start recovers as after a crash."""
-        try:
-            if self.credentials is not None:
-                self.credentials.close()
-            if self.acls is not None:
-                self.acls.close()
-            if self.coordinator is not None:
-                self.coordinator.close()
-            if self.offsets is not None:
-                self.offsets.close()
-            if self.topics is not None:
-                self.topics.close()
-            self.data_dir.mark_clean_shutdown()
-        except (OSError, StorageError) as exc:
-            reason = cannot_use(self.config.data_path, exc)
-            log.error(
-                "event=stopped clean=false reason=%r",
-                f"{reason}; the next start recovers it as after a crash",
-            )
-            return False
-        return True
-
-    # ------------------------------------------------------------------ connections
-
-    async def _serve(self, scope: anyio.CancelScope, connections: anyio.abc.TaskGroup) -> None:
-        with scope:
+    async def serve(self, connections: anyio.abc.TaskGroup) -> None:
+        """Accept on every listener until `stop`; each connection runs in `connections`,
+        outside this scope, so that stopping accepting cancels no reply waiting for its
+        fsync."""
+        with self._serve_scope:
             async with contextlib.AsyncExitStack() as stack:
                 for served in self.served:
                     await stack.enter_async_context(served.sockets)
@@ -702,8 +301,7 @@ class Broker:
             )
             await stream.aclose()
             return
-        assert self.authentication is not None
-        session = self.authentication.session(listener, _peer_host(stream), served.advertised)
+        session = self.sessions.session(listener, _peer_host(stream), served.advertised)
         conn = Connection(
             peer,
             self.config.max_inflight_requests_per_connection,
@@ -745,13 +343,13 @@ class Broker:
         """`raw` secured by TLS, its principal taken from a client certificate on a
         listener without SASL; None, with `raw` closed, when the handshake failed or the
         broker began to stop first."""
-        assert self.tls_context is not None and self.authentication is not None
+        assert self.listeners.tls_context is not None
         listener = conn.session.listener
         secured: ByteStream | None = None
         try:
             with conn.handshake_scope:
                 secured = await tls.handshake(
-                    raw, self.tls_context, self.config.tls_handshake_timeout_ms
+                    raw, self.listeners.tls_context, self.config.tls_handshake_timeout_ms
                 )
         except tls.HandshakeFailed as exc:
             # Plaintext sent to a TLS port, a certificate refused, a client that stalls.
@@ -768,15 +366,14 @@ class Broker:
         if secured is not None and conn.session.sasl is None:
             principal = tls.certificate_principal(secured)
             if principal is not None:
-                self.authentication.certificate_authenticated(conn.session, principal)
+                self.sessions.certificate_authenticated(conn.session, principal)
         return secured
 
     async def _reader(
         self, stream: ByteStream, send: MemoryObjectSendStream[list[Reply]], conn: Connection
     ) -> None:
         decoder = FrameDecoder(self.config.max_frame_bytes)
-        handlers = self.handlers
-        assert handlers is not None
+        apis = self.apis
         # Only a plain trio socket: asyncio's transport buffers what it cannot send at
         # once, and a send on its socket could overtake those bytes; a wrapping stream
         # (TLS) would be bypassed.
@@ -858,8 +455,8 @@ class Broker:
                         if isinstance(first, bytes | NoAnswer):
                             replies: list[Reply | NoAnswer] = [first]
                         else:
-                            run = self._run_from(first, backlog, handlers, conn)
-                            replies = await self._dispatch(run, handlers, conn)
+                            run = self._run_from(first, backlog, apis, conn)
+                            replies = await self._dispatch(run, apis, conn)
                         for reply in replies:
                             if not isinstance(reply, NoAnswer):
                                 group.append(reply)
@@ -953,20 +550,20 @@ class Broker:
         self,
         first: Request,
         backlog: deque[bytes | memoryview | Decoded],
-        handlers: Handlers,
+        apis: Dispatcher,
         conn: Connection,
     ) -> list[Request]:
         """`first` and the Produce requests right behind it that append together: their
         batches of one partition then take one write instead of one each. The request
         that ends the run goes back to the front of the backlog, decoded."""
         run = [first]
-        if not handlers.appends_together(first):
+        if not apis.appends_together(first):
             return run
         entries = first.entry_count()
         room = conn.inflight_max - conn.inflight
         while backlog and len(run) < room and entries < RUN_ENTRIES_MAX:
             item = self._decode(backlog.popleft(), conn)
-            if not isinstance(item, Request) or not handlers.appends_together(item):
+            if not isinstance(item, Request) or not apis.appends_together(item):
                 backlog.appendleft(item if isinstance(item, Decoded) else Decoded(item))
                 break
             run.append(item)
@@ -974,20 +571,20 @@ class Broker:
         return run
 
     async def _dispatch(
-        self, requests: list[Request], handlers: Handlers, conn: Connection
+        self, requests: list[Request], apis: Dispatcher, conn: Connection
     ) -> list[Reply | NoAnswer]:
         """Run one request, or a run of Produce requests that append together, and turn
         each outcome into what the writer sends."""
         started = time.perf_counter()
         try:
             if len(requests) == 1:
-                outcomes = [await handlers.handle(requests[0], conn.session)]
+                outcomes = [await apis.handle(requests[0], conn.session)]
             else:
                 # A run holds only requests that append together: Produce requests.
-                outcomes = handlers.produce_many(cast(list[ProduceRequest], requests), conn.session)
+                outcomes = apis.produce_many(cast(list[ProduceRequest], requests), conn.session)
         except ProtocolError as exc:
             return [self._refusal(r, exc.code, exc.message, started, conn) for r in requests]
-        except (OSError, StorageError) as exc:
+        except DISK_FAILURES as exc:
             # A file the request had to write (producer ids, a topic) could not be: the
             # disk's trouble, said as Kafka says it, not an internal error.
             api = requests[0].api
@@ -1096,27 +693,6 @@ class Broker:
         pending.clear()
 
 
-def _endpoint(listener: Listener) -> Endpoint:
-    """Where `listener` binds, and the settings a message about it names."""
-    if listener.name == DEFAULT_LISTENER:
-        return Endpoint("listen", listener.host, listener.port, "host", "port")
-    where = f"of [[listeners]] {listener.name!r}"
-    return Endpoint(
-        f"listen ({listener.name})", listener.host, listener.port, f"host {where}", f"port {where}"
-    )
-
-
-@contextlib.contextmanager
-def _refusing_start(data_path: Path) -> Iterator[None]:
-    """An OS or storage error while the broker starts (recovery cuts tails, rebuilds
-    indexes, writes markers) is the data dir's refusal to start, in one line saying what
-    to do about a full, read-only or unwritable disk, not a traceback."""
-    try:
-        yield
-    except (OSError, StorageError) as exc:
-        raise cannot_use(data_path, exc) from exc
-
-
 async def _send_spliced(stream: ByteStream, frame: SplicedFrame, *, zero_copy: bool) -> None:
     """Send a Fetch reply: msgpack pieces through the stream, record bytes straight
     from the log files with os.sendfile (zero-copy; trio sends unbuffered, so the
@@ -1219,17 +795,6 @@ def _peer_host(stream: ByteStream) -> str:
         return canonical_host(host)
     except ValueError:
         return host
-
-
-def _loopback(host: str) -> bool:
-    """Whether `host` is reachable from this machine only: a loopback address or name.
-    Anything else (a hostname, "", 0.0.0.0, ::) may be reached from other hosts."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _peer(stream: ByteStream) -> str:

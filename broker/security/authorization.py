@@ -2,9 +2,9 @@
 (protocol/authorization.py, docs/protocol.md section 7's table), decided by the ACLs in
 force (the `Authorizer` of acl.py).
 
-`Access.judge` runs once per request, before its handler, from `Handlers.handle` and
-`Handlers.produce_many`, the one place where requests are authorized. Its `Judgement`
-says what the handler may do:
+`Access.judge` runs once per request, before its handler, from `Apis.handle` and
+`Apis.produce_many` (broker/api/dispatch.py), the one place where requests are
+authorized. Its `Judgement` says what the handler may do:
 
 - `refused`: the handler does not run, so a denial changes nothing, and `refusal` is
   the whole answer (None for a Produce with acks=0): when a request need is denied

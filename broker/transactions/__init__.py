@@ -8,8 +8,8 @@ The aborted-transaction index of each partition is storage's.
 Other domains import from here, not from the modules.
 """
 
-from broker.transactions.coordinator import TransactionCoordinator, now_ms
+from broker.transactions.coordinator import TransactionCoordinator
 from broker.transactions.log import TxnLog
 from broker.transactions.state import TXN_ABORT_CAUSES, TxnStats
 
-__all__ = ["TXN_ABORT_CAUSES", "TransactionCoordinator", "TxnLog", "TxnStats", "now_ms"]
+__all__ = ["TXN_ABORT_CAUSES", "TransactionCoordinator", "TxnLog", "TxnStats"]

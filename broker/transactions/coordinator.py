@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from broker.clock import now_ms
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
 from broker.group_commit import FlushFailed, GroupCommitter
@@ -72,10 +73,6 @@ from protocol.errors import ErrorCode, ProtocolError
 log = logging.getLogger(f"minibroker.{__name__}")
 
 TopicPartition = tuple[str, int]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class CoordinatorError(ProtocolError):

@@ -29,7 +29,7 @@ from kio.index import load_response_schema
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader
 
-from broker.handlers import SplicedReply
+from broker.api import SplicedReply
 from broker.kafka import NEXT_STEP, SERVED, KafkaCodec
 from broker.kafka.apis import BY_KEY, markdown_table
 from broker.kafka.apis.fetch import answer_fetch, fetch_response

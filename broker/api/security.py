@@ -1,10 +1,15 @@
-"""Authentication as the listeners run it: each connection's Session, SaslAuthenticate,
-the SCRAM credential APIs, and the audit trail (docs/protocol.md section 7).
+"""The security APIs and who each connection is: each connection's Session,
+SaslAuthenticate, the SCRAM credential APIs, the ACL APIs, and the audit trail of
+authentications (docs/protocol.md section 7).
+
+They sit with the other APIs, registered in the one table the same way, rather than
+in `broker/security/`, which keeps the decisions and the stores and knows nothing of
+the event loop, the metrics or the crash points these need.
 
 `broker/security/sasl.py` decides (pure); this module does what the decisions need
 of the world: PLAIN's password check (a PBKDF2) in a worker thread, the delay
 before a failure is answered, the credential store, the clock, one audit line per
-authentication on the `minibroker.audit` logger and the metrics. The server asks,
+authentication on the `minibroker.audit` logger and the metrics. The network asks,
 after each request, whether the session's authentication failed, and closes the
 connection once the answer is out.
 """
@@ -12,18 +17,22 @@ connection once the answer is out.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import msgspec
 
+from broker.clock import monotonic_ms
 from broker.config import BrokerConfig, Listener
 from broker.crash_points import crash_point
 from broker.logs import AUDIT_LOGGER
 from broker.metrics import BrokerMetrics
 from broker.security import (
     FAILURE_MESSAGE,
+    AclBinding,
+    AclFilter,
+    AclStore,
     Authenticated,
     AuthenticationFailed,
     Challenge,
@@ -35,6 +44,7 @@ from broker.security import (
     Session,
     Unsupported,
     authenticate_plain,
+    validate_filter,
 )
 from protocol import messages as m
 from protocol.errors import ErrorCode
@@ -45,12 +55,6 @@ of attempts must not take every worker thread (and core) from the rest."""
 MECHANISM_SHOWN_CHARS = 32  # of a mechanism name a client made up, in the audit line
 
 
-def monotonic_ms() -> int:
-    """Session lifetimes count on the monotonic clock: a wall-clock step must not end or
-    extend them."""
-    return int(time.monotonic() * 1000)
-
-
 class Authentication:
     """The broker's side of authentication for every listener."""
 
@@ -59,11 +63,15 @@ class Authentication:
         config: BrokerConfig,
         credentials: CredentialStore,
         metrics: BrokerMetrics,
+        acls: AclStore | None,
     ) -> None:
+        """`acls` is the ACL store when `authorizer` is on (None: the ACL APIs answer
+        SECURITY_DISABLED)."""
         self.config = config
         """The settings in force: SIGHUP replaces it (the SASL settings are reloadable)."""
         self.credentials = credentials
         self.metrics = metrics
+        self.acls = acls
         self.audit = logging.getLogger(AUDIT_LOGGER)
         self._listeners = {listener.name: listener for listener in config.effective_listeners()}
         self._plain_checks = anyio.CapacityLimiter(PLAIN_CHECKS_MAX)
@@ -78,11 +86,13 @@ class Authentication:
         return Session(listener.name, peer_host, advertised=advertised, sasl=sasl)
 
     def apis(self) -> dict[str, Callable[[Any, Session], Any]]:
-        """The handlers of the APIs answered here, for Handlers' table."""
         return {
             "SaslAuthenticate": self.sasl_authenticate,
             "DescribeUserScramCredentials": self.describe_credentials,
             "AlterUserScramCredentials": self.alter_credentials,
+            "CreateAcls": lambda req, _session: self.create_acls(req),
+            "DescribeAcls": lambda req, _session: self.describe_acls(req),
+            "DeleteAcls": lambda req, _session: self.delete_acls(req),
         }
 
     # ---------------------------------------------------------------- SaslAuthenticate
@@ -179,3 +189,58 @@ class Authentication:
         response = await self.credentials.alter(request)
         crash_point("credentials_altered")
         return response
+
+    # ---------------------------------------------------------------- ACLs
+
+    async def create_acls(self, req: m.CreateAclsRequest) -> m.CreateAclsResponse:
+        if self.acls is None:
+            return m.CreateAclsResponse(
+                error=ErrorCode.SECURITY_DISABLED,
+                message=_SECURITY_DISABLED,
+                results=[
+                    m.AclCreationResult(ErrorCode.SECURITY_DISABLED, _SECURITY_DISABLED)
+                    for _ in req.creations
+                ],
+            )
+        results = await self.acls.create([_binding(b) for b in req.creations])
+        return m.CreateAclsResponse(
+            results=[m.AclCreationResult(r.error, r.message) for r in results]
+        )
+
+    def describe_acls(self, req: m.DescribeAclsRequest) -> m.DescribeAclsResponse:
+        if self.acls is None:
+            return m.DescribeAclsResponse(
+                error=ErrorCode.SECURITY_DISABLED, message=_SECURITY_DISABLED
+            )
+        acl_filter = _filter(req.filter)
+        invalid = validate_filter(acl_filter)
+        if invalid is not None:
+            return m.DescribeAclsResponse(error=ErrorCode.INVALID_REQUEST, message=invalid)
+        return m.DescribeAclsResponse(
+            bindings=[m.AclBinding(*b) for b in self.acls.authorizer.describe(acl_filter)]
+        )
+
+    async def delete_acls(self, req: m.DeleteAclsRequest) -> m.DeleteAclsResponse:
+        if self.acls is None:
+            return m.DeleteAclsResponse(
+                error=ErrorCode.SECURITY_DISABLED,
+                message=_SECURITY_DISABLED,
+                results=[m.AclDeletionResult(ErrorCode.SECURITY_DISABLED) for _ in req.filters],
+            )
+        results = await self.acls.delete([_filter(f) for f in req.filters])
+        return m.DeleteAclsResponse(
+            results=[
+                m.AclDeletionResult(r.error, [m.AclBinding(*b) for b in r.deleted]) for r in results
+            ]
+        )
+
+
+_SECURITY_DISABLED = "the authorizer is off (setting authorizer = false)"
+
+
+def _binding(wire: m.AclBinding) -> AclBinding:
+    return AclBinding(*msgspec.structs.astuple(wire))
+
+
+def _filter(wire: m.AclBindingFilter) -> AclFilter:
+    return AclFilter(*msgspec.structs.astuple(wire))

@@ -1,0 +1,39 @@
+"""The consumer group and committed offset APIs (docs/consumer-groups.md): membership
+is the group coordinator's, offsets the offset store's; a TxnOffsetCommit is judged
+by the transaction coordinator too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from broker.groups import GroupCoordinator, OffsetStore
+from broker.security import Session
+from broker.transactions import TransactionCoordinator
+
+
+class GroupApi:
+    """The groups' and their offsets' APIs."""
+
+    def __init__(
+        self,
+        groups: GroupCoordinator,
+        offsets: OffsetStore,
+        coordinator: TransactionCoordinator,
+    ) -> None:
+        self.groups = groups
+        self.offsets = offsets
+        self.coordinator = coordinator
+
+    def apis(self) -> dict[str, Callable[[Any, Session], Any]]:
+        groups, offsets, coordinator = self.groups, self.offsets, self.coordinator
+        return {
+            "ConsumerGroupHeartbeat": lambda req, _session: groups.heartbeat(req),
+            "ListGroups": lambda req, _session: groups.list_groups(req),
+            "DescribeGroups": lambda req, _session: groups.describe_groups(req),
+            "OffsetCommit": lambda req, _session: offsets.offset_commit(req),
+            "OffsetFetch": lambda req, _session: offsets.offset_fetch(req),
+            "TxnOffsetCommit": lambda req, session: offsets.txn_offset_commit(
+                req, coordinator, session.principal
+            ),
+        }

@@ -1,0 +1,88 @@
+"""The producer and transaction APIs: InitProducerId, EndTxn, PrepareTxn, CommitTxns,
+ListTransactions and DescribeTxnApps (docs/transactions.md).
+
+An InitProducerId without a transactional id is answered from the producer ids; the
+rest goes to the transaction coordinator, which owns the transactions' state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from broker.metrics import BrokerMetrics
+from broker.producer_ids import ProducerIdManager
+from broker.security import Session
+from broker.topics import TopicRegistry
+from broker.transactions import TransactionCoordinator
+from protocol import messages as m
+from protocol.errors import ErrorCode
+
+
+def owner_of(
+    coordinator: TransactionCoordinator, producer_ids: ProducerIdManager, producer_id: int
+) -> str:
+    """The principal an issued producer id belongs to: the one that last initialized
+    its transactional id, else the one it was handed out to (docs/protocol.md section 7,
+    "Producer ids belong to principals")."""
+    owner = coordinator.principal_of(producer_id)
+    return producer_ids.owner(producer_id) if owner is None else owner
+
+
+class TransactionApi:
+    """The producer ids' and the transaction coordinator's APIs."""
+
+    def __init__(
+        self,
+        topics: TopicRegistry,
+        producer_ids: ProducerIdManager,
+        coordinator: TransactionCoordinator,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self.topics = topics
+        self.producer_ids = producer_ids
+        self.coordinator = coordinator
+        self.metrics = metrics
+
+    def apis(self) -> dict[str, Callable[[Any, Session], Any]]:
+        coordinator = self.coordinator
+        return {
+            "InitProducerId": self.init_producer_id,
+            "EndTxn": lambda req, session: coordinator.end_txn(req, session.principal),
+            "PrepareTxn": lambda req, session: coordinator.prepare_txn(req, session.principal),
+            "CommitTxns": lambda req, _session: coordinator.commit_txns(req),
+            "ListTransactions": lambda req, _session: coordinator.list_transactions(req),
+            "DescribeTxnApps": lambda req, _session: coordinator.describe_apps(req),
+        }
+
+    async def init_producer_id(
+        self, req: m.InitProducerIdRequest, session: Session
+    ) -> m.InitProducerIdResponse:
+        ids = self.producer_ids
+        principal = session.principal
+        if req.transactional_id is not None:
+            pid, epoch = await self.coordinator.init_producer(
+                req.transactional_id, req.transaction_timeout_ms, principal
+            )
+            return m.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+        issued = req.producer_id >= 0 and ids.is_issued(req.producer_id)
+        if issued and owner_of(self.coordinator, ids, req.producer_id) != principal:
+            # Bumping another principal's epoch would fence its producer.
+            return m.InitProducerIdResponse(
+                error=ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+                message=f"producer id {req.producer_id} belongs to another principal",
+            )
+        if req.producer_id >= 0:
+            known = [
+                e
+                for p in self.topics.all_partitions()
+                if (e := p.producers.epoch_of(req.producer_id)) is not None
+            ]
+            grant = ids.bump(req.producer_id, req.producer_epoch, max(known, default=None))
+        else:
+            grant = ids.new_producer(principal)
+        if grant.error == ErrorCode.INVALID_PRODUCER_EPOCH:
+            self.metrics.producer_event("fenced")
+        return m.InitProducerIdResponse(
+            producer_id=grant.producer_id, producer_epoch=grant.producer_epoch, error=grant.error
+        )
