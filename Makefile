@@ -4,6 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Most tests wait on a broker process rather than compute, so more workers than cores
+# pay off (README.md, Testing). loadgroup keeps each xdist_group on one worker: the
+# Spark tests share one SparkSession (tests/spark/conftest.py).
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: run test lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak
 
@@ -25,7 +30,7 @@ run: $(STAMP)
 	$(VENV)/bin/minibroker $(strip serve $(SERVE_FLAGS))
 
 test: $(STAMP) check-java check-promtool lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # The reliability suite at full sizes (tests/reliability; `make test` runs its quick sizes).
 test-reliability: $(STAMP)

@@ -18,6 +18,15 @@ from pyspark.sql import SparkSession
 from harness.broker_process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here runs on one xdist worker (`--dist loadgroup`): they share the
+    session's one SparkSession, and two JVMs would not fit beside the brokers."""
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")
