@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: run test lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak
+.PHONY: run test test-fast lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ run: $(STAMP)
 
 test: $(STAMP) check-java check-promtool lint
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+# The pure and unit tests: no broker process (marker `wire`, tests/conftest.py), no Spark.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m 'not wire and not spark and not slow' $(PYTEST_ARGS)
 
 # The reliability suite at full sizes (tests/reliability; `make test` runs its quick sizes).
 test-reliability: $(STAMP)
