@@ -22,13 +22,15 @@ _BROKER_STARTERS = (BrokerProcess, serve_once)
 _OWN_PACKAGES = ("tests", "harness")
 
 
-def _code_words(code: types.CodeType) -> set[str]:
+def _code_words(code: types.CodeType) -> tuple[set[str], set[str]]:
     """The names and the string constants of `code` and of the code nested in it."""
-    words = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str)}
+    names, strings = set(code.co_names), {c for c in code.co_consts if isinstance(c, str)}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            words |= _code_words(const)
-    return words
+            inner_names, inner_strings = _code_words(const)
+            names |= inner_names
+            strings |= inner_strings
+    return names, strings
 
 
 def _starts_brokers(func: object, seen: set[int]) -> bool:
@@ -43,10 +45,10 @@ def _starts_brokers(func: object, seen: set[int]) -> bool:
         return any(_starts_brokers(f, seen) for f in vars(func).values())
     if not isinstance(func, types.FunctionType):
         return False
-    words = _code_words(func.__code__)
-    if {"broker", "serve"} <= words or any(s.__name__ in words for s in _BROKER_STARTERS):
+    names, strings = _code_words(func.__code__)
+    if {"broker", "serve"} <= strings or any(s.__name__ in names for s in _BROKER_STARTERS):
         return True
-    for name in words:
+    for name in names:
         value = func.__globals__.get(name)
         own = getattr(value, "__module__", None) or ""
         if own.split(".")[0] in _OWN_PACKAGES and _starts_brokers(value, seen):
