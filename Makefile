@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 # Most tests wait on a broker process rather than compute, so more workers than cores
-# pay off (README.md, Testing). loadgroup keeps each xdist_group on one worker: the
-# Spark tests share one SparkSession (tests/spark/conftest.py).
+# pay off (README.md, Testing). Under loadgroup, tests/conftest.py's scheduler keeps the
+# Spark tests on one worker: they share one SparkSession (tests/spark/conftest.py).
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
 

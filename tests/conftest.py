@@ -70,6 +70,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.wire)
 
 
+# The tests that share a session-wide resource, by node id prefix: one worker runs them all.
+_ONE_WORKER = {"tests/spark/": "spark"}  # one local SparkSession (tests/spark/conftest.py)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadgroup`, each prefix of _ONE_WORKER is one unit of work and every
+    other test its own. xdist's own grouping (the xdist_group mark) renames the node ids,
+    which pytest 9.2 no longer lets a plugin do, so the groups are made here instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class OneWorkerGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for prefix, group in _ONE_WORKER.items():
+                if nodeid.startswith(prefix):
+                    return group
+            return nodeid
+
+    return OneWorkerGroups(config, log)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param

@@ -1,5 +1,8 @@
 """One local SparkSession (`local[2,4]`: 2 cores, 4 attempts per task) for the Spark tests.
 
+Under xdist every test here runs on one worker (tests/conftest.py, the scheduler), so
+they share this one session.
+
 Its Python workers run this interpreter with the repository on their path, so
 the tests use the checkout's `spark_connector` whether or not it is installed.
 """
@@ -18,15 +21,6 @@ from pyspark.sql import SparkSession
 from harness.broker_process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test here runs on one xdist worker (`--dist loadgroup`): they share the
-    session's one SparkSession, and two JVMs would not fit beside the brokers."""
-    for item in items:
-        if item.path.is_relative_to(HERE):
-            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")
