@@ -74,6 +74,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 _ONE_WORKER = {"tests/spark/": "spark"}  # one local SparkSession (tests/spark/conftest.py)
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """Under `--dist loadgroup`, each prefix of _ONE_WORKER is one unit of work and every
     other test its own. xdist's own grouping (the xdist_group mark) renames the node ids,
