@@ -4,8 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Most tests wait on a broker process rather than compute, so more workers than cores
+# pay off (README.md, Testing). Under loadgroup, tests/conftest.py's scheduler keeps the
+# Spark tests on one worker: they share one SparkSession (tests/spark/conftest.py).
+TEST_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: run test lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak txn-history
+.PHONY: run test test-fast lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak txn-history
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +30,11 @@ run: $(STAMP)
 	$(VENV)/bin/minibroker $(strip serve $(SERVE_FLAGS))
 
 test: $(STAMP) check-java check-promtool lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+
+# The pure and unit tests: no broker process (marker `wire`, tests/conftest.py), no Spark.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m 'not wire and not spark and not slow' $(PYTEST_ARGS)
 
 # The reliability suite at full sizes (tests/reliability; `make test` runs its quick sizes).
 test-reliability: $(STAMP)

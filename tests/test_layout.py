@@ -16,6 +16,7 @@ import pytest
 
 from broker import __version__
 from broker.kafka.kafka_only import KafkaOnlyRequest
+from harness.broker_process import BrokerProcess
 from protocol import messages as m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -364,3 +365,34 @@ def test_no_api_module_imports_the_network() -> None:
         if path.is_relative_to(BROKER / "api") and _unit(name) == "broker.network"
     ]
     assert wrong == []
+
+
+# What tests/conftest.py reads to mark `wire` the tests that start a broker process
+# (`make test-fast` leaves them out): samples of each way a test may start one, named
+# by strings so that the test reading them is not itself one that starts a broker.
+SAMPLES = ("_starts_a_broker", "_runs_broker_serve", "_through_a_helper", "_pure")
+
+
+def _starts_a_broker(data: Path) -> None:
+    BrokerProcess(data).start()
+
+
+def _runs_broker_serve(data: Path) -> None:
+    subprocess.run([sys.executable, "-m", "broker", "serve", "--data-dir", str(data)], check=False)
+
+
+def _through_a_helper(data: Path) -> None:
+    _starts_a_broker(data / "nested")
+
+
+def _pure(data: Path) -> None:
+    data.joinpath("broker").write_text("no process")
+
+
+def test_tests_that_start_a_broker_are_marked_wire() -> None:
+    from tests.conftest import _starts_brokers
+
+    samples = {name: globals()[name] for name in SAMPLES}
+    for name in SAMPLES[:-1]:
+        assert _starts_brokers(samples[name], set()), name
+    assert not _starts_brokers(samples["_pure"], set())

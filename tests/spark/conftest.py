@@ -1,5 +1,8 @@
 """One local SparkSession (`local[2,4]`: 2 cores, 4 attempts per task) for the Spark tests.
 
+Under xdist every test here runs on one worker (tests/conftest.py, the scheduler), so
+they share this one session.
+
 Its Python workers run this interpreter with the repository on their path, so
 the tests use the checkout's `spark_connector` whether or not it is installed.
 """
