@@ -539,14 +539,18 @@ def test_a_commit_that_timed_out_is_finished_by_calling_it_again(
     (first, first_answer), *retries, (second, second_answer) = ends
     assert pipelined(first) and first_answer is not None and not first_answer.passed
     assert (error(first_answer), first_answer.message["producer_epoch"]) == (0, first_epoch + 1)
-    # Every retry was the first transaction's EndTxn as sent, answered as the first one was.
-    assert len(retries) == LOST_ANSWERS
+    # Every retry was the first transaction's EndTxn as sent, answered as the first one
+    # was. Under load one more may go out: a call's max_block_ms ran out while an answer
+    # the proxy passed was still on its way, so the next call asked again.
+    assert LOST_ANSWERS <= len(retries) <= LOST_ANSWERS + ATTEMPTS
     for retry, answer in retries:
         assert retry.message["last_sequences"] == first.message["last_sequences"]
         assert retry.message["producer_epoch"] == first_epoch
         assert answer is not None and error(answer) == ErrorCode.NONE
         assert answer.message["producer_epoch"] == first_epoch + 1
-    assert [a.passed for _, a in retries if a is not None] == [False] * (LOST_ANSWERS - 1) + [True]
+    passed = [a.passed for _, a in retries if a is not None]
+    assert passed[: LOST_ANSWERS - 1] == [False] * (LOST_ANSWERS - 1) and passed[-1]
+    assert passed.count(False) == LOST_ANSWERS - 1
     assert pipelined(second) and second_answer is not None and second_answer.passed
     assert_never_fenced(proxy)
     check_read_back(broker.bootstrap, topic, ledger)
