@@ -396,3 +396,20 @@ def test_tests_that_start_a_broker_are_marked_wire() -> None:
     for name in SAMPLES[:-1]:
         assert _starts_brokers(samples[name], set()), name
     assert not _starts_brokers(samples["_pure"], set())
+
+
+# The tests of the whole tree stay at the top of tests/; every other test lives under
+# the folder that mirrors its code (docs/architecture.md).
+TREE_TESTS = {"test_layout.py", "test_deploy.py", "test_bench_progress.py"}
+TEST_FOLDERS = {"protocol", "client", "broker", "kafka", "spark", "reliability"}
+
+
+def test_tests_mirror_the_code() -> None:
+    """A newcomer finds a module's tests by its path: tests/<package>/ and, for the
+    broker's domains, tests/broker/<domain>/."""
+    tests = ROOT / "tests"
+    assert {p.name for p in tests.glob("test_*.py")} <= TREE_TESTS
+    folders = {p.name for p in tests.iterdir() if (p / "__init__.py").is_file()}
+    assert folders == TEST_FOLDERS
+    broker_folders = {p.name for p in (tests / "broker").iterdir() if p.is_dir()} - {"__pycache__"}
+    assert broker_folders <= set(DOMAINS)

@@ -24,8 +24,8 @@ import pytest
 from broker.crash_points import ENV
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
+from tests.broker.api.test_admin import commit, committed, delete, topic_configs
 from tests.reliability.conftest import read_partition
-from tests.test_admin import commit, committed, delete, topic_configs
 
 DROPPED = (ConnectionError, OSError, EOFError)
 PARTITIONS = 3

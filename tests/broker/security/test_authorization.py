@@ -2,8 +2,8 @@
 (protocol/authorization.py, docs/protocol.md section 7's table) and their enforcement
 (broker/security/authorization.py) against an `Authorizer` in memory, the audit's
 holding back of repeats, and where producer ids' owners are kept (broker/producer_ids.py,
-the transaction entries). tests/test_authorization_broker.py proves the same through the
-real broker process."""
+the transaction entries). tests/broker/security/test_authorization_broker.py proves the
+same through the real broker process."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_the_docs_table_is_the_declaration() -> None:
     """docs/security.md's table is generated from the declarations (as
     docs/configuration.md's is from the settings): regenerate it with
     `python -c 'from protocol.messages import requirements_table; print(requirements_table())'`."""
-    docs = Path(__file__).resolve().parent.parent / "docs" / "security.md"
+    docs = Path(__file__).resolve().parents[3] / "docs" / "security.md"
     assert m.requirements_table() in docs.read_text()
 
 

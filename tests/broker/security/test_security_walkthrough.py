@@ -22,7 +22,7 @@ from harness.broker_process import BrokerProcess
 from spark_connector import transactions
 from tests.security_fixtures import Pki
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 ADMIN_PASSWORD = "first-admin-Password-1"
 PASSWORDS = {"orders-app": "orders-Password-2", "billing": "billing-Password-3", "etl": "etl-4"}
 

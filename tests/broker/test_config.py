@@ -11,7 +11,7 @@ import pytest
 from broker import config as cfg
 from broker.cli import SERVE_FLAGS, build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_docs_table_matches_the_code() -> None:

@@ -52,7 +52,7 @@ if "config" not in BrokerProcess.__dataclass_fields__:
         allow_module_level=True,
     )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 ADMIN_SECRET = "admin-Secret-1"
 ALICE_SECRET = "alice-Secret-2"
 USERS = f"admin:{ADMIN_SECRET},alice:{ALICE_SECRET}"

@@ -37,7 +37,7 @@ from harness.wire import WireClient
 from protocol.batch import build_batch
 from protocol.framing import LENGTH, decode_body, encode_frame
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 PROMETHEUS = shutil.which("prometheus")
 WAIT_S = 60.0

@@ -64,7 +64,7 @@ from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
 from tests.reliability.conftest import config_file
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SESSION_MS = 3_000
 HEARTBEAT_MS = 100
 LIMIT_S = 60.0

@@ -32,8 +32,8 @@ from client import IllegalStateError, MinibrokerTimeoutError, Producer
 from client.accumulator import RecordHandle
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
+from tests.client.test_client_txn_integration import read_all
 from tests.fault_proxy import FaultProxy
-from tests.test_client_txn_integration import read_all
 
 TOPIC = "in-doubt"
 PARTITIONS = 2

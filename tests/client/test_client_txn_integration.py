@@ -40,7 +40,7 @@ from client.errors import CommitTxnsError
 from client.types import ConsumerRecord
 from harness.broker_process import BrokerProcess
 from protocol.errors import ErrorCode
-from tests.test_client_cli import cli
+from tests.client.test_client_cli import cli
 
 FAST = {"retry_backoff_ms": 20, "request_timeout_ms": 5_000, "delivery_timeout_ms": 10_000}
 

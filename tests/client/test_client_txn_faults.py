@@ -38,8 +38,8 @@ from client.types import ConsumerRecord
 from harness.broker_process import BrokerProcess
 from protocol.batch import read_header
 from protocol.errors import ErrorCode
+from tests.client.test_client_txn_integration import read_all
 from tests.fault_proxy import FaultProxy, Seen
-from tests.test_client_txn_integration import read_all
 
 TOPIC = "txn-faults"
 PARTITIONS = 3

@@ -24,7 +24,7 @@ from client.errors import InvalidConfigError, UnknownTopicError
 from client.types import AlterConfigOp, ConfigEntry, ConfigResource
 from harness.broker_process import BrokerProcess
 from protocol.errors import ErrorCode
-from tests.test_client_cli import cli
+from tests.client.test_client_cli import cli
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from harness.broker_process import BrokerProcess, serve_once
 from harness.txn import Txn
 from harness.wire import WireClient, fetched_values, values_batch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFUSAL = re.compile(
     r"level=error logger=minibroker\.broker\.cli event=refused_to_start reason='(.*)'$"
 )

@@ -17,7 +17,7 @@ import pytest
 
 from harness.broker_process import BrokerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(broker: BrokerProcess, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
