@@ -332,15 +332,16 @@ async def test_a_client_without_sasl_at_a_sasl_listener_learns_it_from_the_first
 async def test_reauthentication_before_the_session_ends_is_invisible(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Sessions of 300 ms; requests go on for a second, each answered on the one
-    connection, which authenticated again every 255-285 ms."""
-    broker = FakeSecureBroker(users={"alice": SECRET}, lifetime_ms=300)
+    """Sessions of 1 s; requests go on for 3.3 s, each answered on the one connection,
+    which authenticated again every 850-950 ms (Kafka's 85-95% of the lifetime: sessions
+    of a few hundred ms left a loaded machine's event loop too little margin)."""
+    broker = FakeSecureBroker(users={"alice": SECRET}, lifetime_ms=1000)
     caplog.set_level(logging.DEBUG, logger="minibroker")
     async with running(broker) as bootstrap, anyio.create_task_group() as tg:
         reconnector = connector(bootstrap, **sasl())
         conn = await reconnector.get(tg)
         assert conn is not None
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 3.3
         answered = 0
         while time.monotonic() < deadline:
             response = await conn.request(MetadataRequest(topics=[]), 5)
@@ -352,7 +353,7 @@ async def test_reauthentication_before_the_session_ends_is_invisible(
     assert broker.connections == 1 and answered > 20
     gaps = [b - a for a, b in pairwise(broker.authentications)]
     assert len(gaps) >= 3
-    assert all(0.2 < gap < 0.3 for gap in gaps), gaps
+    assert all(0.67 < gap < 1.0 for gap in gaps), gaps
     assert SECRET not in caplog.text
 
 

@@ -302,10 +302,10 @@ def test_mtls_client_certificate_names_the_principal(
 def test_reauthentication_is_invisible(
     tmp_path: Path, backend: str, ca: trustme.CA, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Sessions of 1 s: a producer and a consumer go on for 4 s on their connections, each
-    authenticating again before its session ends, so none is closed."""
+    """Sessions of 2 s: a producer and a consumer go on for 6 s on their connections, each
+    authenticating again before its session ends (at 85-95% of it), so none is closed."""
     caplog.set_level(logging.INFO, logger="minibroker.client")
-    s = start(tmp_path, backend, ca, connections_max_reauth_ms="1000")
+    s = start(tmp_path, backend, ca, connections_max_reauth_ms="2000")
     try:
         admin.create_topic(s.admin(), "reauth", 1)
         settings = s.sasl_settings("admin", ADMIN_SECRET)
@@ -321,7 +321,7 @@ def test_reauthentication_is_invisible(
             ) as c,
         ):
             got: list[bytes | None] = []
-            deadline = time.monotonic() + 4
+            deadline = time.monotonic() + 6
             while time.monotonic() < deadline:
                 value = f"{len(sent)}".encode()
                 p.send("reauth", value).get(timeout=10)
@@ -339,7 +339,7 @@ def test_reauthentication_is_invisible(
             ]
             assert lost == []
         assert got == sent and len(sent) > 20
-        # The producer's connection and the consumer's two, three or four times each.
+        # The producer's connection and the consumer's two, two or three times each.
         again = [line for line in s.broker.log_lines if "result=reauthenticated" in line]
         assert len(again) >= 6, s.broker.log_text()
         assert ADMIN_SECRET not in caplog.text
