@@ -17,7 +17,7 @@ server or client library cannot be had gets rows saying why it was skipped.
 
 Durability classes, as each server acknowledges:
 - minibroker acks=all: fdatasync before the ack, one fsync round for every batch
-  appended before it (broker/group_commit.py); acks=1: written, not fsynced.
+  appended before it (broker/partitions/group_commit.py); acks=1: written, not fsynced.
 - Redis `appendfsync always`: the AOF is written and fsynced once per event-loop pass,
   before that pass's replies go out (a 1,000-XADD pipeline spans several passes);
   `everysec`: a background fsync every second.

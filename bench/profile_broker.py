@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from bench.bench_broker import _batch_template, _frames, _produce, produce_parallel
-from broker.partition import Partition, ProducerLimits
+from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage.log import LogConfig
 from harness.broker_process import BrokerProcess
 from protocol import messages as m

@@ -35,10 +35,9 @@ from broker.config import (
     describe_topic,
 )
 from broker.crash_points import crash_point
-from broker.group_commit import GroupCommitter
 from broker.groups import OffsetStore
+from broker.partitions import GroupCommitter, Topic, TopicError, TopicRegistry
 from broker.storage import StorageError
-from broker.topics import Topic, TopicError, TopicRegistry
 from broker.transactions import TransactionCoordinator
 from protocol import messages as m
 from protocol.errors import ErrorCode

@@ -39,14 +39,12 @@ from broker.api import (
 )
 from broker.clock import now_ms
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
-from broker.group_commit import GroupCommitter
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import Listeners, Server
-from broker.producer_ids import ProducerIdManager
+from broker.partitions import GroupCommitter, ProducerIdManager, TopicRegistry
 from broker.security import AclLog, AclStore, CredentialStore
 from broker.storage import DataDir, PreviousShutdown, StorageError, cannot_use
-from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator, TxnLog
 
 log = logging.getLogger(f"minibroker.{__name__}")

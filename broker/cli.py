@@ -19,7 +19,7 @@ import anyio
 
 from broker import __version__, logs
 from broker import config as cfg
-from broker.producer_ids import ProducerIdStateError
+from broker.partitions import ProducerIdStateError
 from broker.security import BootstrapError
 from broker.storage import DataDirError
 

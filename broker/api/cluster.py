@@ -11,8 +11,8 @@ import anyio
 
 from broker.clock import now_ms
 from broker.config import BrokerConfig
+from broker.partitions import TopicError, TopicRegistry
 from broker.security import Session
-from broker.topics import TopicError, TopicRegistry
 from protocol import messages as m
 from protocol.errors import ErrorCode
 

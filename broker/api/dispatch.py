@@ -17,8 +17,8 @@ from broker.api.outcomes import Outcome, as_outcome
 from broker.api.produce import ProduceApi, appends_together
 from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics
+from broker.partitions import TopicRegistry
 from broker.security import Access, AclStore, Audit, Denial, Judgement, ResourceType, Session
-from broker.topics import TopicRegistry
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
 

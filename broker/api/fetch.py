@@ -18,9 +18,9 @@ import anyio
 from broker.api.outcomes import SplicedReply
 from broker.config import BrokerConfig
 from broker.metrics import BrokerMetrics
+from broker.partitions import TopicRegistry
 from broker.security import Session
 from broker.storage import CorruptBatchError, FileSpan, OffsetOutOfRange
-from broker.topics import TopicRegistry
 from protocol import messages as m
 from protocol.batch import scan_batches
 from protocol.errors import ErrorCode

@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
-from broker.group_commit import FlushFailed
+from broker.partitions import FlushFailed
 from broker.storage import StorageError
 from protocol import messages as m
 from protocol.errors import ErrorCode
 from protocol.framing import splice_frame
 
 if TYPE_CHECKING:
-    from broker.group_commit import GroupCommitter
-    from broker.partition import Partition
+    from broker.partitions import GroupCommitter, Partition
     from broker.storage import FileSpan, RecordLog
 
 DISK_FAILURES: tuple[type[Exception], ...] = (OSError, StorageError)

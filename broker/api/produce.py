@@ -19,12 +19,16 @@ from broker.api.transactions import owner_of
 from broker.clock import now_ms
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
-from broker.group_commit import FlushFailed, GroupCommitter
 from broker.metrics import BrokerMetrics
-from broker.partition import AppendResult, Partition
-from broker.producer_ids import ProducerIdManager
+from broker.partitions import (
+    AppendResult,
+    FlushFailed,
+    GroupCommitter,
+    Partition,
+    ProducerIdManager,
+    TopicRegistry,
+)
 from broker.security import Session
-from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator
 from protocol import messages as m
 from protocol.batch import (

@@ -11,8 +11,8 @@ import anyio
 
 from broker.admin import Admin
 from broker.clock import now_ms
+from broker.partitions import TopicError, TopicRegistry
 from broker.security import Session
-from broker.topics import TopicError, TopicRegistry
 from protocol import messages as m
 
 

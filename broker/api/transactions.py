@@ -11,9 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.metrics import BrokerMetrics
-from broker.producer_ids import ProducerIdManager
+from broker.partitions import ProducerIdManager, TopicRegistry
 from broker.security import Session
-from broker.topics import TopicRegistry
 from broker.transactions import TransactionCoordinator
 from protocol import messages as m
 from protocol.errors import ErrorCode

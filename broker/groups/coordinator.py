@@ -31,7 +31,7 @@ from broker.groups import state as group_state
 from broker.groups.assignor import TopicPartition
 from broker.groups.state import EMPTY, NO_DEADLINE, Group, GroupSettings
 from broker.metrics import GroupSnapshot, GroupStats
-from broker.topics import TopicRegistry
+from broker.partitions import TopicRegistry
 from protocol import messages as m
 from protocol.errors import ErrorCode
 

@@ -44,8 +44,8 @@ from broker.groups.offset_state import (
     pending_record,
 )
 from broker.metrics import OffsetStats
+from broker.partitions import TopicRegistry
 from broker.storage import RecordLog, RecordLogError
-from broker.topics import TopicRegistry
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
 

@@ -39,7 +39,7 @@ from protocol.batch import (
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
-TXN_INDEX_SUFFIX = ".txnindex"  # aborted transactions, written by broker/partition.py
+TXN_INDEX_SUFFIX = ".txnindex"  # aborted transactions, written by broker/partitions/partition.py
 INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 SEGMENT_SUFFIXES = (LOG_SUFFIX, *INDEX_SUFFIXES)
 

@@ -35,11 +35,15 @@ import anyio
 from broker.clock import now_ms
 from broker.config import BrokerConfig
 from broker.crash_points import crash_point
-from broker.group_commit import FlushFailed, GroupCommitter
-from broker.partition import Partition, StorageError
-from broker.producer_ids import ProducerIdManager
-from broker.producer_state import PRODUCER_EPOCH_MAX
-from broker.topics import TopicRegistry
+from broker.partitions import (
+    PRODUCER_EPOCH_MAX,
+    FlushFailed,
+    GroupCommitter,
+    Partition,
+    ProducerIdManager,
+    StorageError,
+    TopicRegistry,
+)
 from broker.transactions.log import TxnLog, TxnLogError
 from broker.transactions.recovery import recover
 from broker.transactions.state import (

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from broker.crash_points import ENV
-from broker.producer_state import PartitionProducerState
+from broker.partitions.producer_state import PartitionProducerState
 from broker.storage.record_log import scan_records
 from harness.broker_process import BrokerProcess
 from harness.txn import Txn, assert_end_txn_retry_answered, committed_view, log_view

@@ -1,7 +1,7 @@
 """Authorization without a broker: the requirements every request class declares
 (protocol/authorization.py, docs/protocol.md section 7's table) and their enforcement
 (broker/security/authorization.py) against an `Authorizer` in memory, the audit's
-holding back of repeats, and where producer ids' owners are kept (broker/producer_ids.py,
+holding back of repeats, and where producer ids' owners are kept (broker/partitions/producer_ids.py,
 the transaction entries). tests/broker/security/test_authorization_broker.py proves the
 same through the real broker process."""
 
@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from broker.producer_ids import ID_BLOCK_SIZE, ProducerIdManager
+from broker.partitions.producer_ids import ID_BLOCK_SIZE, ProducerIdManager
 from broker.security import Access, AclBinding, Audit, Authorizer, Denial
 from broker.storage import unseal
 from broker.transactions.state import TxnEntry

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.partition import Partition, ProducerLimits
+from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage.log import LogConfig
 from protocol.batch import (
     CONTROL_ABORT,

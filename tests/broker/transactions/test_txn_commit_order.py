@@ -21,9 +21,9 @@ import anyio
 import pytest
 
 from broker.config import BrokerConfig
-from broker.partition import Partition
-from broker.producer_ids import ProducerIdManager
-from broker.topics import TopicRegistry
+from broker.partitions.partition import Partition
+from broker.partitions.producer_ids import ProducerIdManager
+from broker.partitions.topics import TopicRegistry
 from broker.transactions.coordinator import TransactionCoordinator
 from broker.transactions.log import TxnLog
 from broker.transactions.state import ONGOING, PREPARED

@@ -18,11 +18,11 @@ import msgpack
 import pytest
 
 from broker.config import BrokerConfig
-from broker.partition import Partition, ProducerLimits
-from broker.producer_ids import ProducerIdManager
-from broker.producer_state import PartitionProducerState, SnapshotError
+from broker.partitions.partition import Partition, ProducerLimits
+from broker.partitions.producer_ids import ProducerIdManager
+from broker.partitions.producer_state import PartitionProducerState, SnapshotError
+from broker.partitions.topics import TopicRegistry
 from broker.storage.log import LogConfig
-from broker.topics import TopicRegistry
 from broker.transactions.coordinator import TransactionCoordinator
 from broker.transactions.log import TxnLog
 from broker.transactions.state import COMPLETE_ABORT, COMPLETE_COMMIT, initialized, with_partitions

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.producer_state import PartitionProducerState, SnapshotError
+from broker.partitions.producer_state import PartitionProducerState, SnapshotError
 from broker.storage.record_log import encode_record
 from broker.storage.txn_index import (
     AbortedIndex,

@@ -12,10 +12,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from broker import group_commit
-from broker.group_commit import GroupCommitter
 from broker.metrics import BrokerMetrics
-from broker.partition import Partition, ProducerLimits
+from broker.partitions import group_commit
+from broker.partitions.group_commit import GroupCommitter
+from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage.log import LogConfig
 from protocol.batch import build_batch_from_columns, read_header
 

@@ -19,7 +19,7 @@ from typing import Protocol
 import anyio
 
 from broker.crash_points import crash_point
-from broker.partition import Partition
+from broker.partitions.partition import Partition
 
 log = logging.getLogger(f"minibroker.{__name__}")
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.partition import AppendResult, Partition, ProducerLimits
+from broker.partitions.partition import AppendResult, Partition, ProducerLimits
 from broker.storage.log import LogConfig
 from protocol.batch import NO_PRODUCER_ID, build_batch, validate
 from protocol.errors import ErrorCode

@@ -37,7 +37,7 @@ import msgpack
 
 from broker.config import PARTITIONS_MAX, TOPIC_SETTINGS, BrokerConfig, ConfigError, topic_overrides
 from broker.crash_points import crash_point
-from broker.partition import Partition, ProducerLimits
+from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage import (
     DataDirError,
     LogConfig,

@@ -13,7 +13,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from broker.producer_state import (
+from broker.partitions.producer_state import (
     CACHED_BATCHES,
     BatchMetadata,
     Decision,

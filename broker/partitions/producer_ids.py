@@ -27,7 +27,7 @@ from typing import Any
 
 import msgpack
 
-from broker.producer_state import PRODUCER_EPOCH_MAX
+from broker.partitions.producer_state import PRODUCER_EPOCH_MAX
 from broker.storage import fsync_dir, seal, unseal, write_atomic
 from protocol.authorization import ANONYMOUS
 from protocol.errors import ErrorCode

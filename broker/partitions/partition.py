@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.producer_state import PartitionProducerState, SnapshotError
+from broker.partitions.producer_state import PartitionProducerState, SnapshotError
 from broker.storage import (
     TXN_INDEX_SUFFIX,
     AbortedIndex,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.partition import Partition, ProducerLimits
+from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage.log import LogConfig
 from protocol.batch import build_batch, validate
 from protocol.errors import ErrorCode

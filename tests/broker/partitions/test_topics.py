@@ -12,8 +12,14 @@ from typing import Any
 import pytest
 
 from broker.config import BrokerConfig
+from broker.partitions.topics import (
+    META_FILE,
+    TopicError,
+    TopicMetaError,
+    TopicRegistry,
+    decode_meta,
+)
 from broker.storage import fileio, segment
-from broker.topics import META_FILE, TopicError, TopicMetaError, TopicRegistry, decode_meta
 from harness.wire import fetched_values, values_batch
 from protocol.batch import validate
 from protocol.errors import ErrorCode
@@ -102,7 +108,7 @@ def test_full_disk_during_creation_is_storage_error_and_leaves_nothing(
     elif where == "write":
         monkeypatch.setattr(fileio.os, "write", _fail_nth(nth, os.write))
     elif where == "rename":
-        monkeypatch.setattr("broker.topics.os.rename", _fail_nth(nth, os.rename))
+        monkeypatch.setattr("broker.partitions.topics.os.rename", _fail_nth(nth, os.rename))
     else:
         monkeypatch.setattr(segment, "fsync_dir", _fail_nth(nth, fileio.fsync_dir))
     with pytest.raises(TopicError) as info:
@@ -206,7 +212,7 @@ def test_a_deletion_renames_to_a_tombstone_that_blocks_the_name_until_removed(
     produce(r, "t", 1, [b"a"])
     before = open_fds()
     # A rename that fails changes nothing.
-    monkeypatch.setattr("broker.topics.os.rename", _fail_nth(1, os.rename))
+    monkeypatch.setattr("broker.partitions.topics.os.rename", _fail_nth(1, os.rename))
     with pytest.raises(TopicError) as info:
         r.delete("t")
     monkeypatch.undo()
