@@ -5,7 +5,7 @@ Every request class in protocol/messages.py declares its `requirements` with the
 types, beside its fields, as data: the operation, the resource type, where the request
 names the resources, when the need applies and what a denial covers. The broker
 enforces the declarations in one place (broker/security/authorization.py, called by
-`Handlers.handle`), and docs/security.md's table is generated from them
+`Apis.handle` in broker/api/dispatch.py), and docs/security.md's table is generated from them
 (`markdown_table`). A denial's code follows from the resource type, as in Kafka
 (`DENIAL_CODES`).
 

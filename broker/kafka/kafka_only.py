@@ -6,10 +6,10 @@ protocol/messages.py, the native wire contract.
 A subclass is declared as protocol/messages.py declares a native request: tagged with
 the Kafka API's name, with its `response` class and its `requirements` in
 protocol/authorization.py's terms (docs/protocol.md section 7), so the broker's one
-judge (`Handlers.handle`, broker/security/authorization.py) decides it like any other
-request, and `codec.refusal` answers a refusal in its own response. It lives in its API
-family's module under apis/, beside the translation that builds it; the function that
-runs it reaches `Handlers` as one of its `extra_apis`.
+judge (`Apis.handle` in broker/api/dispatch.py) decides it like any other request, and
+`codec.refusal` answers a refusal in its own response. It lives in its API family's
+module under apis/, beside the translation that builds it; the function that runs it is
+registered as every API is, by its family in broker/api/ (`apis()`, under the tag).
 """
 
 from __future__ import annotations
