@@ -212,6 +212,7 @@ class TopicMetadata(msgspec.Struct):
     name: str
     error: int = ErrorCode.NONE
     partitions: list[PartitionMetadata] = []
+    topic_id: bytes = b""  # 16 bytes (Kafka's KIP-516); empty with an error
 
 
 class BrokerMetadata(msgspec.Struct):
@@ -266,6 +267,7 @@ class CreateTopicResult(msgspec.Struct):
     name: str
     error: int = ErrorCode.NONE
     message: str | None = None
+    topic_id: bytes = b""  # the new topic's id (16 bytes); empty with an error
 
 
 class CreateTopicsResponse(Response):

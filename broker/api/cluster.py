@@ -59,6 +59,7 @@ class ClusterApi:
                         m.PartitionMetadata(p.index, ErrorCode.NONE, BROKER_ID)
                         for p in topic.partitions
                     ],
+                    topic.topic_id.bytes,
                 )
             )
         host, port = session.advertised or self.advertised

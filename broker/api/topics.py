@@ -36,8 +36,8 @@ class TopicApi:
         results = []
         for t in req.topics:
             try:
-                self.topics.create(t.name, t.partitions, t.config, now_ms())
-                results.append(m.CreateTopicResult(t.name))
+                topic = self.topics.create(t.name, t.partitions, t.config, now_ms())
+                results.append(m.CreateTopicResult(t.name, topic_id=topic.topic_id.bytes))
             except TopicError as exc:
                 results.append(m.CreateTopicResult(t.name, exc.code, exc.message))
             await anyio.lowlevel.checkpoint()  # as in metadata: creations take turns

@@ -1,7 +1,13 @@
 """Topics: names, partition counts and per-topic log settings, persisted on disk.
 
-Layout: `<data_dir>/topics/<name>/topic.meta` (sealed msgpack: partitions and
-config overrides) and one directory per partition, `<data_dir>/topics/<name>/<n>/`.
+Layout: `<data_dir>/topics/<name>/topic.meta` (sealed msgpack: partitions, config
+overrides and the topic id) and one directory per partition,
+`<data_dir>/topics/<name>/<n>/`.
+
+Every topic has an id (Kafka's KIP-516), random and fixed for the topic's life, so a
+topic deleted and created again under its name is told apart from the old one. A meta
+file written before topics had ids gets one at the next start, written back before
+the topic serves anything; a meta file rebuilt after damage gets a new one.
 
 A topic is created in `<name>~` ('~' is never in a topic name) and renamed into
 place once its meta file is durable, so a crash or an error during creation
@@ -23,15 +29,17 @@ atomically, then giving its open partitions the new log settings.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
 import resource
 import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -80,12 +88,37 @@ def check_name(name: str) -> None:
 REBUILT_META_CONFIG = {"retention_ms": -1, "retention_bytes": -1}
 
 
-def encode_meta(partitions: int, config: dict[str, int]) -> bytes:
-    return seal(msgpack.packb({"partitions": partitions, "config": config}, use_bin_type=True))
+class TopicMeta(NamedTuple):
+    """What a topic's meta file holds."""
+
+    partitions: int
+    config: dict[str, int]
+    topic_id: uuid.UUID | None  # None: written before topics had ids
 
 
-def decode_meta(data: bytes) -> tuple[int, dict[str, int]]:
-    """(partitions, overrides) of a meta file; ValueError saying what is wrong with it."""
+def new_topic_id() -> uuid.UUID:
+    """A random topic id, as Kafka's `Uuid.randomUuid` makes one: never one whose text
+    starts with '-' (Kafka's tools would read it as an option). A version 4 UUID is
+    never Kafka's reserved zero or metadata-topic id."""
+    while True:
+        topic_id = uuid.uuid4()
+        if not topic_id_text(topic_id).startswith("-"):
+            return topic_id
+
+
+def topic_id_text(topic_id: uuid.UUID) -> str:
+    """A topic id as Kafka shows it: URL-safe base64 of its 16 bytes, unpadded."""
+    return base64.urlsafe_b64encode(topic_id.bytes).rstrip(b"=").decode()
+
+
+def encode_meta(meta: TopicMeta) -> bytes:
+    assert meta.topic_id is not None, "a meta file is written with the topic's id"
+    body = {"partitions": meta.partitions, "config": meta.config, "id": meta.topic_id.bytes}
+    return seal(msgpack.packb(body, use_bin_type=True))
+
+
+def decode_meta(data: bytes) -> TopicMeta:
+    """The meta file's contents; ValueError saying what is wrong with it."""
     body = unseal(data)
     if body is None:
         raise ValueError("checksum mismatch")
@@ -93,17 +126,21 @@ def decode_meta(data: bytes) -> tuple[int, dict[str, int]]:
         meta = msgpack.unpackb(body, raw=False)
     except (ValueError, msgpack.UnpackException) as exc:
         raise ValueError(f"not msgpack: {exc}") from None
-    if not isinstance(meta, dict) or set(meta) != {"partitions", "config"}:
-        raise ValueError("not a map of partitions and config")
+    if not isinstance(meta, dict) or set(meta) - {"id"} != {"partitions", "config"}:
+        raise ValueError("not a map of partitions, config and id")
+    raw_id = meta.get("id")
+    if raw_id is not None and (type(raw_id) is not bytes or len(raw_id) != 16):
+        raise ValueError(f"topic id {raw_id!r} is not 16 bytes")
     partitions = meta["partitions"]
     if type(partitions) is not int or not 1 <= partitions <= PARTITIONS_MAX:
         raise ValueError(f"partitions {partitions!r} not in 1..{PARTITIONS_MAX}")
     if not isinstance(meta["config"], dict):
         raise ValueError("config is not a map")
     try:
-        return partitions, topic_overrides(meta["config"])
+        config = topic_overrides(meta["config"])
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+    return TopicMeta(partitions, config, None if raw_id is None else uuid.UUID(bytes=raw_id))
 
 
 def partition_count_on_disk(directory: Path) -> int:
@@ -134,6 +171,7 @@ class Topic:
     name: str
     config: dict[str, int]
     partitions: list[Partition]
+    topic_id: uuid.UUID
 
 
 class TopicRegistry:
@@ -180,23 +218,31 @@ class TopicRegistry:
             if not entry.is_dir() or not TOPIC_NAME.fullmatch(entry.name):
                 log.warning("event=topic_dir_ignored path=%s reason='not a topic'", entry)
                 continue
-            partitions, config = self._read_meta(entry)
-            self.topics[entry.name] = self._open_topic(
-                entry.name, partitions, config, clean_shutdown, now_ms
-            )
+            meta = self._read_meta(entry)
+            assert meta.topic_id is not None
+            self.topics[entry.name] = self._open_topic(entry.name, meta, clean_shutdown, now_ms)
 
-    def _read_meta(self, directory: Path) -> tuple[int, dict[str, int]]:
-        """The topic's meta file; when it is missing or damaged, the partition count its
-        directories show with retention off, written back as the new meta file."""
+    def _read_meta(self, directory: Path) -> TopicMeta:
+        """The topic's meta file, given an id if it has none; when it is missing or
+        damaged, the partition count its directories show with retention off and a new
+        id, written back as the new meta file."""
         meta_path = directory / META_FILE
         try:
-            return decode_meta(meta_path.read_bytes())
+            meta = decode_meta(meta_path.read_bytes())
         except FileNotFoundError:
             reason = "missing"
         except ValueError as exc:
             reason = str(exc)
         except OSError as exc:
             raise TopicMetaError(f"cannot read {meta_path}: {exc.strerror}") from exc
+        else:
+            if meta.topic_id is not None:
+                return meta
+            topic_id = new_topic_id()
+            log.info(
+                "event=topic_id_assigned file=%s topic_id=%s", meta_path, topic_id_text(topic_id)
+            )
+            return self._write_meta(meta_path, meta._replace(topic_id=topic_id))
         partitions = partition_count_on_disk(directory)
         # The overrides are lost with the file. Retention is switched off rather than
         # falling back to the broker's, which could delete data the topic kept forever:
@@ -210,19 +256,22 @@ class TopicRegistry:
             partitions,
             config,
         )
+        return self._write_meta(meta_path, TopicMeta(partitions, config, new_topic_id()))
+
+    @staticmethod
+    def _write_meta(meta_path: Path, meta: TopicMeta) -> TopicMeta:
         try:
-            write_atomic(meta_path, encode_meta(partitions, config))
+            write_atomic(meta_path, encode_meta(meta))
         except OSError as exc:
             raise TopicMetaError(f"cannot rewrite {meta_path}: {exc.strerror}") from exc
-        return partitions, config
+        return meta
 
-    def _open_topic(
-        self, name: str, partitions: int, config: dict[str, int], clean_shutdown: bool, now_ms: int
-    ) -> Topic:
-        log_config = self.log_config(config)
+    def _open_topic(self, name: str, meta: TopicMeta, clean_shutdown: bool, now_ms: int) -> Topic:
+        assert meta.topic_id is not None
+        log_config = self.log_config(meta.config)
         opened: list[Partition] = []
         try:
-            for i in range(partitions):
+            for i in range(meta.partitions):
                 opened.append(
                     Partition.open(
                         name,
@@ -238,7 +287,7 @@ class TopicRegistry:
             for p in opened:
                 _release(p)
             raise
-        topic = Topic(name, config, opened)
+        topic = Topic(name, meta.config, opened, meta.topic_id)
         for p in topic.partitions:
             p.on_rolled = self.on_rolled
         return topic
@@ -286,7 +335,8 @@ class TopicRegistry:
             staging.mkdir(parents=True)
             for i in range(partitions):
                 (staging / str(i)).mkdir()
-            write_atomic(staging / META_FILE, encode_meta(partitions, overrides))
+            meta = TopicMeta(partitions, overrides, new_topic_id())
+            write_atomic(staging / META_FILE, encode_meta(meta))
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             raise _storage_error(name, exc) from exc
@@ -297,7 +347,7 @@ class TopicRegistry:
             raise _storage_error(name, exc) from exc
         try:
             fsync_dir(self.root)
-            topic = self._open_topic(name, partitions, overrides, True, now_ms)
+            topic = self._open_topic(name, meta, True, now_ms)
         except (OSError, StorageError) as exc:
             self._uncreate(directory, staging)
             raise _storage_error(name, exc) from exc
@@ -306,7 +356,11 @@ class TopicRegistry:
             raise
         self.topics[name] = topic
         log.info(
-            "event=topic_created topic=%s partitions=%d config=%s", name, partitions, overrides
+            "event=topic_created topic=%s topic_id=%s partitions=%d config=%s",
+            name,
+            topic_id_text(topic.topic_id),
+            partitions,
+            overrides,
         )
         return topic
 
@@ -376,7 +430,8 @@ class TopicRegistry:
         next retention run and the next roll use them). OSError when the meta file could
         not be written: the overrides in force are unchanged."""
         topic = self.topics[name]
-        write_atomic(self.root / name / META_FILE, encode_meta(len(topic.partitions), overrides))
+        meta = TopicMeta(len(topic.partitions), overrides, topic.topic_id)
+        write_atomic(self.root / name / META_FILE, encode_meta(meta))
         crash_point("topic_config_durable")
         topic.config = overrides
         self._apply_log_config(topic)

@@ -3,6 +3,7 @@ DescribeConfigs (v1-4, topics and the broker)."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,10 +65,12 @@ def translate_create_topics(req: Any, _version: int, ex: Exchange) -> Translated
 def answer_create_topics(r: m.CreateTopicsResponse, _version: int, asked: TopicsAsked) -> Values:
     answered = {t.name: (t.error, t.message) for t in r.topics}
     answered.update(asked.refused)
+    ids = {t.name: uuid.UUID(bytes=t.topic_id) for t in r.topics if t.topic_id}
     return {
         "topics": [
             {
                 "name": name,
+                "topic_id": ids.get(name),
                 "error_code": answered[name][0],
                 "error_message": answered[name][1],
                 "num_partitions": -1,

@@ -1,12 +1,14 @@
 """Metadata (v0-11): the cluster as Kafka's clients see it.
 
 A single broker is every partition's leader (node 0, leader epoch 0) and its only
-replica; Kafka's leader epoch and topic ids are not kept (Produce and Fetch stay below
-the versions that name topics by id).
+replica; Kafka's leader epoch is not kept. Topic ids (KIP-516, Metadata v10+) are the
+topics' own, kept in their meta files; Produce and Fetch stay below the versions that
+name topics by id.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from broker.kafka.api import Exchange, KafkaApi, Values
@@ -35,6 +37,7 @@ def answer_metadata(r: m.MetadataResponse, _version: int, _asked: None) -> Value
             {
                 "error_code": t.error,
                 "name": t.name,
+                "topic_id": uuid.UUID(bytes=t.topic_id) if t.topic_id else None,
                 "partitions": [
                     {
                         "error_code": p.error,

@@ -74,7 +74,11 @@ def test_topics_persist_across_restart(broker: BrokerProcess) -> None:
     assert len(r["topics"][0]["partitions"]) == 2
     meta = unseal((broker.data_dir / "topics" / "kept" / "topic.meta").read_bytes())
     assert meta is not None
-    assert msgpack.unpackb(meta) == {"partitions": 2, "config": {"retention_ms": 1000000}}
+    assert msgpack.unpackb(meta) == {
+        "partitions": 2,
+        "config": {"retention_ms": 1000000},
+        "id": r["topics"][0]["topic_id"],
+    }
 
 
 def test_produce_fetch_round_trip(broker: BrokerProcess) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 
 from broker.config import BrokerConfig
@@ -18,8 +19,9 @@ from broker.partitions.topics import (
     TopicMetaError,
     TopicRegistry,
     decode_meta,
+    topic_id_text,
 )
-from broker.storage import fileio, segment
+from broker.storage import fileio, seal, segment
 from harness.wire import fetched_values, values_batch
 from protocol.batch import validate
 from protocol.errors import ErrorCode
@@ -164,6 +166,7 @@ def test_damaged_meta_is_rebuilt_from_the_partition_directories(tmp_path: Path, 
     r.create("t", 3, {"retention.ms": -1}, NOW_MS)
     for i in range(3):
         produce(r, "t", i, [f"{i}-{n}".encode() for n in range(5)])
+    old_id = r.topics["t"].topic_id
     r.close()
     _damage(r.root / "t" / META_FILE, how)
 
@@ -176,7 +179,9 @@ def test_damaged_meta_is_rebuilt_from_the_partition_directories(tmp_path: Path, 
     kept = {"retention_ms": -1, "retention_bytes": -1}
     assert r.topics["t"].config == kept
     assert r.partition("t", 0).log.config.retention_ms == -1  # type: ignore[union-attr]
-    assert decode_meta((r.root / "t" / META_FILE).read_bytes()) == (3, kept)
+    meta = decode_meta((r.root / "t" / META_FILE).read_bytes())
+    assert (meta.partitions, meta.config) == (3, kept)
+    assert meta.topic_id == r.topics["t"].topic_id != old_id, "a rebuilt topic gets a new id"
     with pytest.raises(TopicError) as info:
         r.create("t", 1, None, NOW_MS)
     assert info.value.code == ErrorCode.TOPIC_ALREADY_EXISTS
@@ -248,8 +253,59 @@ def test_altered_overrides_are_durable_and_in_force_at_once(tmp_path: Path) -> N
             4096,
             BrokerConfig().retention_ms,
         )
-    assert decode_meta((r.root / "t" / META_FILE).read_bytes()) == (2, {"segment_bytes": 4096})
+    meta = decode_meta((r.root / "t" / META_FILE).read_bytes())
+    assert meta == (2, {"segment_bytes": 4096}, r.topics["t"].topic_id)
     r.close()
     again = registry(tmp_path)
     assert again.topics["t"].config == {"segment_bytes": 4096}
+    assert again.topics["t"].topic_id == meta.topic_id, "an override change keeps the id"
     again.close()
+
+
+def test_a_topic_id_is_fixed_for_the_topics_life_and_new_for_a_new_topic(tmp_path: Path) -> None:
+    r = registry(tmp_path)
+    r.create("t", 1, None, NOW_MS)
+    r.create("u", 1, None, NOW_MS)
+    first = r.topics["t"].topic_id
+    assert first != r.topics["u"].topic_id and first.version == 4
+    assert not topic_id_text(first).startswith("-") and len(topic_id_text(first)) == 22
+    r.close()
+    r = registry(tmp_path)
+    assert r.topics["t"].topic_id == first, "an id survives a restart"
+    r.close()
+    r = registry(tmp_path)
+    topic = r.delete("t")
+    for p in topic.partitions:
+        p.close_files()
+    r.remove_deleted("t")
+    r.create("t", 1, None, NOW_MS)
+    assert r.topics["t"].topic_id != first, "a topic created again under a name is new"
+    r.close()
+
+
+def test_a_meta_file_without_an_id_gets_one_written_back_before_serving(tmp_path: Path) -> None:
+    """A data dir of a broker from before topic ids: the meta file of two keys."""
+    r = registry(tmp_path)
+    r.create("t", 2, {"retention.ms": 1000}, NOW_MS)
+    produce(r, "t", 1, [b"kept"])
+    r.close()
+    meta_path = r.root / "t" / META_FILE
+    body = {"partitions": 2, "config": {"retention_ms": 1000}}
+    meta_path.write_bytes(seal(msgpack.packb(body, use_bin_type=True)))
+    assert decode_meta(meta_path.read_bytes()).topic_id is None
+
+    r = registry(tmp_path)
+    given = r.topics["t"].topic_id
+    assert decode_meta(meta_path.read_bytes()) == (2, {"retention_ms": 1000}, given)
+    assert stored_values(r, "t", 1) == [b"kept"]
+    r.close()
+    again = registry(tmp_path)
+    assert again.topics["t"].topic_id == given
+    again.close()
+
+
+@pytest.mark.parametrize("topic_id", [b"short", "a string of sixteen", 7])
+def test_a_meta_file_with_a_malformed_id_is_damage(tmp_path: Path, topic_id: object) -> None:
+    body = {"partitions": 1, "config": {}, "id": topic_id}
+    with pytest.raises(ValueError, match="topic id"):
+        decode_meta(seal(msgpack.packb(body, use_bin_type=True)))
