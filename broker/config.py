@@ -475,8 +475,9 @@ class BrokerConfig:
         "(asyncio buffers writes in its transport, so it always copies).",
     )
     fetch_max_bytes: int = _setting(
-        50 * 1024 * 1024,
-        "Cap on the bytes one Fetch response carries.",
+        55 * 1024 * 1024,
+        "Cap on the record bytes one Fetch response carries, whatever its `max_bytes` "
+        "(one first batch larger than that goes whole); Kafka's fetch.max.bytes.",
         unit="bytes",
         min=1,
         max=INT32_MAX,

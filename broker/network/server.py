@@ -86,6 +86,9 @@ READ_AHEAD_RECEIVE_BYTES = 1024 * 1024
 # Longest run of one connection's requests before the others get the event
 # loop: a read can hold hundreds of requests, each up to max_entries_per_request.
 TURN_S = 0.01
+# Fetch answers whose batches are converted (codec.convert) at a time, each in a worker
+# thread: each holds up to fetch_max_bytes twice (read, converted) meanwhile.
+CONVERSIONS_MAX = 2
 # Most topic and partition entries (about one batch each) one run of Produce requests
 # takes before the reader looks at the clock again; one request alone may name up to
 # max_entries_per_request.
@@ -136,11 +139,25 @@ class Codec(Protocol):
 
     def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]: ...
 
+    def converts(self, outcome: Outcome) -> bool:
+        """Whether `outcome` must go through `convert` (in a worker thread) first."""
+        ...
+
+    def convert(self, outcome: Outcome) -> Outcome: ...
+
 
 class MinibrokerCodec:
     """This broker's own protocol (docs/protocol.md): msgpack frames."""
 
     decode = staticmethod(decode_request)
+
+    @staticmethod
+    def converts(_outcome: Outcome) -> bool:
+        return False  # batches go out as they are stored
+
+    @staticmethod
+    def convert(outcome: Outcome) -> Outcome:
+        return outcome
 
     @staticmethod
     def encode(response: Response, cid: int) -> bytes:
@@ -225,6 +242,7 @@ class Server:
         self.listeners = listeners
         self.served = served
         self.connections: set[Connection] = set()
+        self._converting = anyio.CapacityLimiter(CONVERSIONS_MAX)
         self._serve_scope = anyio.CancelScope()
         self._stopping = False
 
@@ -596,10 +614,17 @@ class Server:
             code = ErrorCode.UNKNOWN_SERVER_ERROR
             return [self._refusal(r, code, "internal error", started, conn) for r in requests]
         codec = conn.codec
-        return [
-            self._reply(request, outcome, started, codec)
-            for request, outcome in zip(requests, outcomes, strict=True)
-        ]
+        replies: list[Reply | NoAnswer] = []
+        for request, outcome in zip(requests, outcomes, strict=True):
+            if codec.converts(outcome):
+                # Stored batches in another form (a kafka listener's Fetch of batches
+                # written natively): CPU in proportion to the answer, off the event loop
+                # and a few at a time, so one client's Fetch stalls no one else.
+                outcome = await anyio.to_thread.run_sync(
+                    codec.convert, outcome, limiter=self._converting
+                )
+            replies.append(self._reply(request, outcome, started, codec))
+        return replies
 
     def _refusal(
         self, request: Request, code: ErrorCode, message: str, started: float, conn: Connection
