@@ -102,7 +102,10 @@ class KafkaCodec:
     def encode(self, response: m.Response, cid: int) -> bytes:
         """The Kafka response frame answering the request the codec gave `cid`."""
         call = self._calls.pop(cid)
-        if type(response) is m.Response:  # a refusal before or instead of the handler
+        if type(response) is m.Response and BY_KEY[call.key].name == call.request.api:
+            # A refusal before or instead of the handler, its entries answered one by
+            # one. A Kafka API the listener runs as another (FindCoordinator as
+            # Metadata) has other entries: it gets its own response's error, below.
             response = refusal(call.request, response)
         if type(response) is m.ProduceResponse:
             return produce_response(response, call.version, call.correlation_id)
