@@ -395,6 +395,15 @@ class BrokerConfig:
         max=INT32_MAX,
         reloadable=True,
     )
+    sasl_server_max_receive_bytes: int = _setting(
+        512 * 1024,
+        "Largest frame a connection on a `sasl_*` listener may send before it has "
+        "authenticated; a larger declared length closes it at once (Kafka's "
+        "sasl.server.max.receive.size).",
+        unit="bytes",
+        min=1024,
+        max=1 << 30,
+    )
     authentication_failure_delay_ms: int = _setting(
         100,
         "A failed authentication is answered after this long, then the connection closes "

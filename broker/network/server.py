@@ -55,7 +55,7 @@ from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.listeners import Listeners, Served
 from broker.security import Admission, Session, canonical_host
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.framing import FrameDecoder, FrameError, frame
+from protocol.framing import FrameDecoder, FrameError, FrameTooLarge, frame
 from protocol.messages import (
     REQUEST_TYPES,
     ProduceRequest,
@@ -390,7 +390,9 @@ class Server:
     async def _reader(
         self, stream: ByteStream, send: MemoryObjectSendStream[list[Reply]], conn: Connection
     ) -> None:
-        decoder = FrameDecoder(self.config.max_frame_bytes)
+        frame_bytes_max = self.config.max_frame_bytes
+        preauth_bytes_max = self.config.sasl_server_max_receive_bytes
+        decoder = FrameDecoder(frame_bytes_max)
         apis = self.apis
         # Only a plain trio socket: asyncio's transport buffers what it cannot send at
         # once, and a send on its socket could overtake those bytes; a wrapping stream
@@ -444,12 +446,25 @@ class Server:
                         if received is None:
                             return
                         data = received
+                    # Before SASL completes, only frames as small as authentication needs.
+                    unauthenticated = conn.session.sasl is not None and (
+                        conn.session.sasl.principal is None
+                    )
+                    decoder.frame_bytes_max = (
+                        min(frame_bytes_max, preauth_bytes_max)
+                        if unauthenticated
+                        else frame_bytes_max
+                    )
                     try:
                         messages = decoder.feed_views(data, conn.inflight_max)
                     except FrameError as exc:
-                        log.warning(
-                            "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)
-                        )
+                        reason = str(exc)
+                        if isinstance(exc, FrameTooLarge) and exc.limit < frame_bytes_max:
+                            reason = (
+                                f"frame of {exc.length} bytes before authentication exceeds "
+                                f"sasl_server_max_receive_bytes {exc.limit}"
+                            )
+                        log.warning("event=connection_closed peer=%s reason=%r", conn.peer, reason)
                         return
                     if messages or not partial:
                         receive_left_s = receive_ms / 1000  # any bytes left begin a new request
