@@ -32,6 +32,7 @@ import contextlib
 import errno
 import functools
 import logging
+import math
 import os
 import socket
 import time
@@ -50,7 +51,7 @@ from broker.clock import monotonic_ms
 from broker.config import BrokerConfig, Listener
 from broker.kafka import KafkaCodec
 from broker.metrics import BrokerMetrics
-from broker.network import asyncio_stream, tls
+from broker.network import asyncio_stream, limits, tls
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.listeners import Listeners, Served
 from broker.security import Admission, Session, canonical_host
@@ -187,6 +188,12 @@ class Connection:
     codec: Codec = MINIBROKER
     tls: bool = False
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    """The whole connection's: cancelled to close it for another (`limits.py`), with a
+    deadline until it has authenticated on a sasl_* listener."""
+    authenticated: bool = True
+    """False until SASL succeeds (a sasl_* listener) or the TLS handshake does (tls)."""
+    evicted: bool = False
     handshake_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     inflight: int = 0  # requests read whose answers are not yet sent
     unsent_bytes: int = 0  # bytes of those answers, as far as they are built
@@ -242,6 +249,7 @@ class Server:
         self.listeners = listeners
         self.served = served
         self.connections: set[Connection] = set()
+        self.limits = _limits(config)
         self._converting = anyio.CapacityLimiter(CONVERSIONS_MAX)
         self._serve_scope = anyio.CancelScope()
         self._stopping = False
@@ -307,19 +315,34 @@ class Server:
 
     async def _connection(self, stream: ByteStream, served: Served) -> None:
         peer = _peer(stream)
+        host = _peer_host(stream)
         listener = served.listener
-        if self._stopping or len(self.connections) >= self.config.max_connections:
+        admitted = (
+            limits.Refused("shutting_down")
+            if self._stopping
+            else self.limits.admit(listener.name, host)
+        )
+        if isinstance(admitted, limits.Refused):
             log.warning(
                 "event=connection_refused listener=%s peer=%s reason=%s",
                 listener.name,
                 peer,
-                "shutting_down"
-                if self._stopping
-                else f"max_connections={self.config.max_connections}",
+                admitted.reason,
             )
             await stream.aclose()
             return
-        session = self.sessions.session(listener, _peer_host(stream), served.advertised)
+        for victim in admitted:
+            # Not authenticated yet: its room goes to a connection that needs it.
+            log.warning(
+                "event=connection_evicted listener=%s peer=%s reason=%r",
+                victim.session.listener,
+                victim.peer,
+                f"not authenticated, and the oldest such connection when {listener.name} "
+                "or the broker was at its max_connections",
+            )
+            victim.evicted = True
+            victim.scope.cancel()
+        session = self.sessions.session(listener, host, served.advertised)
         conn = Connection(
             peer,
             self.config.max_inflight_requests_per_connection,
@@ -327,28 +350,49 @@ class Server:
             session,
             codec=self._codec(listener),
             tls=listener.tls,
+            authenticated=not (listener.sasl or listener.tls),
         )
         self.connections.add(conn)
+        self.limits.opened(conn, listener.name, host, authenticated=conn.authenticated)
         self.metrics.connection_opened(listener.name)
+        timeout_ms = self.config.sasl_authentication_timeout_ms
+        if listener.sasl:
+            conn.scope.deadline = anyio.current_time() + timeout_ms / 1000
         try:
-            if listener.tls:
-                secured = await self._handshake(stream, conn)
-                if secured is None:
-                    return
-                stream = secured
-            # Bounded by conn.full() in the reader, in requests and bytes rather than items.
-            send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
-            async with stream, anyio.create_task_group() as tg:
-                tg.start_soon(self._writer, stream, receive, conn, tg.cancel_scope)
-                async with send:
-                    await self._reader(stream, send, conn)
+            with conn.scope:
+                if listener.tls:
+                    secured = await self._handshake(stream, conn)
+                    if secured is None:
+                        return
+                    stream = secured
+                    if not listener.sasl:
+                        self._authenticated(conn)
+                # Bounded by conn.full() in the reader, in requests and bytes, not items.
+                send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
+                async with stream, anyio.create_task_group() as tg:
+                    tg.start_soon(self._writer, stream, receive, conn, tg.cancel_scope)
+                    async with send:
+                        await self._reader(stream, send, conn)
+            if conn.scope.cancelled_caught and not conn.evicted:
+                log.warning(
+                    "event=connection_closed peer=%s reason=%r",
+                    peer,
+                    f"not authenticated within sasl_authentication_timeout_ms={timeout_ms}",
+                )
         except Exception:
             # The peer's trouble is never the listener's: whatever one connection
             # raises ends that connection only.
             log.exception("event=connection_failed peer=%s", peer)
         finally:
             self.connections.discard(conn)
+            self.limits.closed(conn)
             self.metrics.connection_closed(listener.name)
+
+    def _authenticated(self, conn: Connection) -> None:
+        """`conn` has authenticated: no deadline, and it keeps its room."""
+        conn.authenticated = True
+        conn.scope.deadline = math.inf
+        self.limits.authenticated(conn)
 
     def _codec(self, listener: Listener) -> Codec:
         """What the listener's connections speak (its `protocol`)."""
@@ -496,6 +540,8 @@ class Server:
                                 conn.inflight += 1
                                 conn.unsent_bytes += _size_bytes(reply)
                         sasl = conn.session.sasl
+                        if sasl is not None and not conn.authenticated and sasl.principal:
+                            self._authenticated(conn)
                         if sasl is not None and sasl.closed:
                             # Its answer (58) goes out first; nothing after it is run.
                             close = CloseConnection("authentication failed")
@@ -821,6 +867,25 @@ async def _receive(receive: Callable[[int], Awaitable[bytes]], max_bytes: int) -
         return await receive(max_bytes)
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         return None
+
+
+def _limits(config: BrokerConfig) -> limits.ConnectionLimits[Connection]:
+    """The connection limits the settings declare; overrides' addresses in the spelling
+    the connections' own take (canonical_host)."""
+    overrides = {}
+    for entry in config.max_connections_per_ip_overrides:
+        address, _, count = entry.rpartition(":")
+        with contextlib.suppress(ValueError):  # a name is compared as it is
+            address = canonical_host(address)
+        overrides[address] = int(count)
+    per_listener = {
+        listener.name: listener.max_connections
+        for listener in config.effective_listeners()
+        if listener.max_connections
+    }
+    return limits.ConnectionLimits(
+        config.max_connections, per_listener, config.max_connections_per_ip, overrides
+    )
 
 
 def _peer_host(stream: ByteStream) -> str:
