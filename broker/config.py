@@ -189,6 +189,9 @@ class Listener:
     advertised_host: str = ""
     """What Metadata answers for this listener; "" = `host`."""
     protocol: str = "minibroker"
+    max_connections: int = 0
+    """Its own limit on open connections (Kafka's listener.name.X.max.connections); 0:
+    only the broker's `max_connections`."""
 
     @property
     def tls(self) -> bool:
@@ -261,6 +264,12 @@ def parse_listeners(value: Any) -> tuple[Listener, ...]:
         if listener.security not in SECURITY:
             raise ConfigError(
                 f"{where}: security={listener.security!r} is invalid: expected {_one_of(SECURITY)}"
+            )
+        limit = listener.max_connections
+        if type(limit) is not int or not 0 <= limit <= INT32_MAX:
+            raise ConfigError(
+                f"{where}: max_connections={limit!r} is invalid: expected an integer in "
+                f"0..{INT32_MAX} (0: only the broker's max_connections)"
             )
         if listener.protocol not in PROTOCOLS:
             raise ConfigError(
@@ -338,11 +347,13 @@ class BrokerConfig:
     listeners: tuple[Listener, ...] = _setting(
         (),
         "`[[listeners]]` tables, each with `name`, `host`, `port`, `security` and optionally "
-        '`advertised_host` and `protocol` (operations.md, "Listeners"); empty: one '
-        "plaintext listener at `host`:`port` (with listeners, leave those two unset).",
+        '`advertised_host`, `protocol` and `max_connections` (operations.md, "Listeners"); '
+        "empty: one plaintext listener at `host`:`port` (with listeners, leave those two "
+        "unset).",
         parse=parse_listeners,
         shape=f"up to {LISTENERS_MAX} tables: name [a-z0-9_]{{1,32}}, unique; security "
-        f"{_one_of(SECURITY)}; protocol {_one_of(PROTOCOLS)}",
+        f"{_one_of(SECURITY)}; protocol {_one_of(PROTOCOLS)}; max_connections "
+        f"0..{INT32_MAX}",
     )
     tls_certfile: str = _setting(
         "",
@@ -394,6 +405,15 @@ class BrokerConfig:
         min=0,
         max=INT32_MAX,
         reloadable=True,
+    )
+    sasl_server_max_receive_bytes: int = _setting(
+        512 * 1024,
+        "Largest frame a connection on a `sasl_*` listener may send before it has "
+        "authenticated; a larger declared length closes it at once (Kafka's "
+        "sasl.server.max.receive.size).",
+        unit="bytes",
+        min=1024,
+        max=1 << 30,
     )
     authentication_failure_delay_ms: int = _setting(
         100,
@@ -475,14 +495,43 @@ class BrokerConfig:
         "(asyncio buffers writes in its transport, so it always copies).",
     )
     fetch_max_bytes: int = _setting(
-        50 * 1024 * 1024,
-        "Cap on the bytes one Fetch response carries.",
+        55 * 1024 * 1024,
+        "Cap on the record bytes one Fetch response carries, whatever its `max_bytes` "
+        "(one first batch larger than that goes whole); Kafka's fetch.max.bytes.",
         unit="bytes",
         min=1,
         max=INT32_MAX,
     )
     max_connections: int = _setting(
-        1000, "Open client connections; further ones are closed.", min=1, max=INT32_MAX
+        1000,
+        "Open client connections; at the limit the oldest connection not yet "
+        "authenticated is closed to make room, else the new one is.",
+        min=1,
+        max=INT32_MAX,
+    )
+    max_connections_per_ip: int = _setting(
+        INT32_MAX,
+        "Open connections from one client address; further ones are closed (Kafka's "
+        "max.connections.per.ip).",
+        min=1,
+        max=INT32_MAX,
+    )
+    max_connections_per_ip_overrides: tuple[str, ...] = _setting(
+        (),
+        'Per address, a limit in place of `max_connections_per_ip`, as `"ADDRESS:COUNT"` '
+        "(Kafka's max.connections.per.ip.overrides).",
+        min=0,
+        max=1000,
+        pattern=r"[^\s]{1,255}:[0-9]{1,9}",
+        shape='a list of up to 1000 `"ADDRESS:COUNT"`, each once',
+    )
+    sasl_authentication_timeout_ms: int = _setting(
+        30_000,
+        "A connection on a `sasl_*` listener that has not authenticated this long after "
+        "it was accepted is closed, whatever it sends meanwhile.",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
     )
     max_inflight_requests_per_connection: int = _setting(
         256,

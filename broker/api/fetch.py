@@ -116,11 +116,10 @@ class FetchApi:
                 size = count = 0
                 end_offset = fp.fetch_offset
                 error = ErrorCode.NONE
-                # Kafka's rule: the first non-empty partition may exceed the budget by one
-                # batch so a consumer always progresses; the rest stay within it.
-                room = (
-                    min(fp.partition_max_bytes, budget - used) if used else fp.partition_max_bytes
-                )
+                # Kafka's rule: every partition's own limit is capped by what is left of
+                # the answer's budget; the first non-empty partition may exceed it by one
+                # batch (a larger first batch whole) so a consumer always progresses.
+                room = min(fp.partition_max_bytes, budget - used)
                 if room > 0 or not used:
                     try:
                         if self._zero_copy:

@@ -77,7 +77,8 @@ class TransactionApi:
                 for p in self.topics.all_partitions()
                 if (e := p.producers.epoch_of(req.producer_id)) is not None
             ]
-            grant = ids.bump(req.producer_id, req.producer_epoch, max(known, default=None))
+            known_epoch = max(known, default=None)
+            grant = ids.bump(req.producer_id, req.producer_epoch, known_epoch, principal)
         else:
             grant = ids.new_producer(principal)
         if grant.error == ErrorCode.INVALID_PRODUCER_EPOCH:

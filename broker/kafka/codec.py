@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, cast
 
-from broker.api import SplicedReply
+from broker.api import Answer, Outcome, SplicedReply
 from broker.kafka.api import Exchange, KafkaApi, Reply
 from broker.kafka.apis import API_VERSIONS, BY_KEY, supported_ranges
 from broker.kafka.apis.fetch import fetch_response
@@ -32,7 +32,7 @@ from broker.kafka.entities import (
     response_class,
     write_response,
 )
-from broker.kafka.records import ONLY_V2, as_v2
+from broker.kafka.records import ONLY_V2, as_v2, only_v2
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameError, splice_holes
@@ -102,7 +102,10 @@ class KafkaCodec:
     def encode(self, response: m.Response, cid: int) -> bytes:
         """The Kafka response frame answering the request the codec gave `cid`."""
         call = self._calls.pop(cid)
-        if type(response) is m.Response:  # a refusal before or instead of the handler
+        if type(response) is m.Response and BY_KEY[call.key].name == call.request.api:
+            # A refusal before or instead of the handler, its entries answered one by
+            # one. A Kafka API the listener runs as another (FindCoordinator as
+            # Metadata) has other entries: it gets its own response's error, below.
             response = refusal(call.request, response)
         if type(response) is m.ProduceResponse:
             return produce_response(response, call.version, call.correlation_id)
@@ -120,22 +123,61 @@ class KafkaCodec:
             entity = build(response_class(call.key, call.version), values)
         return write_response(entity, call.correlation_id)
 
+    @staticmethod
+    def converts(outcome: Outcome) -> bool:
+        """Whether `outcome` is a Fetch answer holding our magic-1 batches: converting
+        them to v2 is CPU work in proportion to the answer, which the connection does
+        with `convert` in a worker thread, never on the event loop."""
+        if isinstance(outcome, SplicedReply):
+            return any(span.magics != ONLY_V2 for span in outcome.spans)
+        if isinstance(outcome, Answer) and type(outcome.response) is m.FetchResponse:
+            topics = outcome.response.topics
+            return any(not only_v2(p.records) for t in topics for p in t.partitions)
+        return False
+
+    @staticmethod
+    def convert(outcome: Outcome) -> Outcome:
+        """`outcome` (one that `converts`) with its batches in Kafka's v2 form: the file
+        spans holding magic-1 batches read, converted and closed (the others still go
+        with sendfile), or the answer's records converted. Blocking: run it in a worker
+        thread. Its size is the answer's, which Fetch bounds by `max_bytes`."""
+        if isinstance(outcome, Answer):
+            response = cast(m.FetchResponse, outcome.response)
+            for topic in response.topics:
+                for p in topic.partitions:
+                    p.records = as_v2(p.records)
+            return outcome
+        assert isinstance(outcome, SplicedReply)
+        converted: dict[bytes, bytes] = {}
+        kept = []
+        try:
+            for hole, span in zip(outcome.holes, outcome.spans, strict=True):
+                if span.magics == ONLY_V2:
+                    kept.append((hole, span))
+                else:
+                    converted[hole] = as_v2(_read_span(span.fd, span.position, span.length))
+        except BaseException:
+            outcome.close()
+            raise
+        for hole, span in zip(outcome.holes, outcome.spans, strict=True):
+            if hole in converted:
+                os.close(span.fd)
+        for topic in outcome.response.topics:
+            for p in topic.partitions:
+                p.records = converted.get(p.records, p.records)
+        if not kept:
+            return Answer(outcome.response)
+        return SplicedReply(outcome.response, [s for _, s in kept], [h for h, _ in kept])
+
     def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]:
         """A Fetch response as bytes to send and, between them, indexes into the
-        reply's file spans: a span of v2 batches alone goes from the log file with
-        sendfile; one holding our magic-1 batches is read and converted here."""
+        reply's file spans, which hold v2 batches alone (`convert` took the others) and
+        go from the log file with sendfile."""
         call = self._calls[cid]
-        holes: list[tuple[int, bytes, int]] = []
-        converted: dict[bytes, bytes] = {}
-        for index, (hole, span) in enumerate(zip(reply.holes, reply.spans, strict=True)):
-            if span.magics == ONLY_V2:
-                holes.append((index, hole, span.length))
-            else:
-                converted[hole] = as_v2(_read_span(span.fd, span.position, span.length))
-        if converted:
-            for topic in reply.response.topics:
-                for p in topic.partitions:
-                    p.records = converted.get(p.records, p.records)
+        holes = [
+            (index, hole, span.length)
+            for index, (hole, span) in enumerate(zip(reply.holes, reply.spans, strict=True))
+        ]
         data = self.encode(reply.response, cid)
         compact = response_class(call.key, call.version).__flexible__  # type: ignore[attr-defined]
         return splice(data, holes, compact=compact)

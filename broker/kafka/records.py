@@ -27,7 +27,7 @@ _LENGTH = struct.Struct(">i")
 def as_v2(data: bytes) -> bytes:
     """`data` (whole batches, as a log read returns them) with every magic-1 batch in
     v2 form; `data` itself when it holds v2 batches alone."""
-    batches = list(_batches(data))
+    batches = _batches(data)
     if all(data[start + MAGIC_AT] == MAGIC_V2 for start, _ in batches):
         return data
     out = []
@@ -39,6 +39,12 @@ def as_v2(data: bytes) -> bytes:
         converted = to_v2(batch)
         out.append(converted[:LEADER_EPOCH_AT] + LEADER_EPOCH + converted[LEADER_EPOCH_AT + 4 :])
     return b"".join(out)
+
+
+def only_v2(data: bytes) -> bool:
+    """Whether every whole batch in `data` is already Kafka's v2 (`as_v2` returns `data`
+    itself): a walk of the length fields, no copy."""
+    return all(data[start + MAGIC_AT] == MAGIC_V2 for start, _ in _batches(data))
 
 
 def _batches(data: bytes) -> list[tuple[int, int]]:

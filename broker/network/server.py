@@ -32,6 +32,7 @@ import contextlib
 import errno
 import functools
 import logging
+import math
 import os
 import socket
 import time
@@ -50,12 +51,12 @@ from broker.clock import monotonic_ms
 from broker.config import BrokerConfig, Listener
 from broker.kafka import KafkaCodec
 from broker.metrics import BrokerMetrics
-from broker.network import asyncio_stream, tls
+from broker.network import asyncio_stream, limits, tls
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.listeners import Listeners, Served
 from broker.security import Admission, Session, canonical_host
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.framing import FrameDecoder, FrameError, frame
+from protocol.framing import FrameDecoder, FrameError, FrameTooLarge, frame
 from protocol.messages import (
     REQUEST_TYPES,
     ProduceRequest,
@@ -86,6 +87,9 @@ READ_AHEAD_RECEIVE_BYTES = 1024 * 1024
 # Longest run of one connection's requests before the others get the event
 # loop: a read can hold hundreds of requests, each up to max_entries_per_request.
 TURN_S = 0.01
+# Fetch answers whose batches are converted (codec.convert) at a time, each in a worker
+# thread: each holds up to fetch_max_bytes twice (read, converted) meanwhile.
+CONVERSIONS_MAX = 2
 # Most topic and partition entries (about one batch each) one run of Produce requests
 # takes before the reader looks at the clock again; one request alone may name up to
 # max_entries_per_request.
@@ -136,11 +140,25 @@ class Codec(Protocol):
 
     def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]: ...
 
+    def converts(self, outcome: Outcome) -> bool:
+        """Whether `outcome` must go through `convert` (in a worker thread) first."""
+        ...
+
+    def convert(self, outcome: Outcome) -> Outcome: ...
+
 
 class MinibrokerCodec:
     """This broker's own protocol (docs/protocol.md): msgpack frames."""
 
     decode = staticmethod(decode_request)
+
+    @staticmethod
+    def converts(_outcome: Outcome) -> bool:
+        return False  # batches go out as they are stored
+
+    @staticmethod
+    def convert(outcome: Outcome) -> Outcome:
+        return outcome
 
     @staticmethod
     def encode(response: Response, cid: int) -> bytes:
@@ -170,6 +188,12 @@ class Connection:
     codec: Codec = MINIBROKER
     tls: bool = False
     read_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    """The whole connection's: cancelled to close it for another (`limits.py`), with a
+    deadline until it has authenticated on a sasl_* listener."""
+    authenticated: bool = True
+    """False until SASL succeeds (a sasl_* listener) or the TLS handshake does (tls)."""
+    evicted: bool = False
     handshake_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     inflight: int = 0  # requests read whose answers are not yet sent
     unsent_bytes: int = 0  # bytes of those answers, as far as they are built
@@ -225,6 +249,8 @@ class Server:
         self.listeners = listeners
         self.served = served
         self.connections: set[Connection] = set()
+        self.limits = _limits(config)
+        self._converting = anyio.CapacityLimiter(CONVERSIONS_MAX)
         self._serve_scope = anyio.CancelScope()
         self._stopping = False
 
@@ -289,19 +315,34 @@ class Server:
 
     async def _connection(self, stream: ByteStream, served: Served) -> None:
         peer = _peer(stream)
+        host = _peer_host(stream)
         listener = served.listener
-        if self._stopping or len(self.connections) >= self.config.max_connections:
+        admitted = (
+            limits.Refused("shutting_down")
+            if self._stopping
+            else self.limits.admit(listener.name, host)
+        )
+        if isinstance(admitted, limits.Refused):
             log.warning(
                 "event=connection_refused listener=%s peer=%s reason=%s",
                 listener.name,
                 peer,
-                "shutting_down"
-                if self._stopping
-                else f"max_connections={self.config.max_connections}",
+                admitted.reason,
             )
             await stream.aclose()
             return
-        session = self.sessions.session(listener, _peer_host(stream), served.advertised)
+        for victim in admitted:
+            # Not authenticated yet: its room goes to a connection that needs it.
+            log.warning(
+                "event=connection_evicted listener=%s peer=%s reason=%r",
+                victim.session.listener,
+                victim.peer,
+                f"not authenticated, and the oldest such connection when {listener.name} "
+                "or the broker was at its max_connections",
+            )
+            victim.evicted = True
+            victim.scope.cancel()
+        session = self.sessions.session(listener, host, served.advertised)
         conn = Connection(
             peer,
             self.config.max_inflight_requests_per_connection,
@@ -309,28 +350,49 @@ class Server:
             session,
             codec=self._codec(listener),
             tls=listener.tls,
+            authenticated=not (listener.sasl or listener.tls),
         )
         self.connections.add(conn)
+        self.limits.opened(conn, listener.name, host, authenticated=conn.authenticated)
         self.metrics.connection_opened(listener.name)
+        timeout_ms = self.config.sasl_authentication_timeout_ms
+        if listener.sasl:
+            conn.scope.deadline = anyio.current_time() + timeout_ms / 1000
         try:
-            if listener.tls:
-                secured = await self._handshake(stream, conn)
-                if secured is None:
-                    return
-                stream = secured
-            # Bounded by conn.full() in the reader, in requests and bytes rather than items.
-            send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
-            async with stream, anyio.create_task_group() as tg:
-                tg.start_soon(self._writer, stream, receive, conn, tg.cancel_scope)
-                async with send:
-                    await self._reader(stream, send, conn)
+            with conn.scope:
+                if listener.tls:
+                    secured = await self._handshake(stream, conn)
+                    if secured is None:
+                        return
+                    stream = secured
+                    if not listener.sasl:
+                        self._authenticated(conn)
+                # Bounded by conn.full() in the reader, in requests and bytes, not items.
+                send, receive = anyio.create_memory_object_stream[list[Reply]](float("inf"))
+                async with stream, anyio.create_task_group() as tg:
+                    tg.start_soon(self._writer, stream, receive, conn, tg.cancel_scope)
+                    async with send:
+                        await self._reader(stream, send, conn)
+            if conn.scope.cancelled_caught and not conn.evicted:
+                log.warning(
+                    "event=connection_closed peer=%s reason=%r",
+                    peer,
+                    f"not authenticated within sasl_authentication_timeout_ms={timeout_ms}",
+                )
         except Exception:
             # The peer's trouble is never the listener's: whatever one connection
             # raises ends that connection only.
             log.exception("event=connection_failed peer=%s", peer)
         finally:
             self.connections.discard(conn)
+            self.limits.closed(conn)
             self.metrics.connection_closed(listener.name)
+
+    def _authenticated(self, conn: Connection) -> None:
+        """`conn` has authenticated: no deadline, and it keeps its room."""
+        conn.authenticated = True
+        conn.scope.deadline = math.inf
+        self.limits.authenticated(conn)
 
     def _codec(self, listener: Listener) -> Codec:
         """What the listener's connections speak (its `protocol`)."""
@@ -372,7 +434,9 @@ class Server:
     async def _reader(
         self, stream: ByteStream, send: MemoryObjectSendStream[list[Reply]], conn: Connection
     ) -> None:
-        decoder = FrameDecoder(self.config.max_frame_bytes)
+        frame_bytes_max = self.config.max_frame_bytes
+        preauth_bytes_max = self.config.sasl_server_max_receive_bytes
+        decoder = FrameDecoder(frame_bytes_max)
         apis = self.apis
         # Only a plain trio socket: asyncio's transport buffers what it cannot send at
         # once, and a send on its socket could overtake those bytes; a wrapping stream
@@ -426,12 +490,25 @@ class Server:
                         if received is None:
                             return
                         data = received
+                    # Before SASL completes, only frames as small as authentication needs.
+                    unauthenticated = conn.session.sasl is not None and (
+                        conn.session.sasl.principal is None
+                    )
+                    decoder.frame_bytes_max = (
+                        min(frame_bytes_max, preauth_bytes_max)
+                        if unauthenticated
+                        else frame_bytes_max
+                    )
                     try:
                         messages = decoder.feed_views(data, conn.inflight_max)
                     except FrameError as exc:
-                        log.warning(
-                            "event=connection_closed peer=%s reason=%r", conn.peer, str(exc)
-                        )
+                        reason = str(exc)
+                        if isinstance(exc, FrameTooLarge) and exc.limit < frame_bytes_max:
+                            reason = (
+                                f"frame of {exc.length} bytes before authentication exceeds "
+                                f"sasl_server_max_receive_bytes {exc.limit}"
+                            )
+                        log.warning("event=connection_closed peer=%s reason=%r", conn.peer, reason)
                         return
                     if messages or not partial:
                         receive_left_s = receive_ms / 1000  # any bytes left begin a new request
@@ -463,6 +540,8 @@ class Server:
                                 conn.inflight += 1
                                 conn.unsent_bytes += _size_bytes(reply)
                         sasl = conn.session.sasl
+                        if sasl is not None and not conn.authenticated and sasl.principal:
+                            self._authenticated(conn)
                         if sasl is not None and sasl.closed:
                             # Its answer (58) goes out first; nothing after it is run.
                             close = CloseConnection("authentication failed")
@@ -596,10 +675,17 @@ class Server:
             code = ErrorCode.UNKNOWN_SERVER_ERROR
             return [self._refusal(r, code, "internal error", started, conn) for r in requests]
         codec = conn.codec
-        return [
-            self._reply(request, outcome, started, codec)
-            for request, outcome in zip(requests, outcomes, strict=True)
-        ]
+        replies: list[Reply | NoAnswer] = []
+        for request, outcome in zip(requests, outcomes, strict=True):
+            if codec.converts(outcome):
+                # Stored batches in another form (a kafka listener's Fetch of batches
+                # written natively): CPU in proportion to the answer, off the event loop
+                # and a few at a time, so one client's Fetch stalls no one else.
+                outcome = await anyio.to_thread.run_sync(
+                    codec.convert, outcome, limiter=self._converting
+                )
+            replies.append(self._reply(request, outcome, started, codec))
+        return replies
 
     def _refusal(
         self, request: Request, code: ErrorCode, message: str, started: float, conn: Connection
@@ -781,6 +867,25 @@ async def _receive(receive: Callable[[int], Awaitable[bytes]], max_bytes: int) -
         return await receive(max_bytes)
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         return None
+
+
+def _limits(config: BrokerConfig) -> limits.ConnectionLimits[Connection]:
+    """The connection limits the settings declare; overrides' addresses in the spelling
+    the connections' own take (canonical_host)."""
+    overrides = {}
+    for entry in config.max_connections_per_ip_overrides:
+        address, _, count = entry.rpartition(":")
+        with contextlib.suppress(ValueError):  # a name is compared as it is
+            address = canonical_host(address)
+        overrides[address] = int(count)
+    per_listener = {
+        listener.name: listener.max_connections
+        for listener in config.effective_listeners()
+        if listener.max_connections
+    }
+    return limits.ConnectionLimits(
+        config.max_connections, per_listener, config.max_connections_per_ip, overrides
+    )
 
 
 def _peer_host(stream: ByteStream) -> str:

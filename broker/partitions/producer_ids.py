@@ -183,11 +183,15 @@ class ProducerIdManager:
         self.remember(pid, 0)
         return Grant(ErrorCode.NONE, pid, 0)
 
-    def bump(self, producer_id: int, producer_epoch: int, known_epoch: int | None) -> Grant:
+    def bump(
+        self, producer_id: int, producer_epoch: int, known_epoch: int | None, principal: str
+    ) -> Grant:
         """KIP-360: the client resets its sequences by asking for epoch + 1.
 
         `known_epoch` is the newest epoch the partitions hold for this id, the
-        fallback when the id fell out of memory (a restart, say)."""
+        fallback when the id fell out of memory (a restart, say). Past the last epoch
+        the producer gets a new id, `principal`'s (the caller, whom the caller has
+        checked owns `producer_id`), so the id goes on being its holder's."""
         if not self.is_issued(producer_id):
             return Grant(ErrorCode.UNKNOWN_PRODUCER_ID)
         current = self._epochs.get(producer_id)
@@ -196,6 +200,6 @@ class ProducerIdManager:
         if producer_epoch != current:
             return Grant(ErrorCode.INVALID_PRODUCER_EPOCH)
         if current >= PRODUCER_EPOCH_MAX:
-            return self.new_producer()
+            return self.new_producer(principal)
         self.remember(producer_id, current + 1)
         return Grant(ErrorCode.NONE, producer_id, current + 1)

@@ -39,6 +39,9 @@ _HASHES: dict[str, Callable[..., Any]] = {
     SCRAM_SHA_512: hashlib.sha512,
 }
 SCRAM_MECHANISMS = tuple(_HASHES)
+PLAIN_CHECKS = (SCRAM_SHA_512, SCRAM_SHA_256)
+"""The credentials a PLAIN password is checked against, the first a user has."""
+PLAIN_CHECKED_FIRST = PLAIN_CHECKS[0]
 
 # The contract's bounds on iterations (Kafka's too: RFC 7677's minimum, and a ceiling so
 # that one PLAIN attempt or one bootstrap costs bounded CPU).
@@ -271,16 +274,18 @@ def verify_password(password: str, credential: ScramCredential, mechanism: str) 
 def authenticate_plain(message: bytes, lookup: CredentialLookup, mock_secret: bytes) -> str:
     """The user a PLAIN message authenticates, or AuthenticationFailed. The password is
     checked against the user's SCRAM-SHA-512 credential, else the SCRAM-SHA-256 one;
-    an unknown user costs the same Hi against a mock credential. Blocking CPU work:
-    run it in a worker thread."""
+    an unknown user costs the same Hi (SHA-512, DEFAULT_ITERATIONS: a bootstrap user's)
+    against a mock credential. Blocking CPU work: run it in a worker thread."""
     plain = parse_plain(message)
-    for mechanism in (SCRAM_SHA_512, SCRAM_SHA_256):
+    for mechanism in PLAIN_CHECKS:
         credential = lookup(plain.user, mechanism)
         if credential is not None:
             if not verify_password(plain.password, credential, mechanism):
                 raise AuthenticationFailed("PLAIN: wrong password")
             return plain.user
-    # The same Hi as for a known user, so the time of the answer does not tell.
-    mock = mock_credential(SCRAM_SHA_256, plain.user, mock_secret)
-    verify_password(plain.password, mock, SCRAM_SHA_256)
+    # The same Hi as for a known user, so the time of the answer does not tell: the
+    # mechanism a known user's password is checked with first (every bootstrap user has
+    # it), at the iterations a credential gets by default.
+    mock = mock_credential(PLAIN_CHECKED_FIRST, plain.user, mock_secret)
+    verify_password(plain.password, mock, PLAIN_CHECKED_FIRST)
     raise AuthenticationFailed("PLAIN: unknown user")

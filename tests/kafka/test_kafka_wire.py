@@ -29,7 +29,7 @@ from kio.index import load_response_schema
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader
 
-from broker.api import SplicedReply
+from broker.api import Answer, SplicedReply
 from broker.kafka import NEXT_STEP, SERVED, KafkaCodec
 from broker.kafka.apis import BY_KEY, markdown_table
 from broker.kafka.apis.fetch import answer_fetch, fetch_response
@@ -39,7 +39,7 @@ from broker.kafka.records import ONLY_V2
 from broker.storage import FileSpan
 from harness.kafka_requests import fetch_request, produce_request
 from protocol import messages as m
-from protocol.batch import read_header
+from protocol.batch import build_batch, read_header, scan_batches
 from protocol.framing import FrameError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -378,6 +378,41 @@ def test_a_fetch_of_v2_batches_goes_from_the_file_as_it_lies(tmp_path: Path, ver
     _, answer = response_of(frame, FetchResponse, version)
     partition = answer.responses[0].partitions[0]
     assert (partition.high_watermark, bytes(partition.records)) == (2, stored)
+
+
+def test_a_fetch_of_native_batches_is_converted_apart_from_the_encoding(tmp_path: Path) -> None:
+    """A span of our magic-1 batches `converts`: `convert` (which the connection runs in
+    a worker thread) reads it, closes it and leaves v2 batches in the answer, so the
+    encoding on the event loop converts nothing; a span of v2 batches alone stays one."""
+    native = build_batch([(1_700_000_000_000, b"k", b"ours", None)])
+    stored = v2_batch([b"theirs"])
+    path = tmp_path / "segment"
+    path.write_bytes(native + stored)
+    fds = [os.open(path, os.O_RDONLY), os.open(path, os.O_RDONLY)]
+    holes = [os.urandom(12) + index.to_bytes(4, "big") for index in range(2)]
+    spans = [
+        FileSpan(fds[0], 0, len(native), 1, 1, 1 << 1),
+        FileSpan(fds[1], len(native), len(stored), 1, 2, ONLY_V2),
+    ]
+    response = m.FetchResponse(
+        topics=[
+            m.FetchTopicResponse(
+                "t",
+                [m.FetchPartitionResponse(p, 0, 2, 2, 0, None, holes[p]) for p in range(2)],
+            )
+        ]
+    )
+    reply = SplicedReply(response, spans, holes)
+    c = codec()
+    assert c.converts(reply) and not c.converts(Answer(m.FetchResponse(topics=[])))
+    converted = c.convert(reply)
+    assert isinstance(converted, SplicedReply) and converted.spans == [spans[1]]
+    with pytest.raises(OSError):
+        os.fstat(fds[0])  # closed: its bytes are in the answer now
+    records = response.topics[0].partitions[0].records
+    assert [header.magic for _, header in scan_batches(records)] == [2]
+    assert not c.converts(converted)
+    converted.close()
 
 
 # ------------------------------------------------------------------ the hot path's encoders

@@ -70,9 +70,14 @@ LISTENER = '[[listeners]]\nname = "a"\nhost = "127.0.0.1"\nport = 0\n'
         (
             LISTENER + "tls_certfile = 'x'\n",
             "unknown key 'tls_certfile'; known: name, host, port, security, advertised_host, "
-            "protocol (broker settings go before the first [[listeners]] table)",
+            "protocol, max_connections (broker settings go before the first [[listeners]] "
+            "table)",
         ),
         (LISTENER + LISTENER, "listeners[2] (a): name 'a' is taken by listeners[1]"),
+        (
+            LISTENER + "max_connections = -1\n",
+            "listeners[1] (a): max_connections=-1 is invalid: expected an integer in 0..",
+        ),
         (
             LISTENER.replace('"a"', '"Upper"'),
             "listeners[1]: name='Upper' is invalid: expected [a-z0-9_]{1,32}",

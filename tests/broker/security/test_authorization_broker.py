@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from broker.partitions import PRODUCER_EPOCH_MAX
 from harness.broker_process import BrokerProcess
 from harness.txn import Txn
 from harness.wire import WireClient, fetched_values, values_batch
@@ -445,6 +446,33 @@ def test_producer_ids_are_not_shared_between_principals(
     # Her producer goes on as if nothing happened.
     second = values_batch([b"alice2"], producer_id=pid, producer_epoch=epoch, base_sequence=1)
     assert alice.produce(name, 0, second, acks=-1)["error"] == 0
+
+
+def bump_to_the_last_epoch(c: WireClient, pid: int) -> None:
+    """InitProducerId with `pid` from epoch 0 up to PRODUCER_EPOCH_MAX, pipelined a
+    window at a time (each names the epoch the one before it granted)."""
+    window = 200
+    for first in range(0, PRODUCER_EPOCH_MAX, window):
+        epochs = range(first, min(first + window, PRODUCER_EPOCH_MAX))
+        cids = [c.send("InitProducerId", producer_id=pid, producer_epoch=e) for e in epochs]
+        for cid, epoch in zip(cids, epochs, strict=True):
+            r = c.recv()
+            assert r["cid"] == cid and r["error"] == 0, r
+            assert (r["producer_id"], r["producer_epoch"]) == (pid, epoch + 1), r
+
+
+def test_the_id_after_an_epoch_wrap_stays_its_holders(admin: WireClient, alice: WireClient) -> None:
+    """After 32,767 bumps the producer gets a new id at epoch 0: still alice's, so she
+    may write with it and bump it (issue 39, item 8)."""
+    name = topic_with(admin, "wrap-")
+    grant(admin, acl("topic", name, "write"))
+    pid, _ = alice.init_producer()
+    bump_to_the_last_epoch(alice, pid)
+    new_pid, epoch = alice.init_producer(producer_id=pid, producer_epoch=PRODUCER_EPOCH_MAX)
+    assert new_pid != pid and epoch == 0
+    batch = values_batch([b"after"], producer_id=new_pid, producer_epoch=0, base_sequence=0)
+    assert alice.produce(name, 0, batch, acks=-1)["error"] == 0
+    assert alice.init_producer(producer_id=new_pid, producer_epoch=0) == (new_pid, 1)
 
 
 def test_producer_id_owners_survive_kill_9(tmp_path: Path, backend: str) -> None:

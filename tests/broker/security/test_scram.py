@@ -5,6 +5,7 @@ and PLAIN (RFC 4616)."""
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from scramp import ScramClient, ScramMechanism
 
 from broker.security.scram import (
+    DEFAULT_ITERATIONS,
     FAILURE_MESSAGE,
     SCRAM_MECHANISMS,
     SCRAM_SHA_256,
@@ -275,6 +277,35 @@ def test_plain_good_password() -> None:
 def test_plain_checks_the_sha_256_credential_when_it_is_the_only_one() -> None:
     only = {("carol", SCRAM_SHA_256): credential_from_password(SCRAM_SHA_256, "pw-c", 4096)}
     assert authenticate_plain(b"\0carol\0pw-c", lambda u, m: only.get((u, m)), SECRET) == "carol"
+
+
+def test_plain_does_the_same_derivation_for_an_unknown_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An unknown user's PLAIN check runs the same PBKDF2 (hash, iterations) as a known
+    user's at the default iterations (a bootstrap user's credential), so its time does
+    not tell the two apart (issue 39, item 5)."""
+    known = {
+        ("carol", mech): credential_from_password(mech, "pw-c", DEFAULT_ITERATIONS)
+        for mech in SCRAM_MECHANISMS
+    }
+    derived: list[tuple[str, int]] = []
+    pbkdf2 = hashlib.pbkdf2_hmac
+
+    def known_lookup(user: str, mechanism: str) -> ScramCredential | None:
+        return known.get((user, mechanism))
+
+    def recording(name: str, password: bytes, salt: bytes, iterations: int) -> bytes:
+        derived.append((name, iterations))
+        return pbkdf2(name, password, salt, iterations)
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", recording)
+    works = []
+    for message in (b"\0carol\0wrong", b"\0mallory\0wrong"):
+        derived.clear()
+        failure(functools.partial(authenticate_plain, message, known_lookup, SECRET))
+        works.append(list(derived))
+    assert works[0] == works[1] == [("sha512", DEFAULT_ITERATIONS)]
 
 
 @pytest.mark.parametrize(
