@@ -4,10 +4,13 @@ backend (this module overrides `minibroker_settings`, as a user's conftest.py ma
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
+import tomllib
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 
 import kafka
 import pytest
@@ -106,3 +109,11 @@ def test_a_broker_that_cannot_start_says_why() -> None:
         running_broker({"auto_create_topic": False}),
     ):
         pass
+
+
+def test_the_plugin_is_installed_with_the_package() -> None:
+    """pip installs the plugin from pyproject.toml's pytest11 entry point; this suite
+    loads the same module (tests/conftest.py) while an older install lacks it."""
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    module = importlib.import_module(project["project"]["entry-points"]["pytest11"]["minibroker"])
+    assert {"minibroker", "minibroker_session", "minibroker_factory"} <= set(vars(module))
