@@ -53,7 +53,7 @@ from broker.metrics import BrokerMetrics
 from broker.network import asyncio_stream, tls
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.listeners import Listeners, Served
-from broker.security import Admission, Session, canonical_host
+from broker.security import Admission, SaslPolicy, Session, canonical_host
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameDecoder, FrameError, frame
 from protocol.messages import (
@@ -335,7 +335,7 @@ class Server:
     def _codec(self, listener: Listener) -> Codec:
         """What the listener's connections speak (its `protocol`)."""
         if listener.protocol == "kafka":
-            mechanisms = self.config.sasl_mechanisms if listener.sasl else ()
+            mechanisms = SaslPolicy.of(self.config, listener).offered if listener.sasl else ()
             return KafkaCodec(mechanisms, self.config.default_partitions)
         return MINIBROKER
 
