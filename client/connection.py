@@ -505,8 +505,9 @@ def _opening_failed(
         return ConnectionLostError(f"cannot connect to {address} ({reason} during {stage})")
     if security.tls is None:
         return ConnectionLostError(
-            f"cannot connect to {address} ({reason} before answering ApiVersions; if it is "
-            "a TLS listener, set security_protocol SSL or SASL_SSL)"
+            f"cannot connect to {address} ({reason} before answering ApiVersions): the "
+            "listener may speak Kafka's protocol (protocol = \"kafka\", for Kafka's clients), "
+            "not minibroker's; or, if it is a TLS listener, set security_protocol SSL or SASL_SSL"
         )
     # TLS 1.3 checks the client's certificate after the handshake, and a broker that
     # refuses it may just close the connection, without an alert to say why.

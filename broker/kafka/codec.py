@@ -36,7 +36,7 @@ from broker.kafka.entities import (
 from broker.kafka.records import ONLY_V2, as_v2
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.framing import FrameError, splice_holes
+from protocol.framing import FrameError, OtherProtocol, splice_holes
 
 CID_MASK = 2**31 - 1
 BARE_SASL = -1
@@ -187,6 +187,8 @@ class KafkaCodec:
             message = "not served by this broker yet"
             entity = error_entity(key, version, ErrorCode.UNSUPPORTED_VERSION, message)
             return write_response(entity, correlation_id)
+        if key < 0:  # the first byte is a msgpack map's
+            raise OtherProtocol("minibroker", "a minibroker request (a msgpack map)")
         what = f"API key {key}" if api is None else f"{api.name} v{version}"
         raise FrameError(f"{what} is not served (ApiVersions lists what is)")
 
