@@ -103,6 +103,9 @@ class Connection:
         self.max_frame_bytes = 0
         self.auth_error: AuthenticationFailedError | None = None
         """Why the broker refused this connection's credentials (set before it closed)."""
+        self.principal: str | None = None
+        """Who the broker takes this connection for, when the client knows
+        (ConnectionSecurity.principal): what a denial's message names."""
         self.tls_error: ssl.SSLError | None = None
         """What TLS failed on after the handshake (a TLS 1.3 broker refusing our certificate)."""
         self.reauth_at: float | None = None
@@ -433,6 +436,7 @@ async def open_connection(
         sasl=security.sasl,
         timeout_s=timeout_s,
     )
+    conn.principal = security.principal
     task_group.start_soon(conn.run, name=f"minibroker-reader-{address}")
     stage = "ApiVersions"
     try:
