@@ -9,11 +9,12 @@ nothing in `broker` imports `client`. `python -m broker` has the broker's verbs 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import resource
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import anyio
 
@@ -141,8 +142,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    from broker.app import Broker
-    from broker.network import ListenError
+    with _without_hypothesis():
+        from broker.app import Broker
+        from broker.network import ListenError
 
     try:
         # Loads the TLS certificate and key: a file that does not load is a setting
@@ -176,6 +178,22 @@ def run_serve(args: argparse.Namespace) -> int:
     if any(isinstance(reason, cfg.ConfigError) for reason in reasons):
         return EXIT_CONFIG_ERROR
     return EXIT_REFUSED_TO_START
+
+
+@contextlib.contextmanager
+def _without_hypothesis() -> Iterator[None]:
+    """Hide hypothesis from the imports inside: kio registers a hypothesis strategy for
+    each of its types when hypothesis is importable, which pulls in hypothesis and pytest,
+    half of a broker's start (0.25 s) where a test suite has them installed. Only a fresh
+    process hides it: one that already has hypothesis (or kio) is left as it is."""
+    hide = "hypothesis" not in sys.modules and "kio" not in sys.modules
+    if hide:
+        sys.modules["hypothesis"] = None  # type: ignore[assignment]  # import fails
+    try:
+        yield
+    finally:
+        if hide:
+            del sys.modules["hypothesis"]
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

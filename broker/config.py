@@ -237,7 +237,7 @@ def parse_listeners(value: Any) -> tuple[Listener, ...]:
                 hint = (
                     " (broker settings go before the first [[listeners]] table)"
                     if key in SETTINGS
-                    else ""
+                    else _did_you_mean(key, _LISTENER_KEYS)
                 )
                 raise ConfigError(
                     f"{where}: unknown key {key!r}; known: {', '.join(_LISTENER_KEYS)}{hint}"
@@ -1025,7 +1025,8 @@ def _shown(value: Any) -> str:
 
 
 def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> BrokerConfig:
-    """Defaults, then the TOML file (if any), then explicit overrides (CLI flags)."""
+    """Defaults, then the TOML file (if any), then explicit overrides (CLI flags). An
+    error in the file, or in the settings as a whole, names the file."""
     values: dict[str, Any] = {}
     if path:
         try:
@@ -1035,8 +1036,12 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Br
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    values.update(overrides or {})
-    return BrokerConfig().with_overrides(values)
+    coerce(overrides or {})  # a bad flag is the command line's, not the file's
+    try:
+        coerce(values)
+        return BrokerConfig().with_overrides(values | (overrides or {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
 
 
 def markdown_table() -> str:

@@ -211,7 +211,7 @@ async def describe_topic_async(
 
     async def work(conn: Connection) -> TopicDescription:
         metadata = await _request(conn, metadata_request(name, allow_auto_create=False))
-        count = partition_count(metadata, name)
+        count = partition_count(metadata, name, conn.principal)
         entry = metadata.topic(name)
         if count is None or entry is None:
             raise UnknownTopicError(name)

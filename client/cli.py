@@ -18,24 +18,29 @@
     minibroker users add alice [--password-stdin] | list | remove alice
 
 `register(subparsers)` adds them to the parser `minibroker_cli` builds; each subcommand sets
-`func(args) -> exit code` and takes `--bootstrap-server` (default 127.0.0.1:9092) and
-`--client-config FILE`, a TOML file of the SDK's security settings (security_protocol,
-ssl_*, sasl_*) for the command's own connections. Errors and the SDK's warnings are
-`minibroker: ...` lines on stderr; long commands show their progress
-(client/progress.py), and Ctrl-C prints what was done and exits 130.
+`func(args) -> exit code` and takes `--bootstrap-server` (default: the environment's
+MINIBROKER_BOOTSTRAP_SERVERS, else 127.0.0.1:9092) and `--client-config FILE`, a TOML
+file of the SDK's settings (security_protocol, ssl_*, sasl_*, client_id,
+allow_auto_create_topics, ...) for the command's own producers, consumers and admin
+calls. Errors and the SDK's warnings are `minibroker: ...` lines on stderr; long
+commands show their progress (client/progress.py), and Ctrl-C prints what was done and
+exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import difflib
 import getpass
 import itertools
 import json
 import logging
+import os
 import sys
 import time
 import tomllib
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -62,7 +67,15 @@ from client.admin import (
     list_topics,
     list_transactions,
 )
-from client.config import DEFAULT_BOOTSTRAP, SECURITY_SETTINGS, AdminConfig
+from client.config import (
+    DEFAULT_BOOTSTRAP,
+    FILE_SETTINGS,
+    AdminConfig,
+    ConsumerConfig,
+    ProducerConfig,
+    SecurityConfig,
+    settings_for,
+)
 from client.consumer import Consumer
 from client.errors import MinibrokerError, NonEmptyGroupError, UnknownPartitionError
 from client.producer import Producer
@@ -93,6 +106,8 @@ from protocol.messages import TXN_STATES, GroupDescription, GroupMemberDescripti
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+BOOTSTRAP_ENV = "MINIBROKER_BOOTSTRAP_SERVERS"
+"""Where the commands connect when --bootstrap-server is not given (`make run PORT=...`)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -228,22 +243,26 @@ def _command(
 ) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(name, help=help_text, description=help_text)
     parser.add_argument(
-        "--bootstrap-server", default=DEFAULT_BOOTSTRAP, metavar="HOST:PORT", help="the broker"
+        "--bootstrap-server",
+        default=os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP,
+        metavar="HOST:PORT",
+        help=f"the broker (default: ${BOOTSTRAP_ENV}, else {DEFAULT_BOOTSTRAP})",
     )
     parser.add_argument(
         "--client-config",
         metavar="FILE",
-        help="TOML file of the SDK's security settings for this command's connections "
-        "(security_protocol, ssl_cafile, sasl_mechanism, sasl_plain_username, ...)",
+        help="TOML file of the SDK's settings for this command's connections "
+        "(security_protocol, ssl_cafile, sasl_mechanism, sasl_plain_username, client_id, "
+        "allow_auto_create_topics, ...)",
     )
     parser.set_defaults(func=_reporting(func))
     return parser
 
 
 def _load_client_config(path: str | None) -> dict[str, Any]:
-    """The security settings of a --client-config TOML file (the SDK's names). Only those:
-    a file that sets anything else is refused, naming it, as a mistyped name would
-    otherwise be ignored. ssl_context cannot come from a file."""
+    """The settings of a --client-config TOML file (the SDK's names, FILE_SETTINGS). A
+    name no client takes is refused, with the closest one, as it would otherwise be
+    ignored."""
     if path is None:
         return {}
     try:
@@ -251,14 +270,23 @@ def _load_client_config(path: str | None) -> dict[str, Any]:
             settings = tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"--client-config {path}: not TOML ({exc})") from None
-    allowed = [name for name in SECURITY_SETTINGS if name != "ssl_context"]
-    unknown = sorted(set(settings) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"--client-config {path}: {', '.join(unknown)} is not a client security setting; "
-            f"known: {', '.join(allowed)}"
-        )
+    for name in sorted(settings):
+        if name not in FILE_SETTINGS:
+            close = difflib.get_close_matches(name, FILE_SETTINGS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"--client-config {path}: {name} is not a setting of the SDK's producer, "
+                f"consumer or admin helpers{hint}"
+            )
     return settings
+
+
+def client_settings(
+    args: argparse.Namespace, kind: type[SecurityConfig], own: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The settings of the command's producer, consumer or admin calls: its own, and those
+    of its --client-config file that `kind` takes."""
+    return settings_for(kind, own or {}, args.client_settings, args.client_config)
 
 
 def _reporting(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -271,10 +299,12 @@ def _reporting(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         handler.setFormatter(logging.Formatter("minibroker: %(message)s"))
         logging.getLogger("minibroker.client").addHandler(handler)
         try:
-            # The command's connections: `security` for its producers and consumers,
-            # `admin` (the same settings and the bootstrap) for its admin calls.
-            args.security = _load_client_config(args.client_config)
-            args.admin = AdminConfig(bootstrap_servers=args.bootstrap_server, **args.security)
+            # The command's connections: `client_settings` for its producers and
+            # consumers (client_settings()), `admin` for its admin calls.
+            args.client_settings = _load_client_config(args.client_config)
+            args.admin = AdminConfig(
+                bootstrap_servers=args.bootstrap_server, **client_settings(args, AdminConfig)
+            )
             return func(args)
         except (MinibrokerError, ValueError, OSError) as exc:
             print(f"minibroker: {exc}", file=sys.stderr)
@@ -447,7 +477,9 @@ def _produce(args: argparse.Namespace) -> int:
             failures.append(error)
 
     sent = 0
-    with Producer(args.bootstrap_server, **config, **args.security) as producer:
+    with Producer(
+        args.bootstrap_server, **client_settings(args, ProducerConfig, config)
+    ) as producer:
         for key, value in _inputs(args.files, separator, fixed_key, sys.stdin.buffer):
             producer.send(
                 args.topic, value, key=key, partition=args.partition, on_delivery=delivered
@@ -492,11 +524,9 @@ def _consume(args: argparse.Namespace) -> int:
     reset = "earliest" if args.from_beginning else "latest"
     out = sys.stdout
     interrupted = False
+    own = {"auto_offset_reset": reset, "isolation_level": args.isolation_level}
     with Consumer(
-        bootstrap_servers=args.bootstrap_server,
-        auto_offset_reset=reset,
-        isolation_level=args.isolation_level,
-        **args.security,
+        bootstrap_servers=args.bootstrap_server, **client_settings(args, ConsumerConfig, own)
     ) as consumer:
         available = consumer.partitions_for_topic(args.topic)
         for partition in args.partition or ():
@@ -975,8 +1005,19 @@ def _password(args: argparse.Namespace) -> str:
     if args.password_stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
-        password = getpass.getpass(f"Password for {args.user}: ")
-        if getpass.getpass("Again: ") != password:
+        # Without a terminal getpass warns and reads stdin instead: say what to do.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", getpass.GetPassWarning)
+            try:
+                password = getpass.getpass(f"Password for {args.user}: ")
+                again = getpass.getpass("Again: ")
+            except (getpass.GetPassWarning, EOFError):
+                raise ValueError(
+                    "no terminal to ask for the password on: give it on stdin with "
+                    f"--password-stdin (printf '%s\\n' \"$PASSWORD\" | minibroker users add "
+                    f"{args.user} --password-stdin)"
+                ) from None
+        if again != password:
             raise ValueError("the two passwords differ")
     if not password:
         raise ValueError("the password must not be empty")

@@ -11,6 +11,7 @@ import math
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from client.security import (
     PLAINTEXT,
@@ -183,7 +184,7 @@ class SecurityConfig:
 
 
 SECURITY_SETTINGS = tuple(f.name for f in fields(SecurityConfig) if f.init)
-"""The names of the security settings, for the command line's --client-config."""
+"""The names of the security settings."""
 
 
 @dataclass(slots=True)
@@ -384,3 +385,32 @@ class ConsumerConfig(SecurityConfig):
     @property
     def read_committed(self) -> bool:
         return self.isolation_level == "read_committed"
+
+
+CLIENT_KINDS: tuple[type[SecurityConfig], ...] = (ProducerConfig, ConsumerConfig, AdminConfig)
+FILE_SETTINGS = tuple(
+    sorted(
+        {f.name for kind in CLIENT_KINDS for f in fields(kind) if f.init}
+        - {"bootstrap_servers", "ssl_context"}
+    )
+)
+"""What the command line's --client-config file may set: every setting of a producer, a
+consumer or the admin helpers but where they connect (--bootstrap-server) and an
+SSLContext (an object, not a value)."""
+
+
+def settings_for(
+    kind: type[SecurityConfig], own: dict[str, Any], from_file: dict[str, Any], file: str
+) -> dict[str, Any]:
+    """The settings of a command's producer, consumer or admin calls (`kind`): those of
+    the --client-config `file` that `kind` takes, and the command's `own` (from its
+    flags). A setting in both is refused, naming it, rather than one silently losing."""
+    names = {f.name for f in fields(kind) if f.init}
+    taken = {k: v for k, v in from_file.items() if k in names}
+    both = sorted(taken.keys() & own.keys())
+    if both:
+        raise ValueError(
+            f"--client-config {file}: {', '.join(both)} is set by this command's own flags; "
+            "set it there"
+        )
+    return taken | own

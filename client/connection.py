@@ -103,6 +103,9 @@ class Connection:
         self.max_frame_bytes = 0
         self.auth_error: AuthenticationFailedError | None = None
         """Why the broker refused this connection's credentials (set before it closed)."""
+        self.principal: str | None = None
+        """Who the broker takes this connection for, when the client knows
+        (ConnectionSecurity.principal): what a denial's message names."""
         self.tls_error: ssl.SSLError | None = None
         """What TLS failed on after the handshake (a TLS 1.3 broker refusing our certificate)."""
         self.reauth_at: float | None = None
@@ -433,6 +436,7 @@ async def open_connection(
         sasl=security.sasl,
         timeout_s=timeout_s,
     )
+    conn.principal = security.principal
     task_group.start_soon(conn.run, name=f"minibroker-reader-{address}")
     stage = "ApiVersions"
     try:
@@ -505,8 +509,9 @@ def _opening_failed(
         return ConnectionLostError(f"cannot connect to {address} ({reason} during {stage})")
     if security.tls is None:
         return ConnectionLostError(
-            f"cannot connect to {address} ({reason} before answering ApiVersions; if it is "
-            "a TLS listener, set security_protocol SSL or SASL_SSL)"
+            f"cannot connect to {address} ({reason} before answering ApiVersions): the "
+            "listener may speak Kafka's protocol (protocol = \"kafka\", for Kafka's clients), "
+            "not minibroker's; or, if it is a TLS listener, set security_protocol SSL or SASL_SSL"
         )
     # TLS 1.3 checks the client's certificate after the handshake, and a broker that
     # refuses it may just close the connection, without an alert to say why.

@@ -54,6 +54,7 @@ from client.errors import (
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     UnknownTopicError,
+    denial,
     error_for,
 )
 from client.fetcher import FetchedRecords, gc_paused
@@ -881,7 +882,8 @@ class AsyncConsumer:
                 elif part.error in RETRIABLE:
                     backoff = True
                 else:
-                    self._errors[tp] = error_for(part.error, f"fetch {topic}-{part.partition}")
+                    why = denial(part.error, cfg.security.principal, "read", topic)
+                    self._errors[tp] = error_for(part.error, f"fetch {topic}-{part.partition}", why)
         self._notify_data()
         if backoff:
             await anyio.sleep(cfg.retry_backoff_ms / 1000)
@@ -898,7 +900,7 @@ class AsyncConsumer:
 
     async def _partition_count(self, topic: str) -> int | None:
         request = metadata_request(topic, allow_auto_create=self.config.allow_auto_create_topics)
-        return partition_count(await self._control(request), topic)
+        return partition_count(await self._control(request), topic, self.config.security.principal)
 
     async def _reset_positions(self, tps: list[TopicPartition]) -> None:
         """Positions for partitions that have none: the group's committed offset for a new

@@ -168,7 +168,8 @@ class ConsumerCoordinator:
                 continue
             changes = m.on_heartbeat(response, monotonic_ms())
             if changes.fatal is not None:
-                log.error("group %s: %s", self.group_id, changes.fatal)
+                # Raised from the next poll: the application says it, once.
+                log.info("group %s: %s", self.group_id, changes.fatal)
             if changes or m.state is MemberState.FENCED:
                 self._on_change()
 

@@ -267,6 +267,22 @@ FENCING_CODES = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.PRODUCER_
 TXN_FATAL_CODES = FENCING_CODES | {ErrorCode.INVALID_PRODUCER_ID_MAPPING}
 
 
+RESOURCE_OF_CODE: dict[int, str] = {
+    ErrorCode.TOPIC_AUTHORIZATION_FAILED: "topic",
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: "group",
+}
+
+
+def denial(code: int, principal: str | None, operation: str, name: str) -> str | None:
+    """The broker's wording of a denial (broker/security/authorization.py) for the answers
+    that carry only its code (Metadata's topics, Fetch's partitions), so that denials read
+    the same everywhere; None for a code that is no such denial."""
+    resource = RESOURCE_OF_CODE.get(code)
+    if resource is None:
+        return None
+    return f"{principal or 'this client'} may not {operation} {resource} {name!r}"
+
+
 def error_for(code: int, context: str, message: str | None = None) -> MinibrokerError:
     """The exception for a broker error `code` met while doing `context`."""
     text = f"{context}: {ErrorCode.name_of(code)}"

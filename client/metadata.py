@@ -82,11 +82,15 @@ class PartitionCounts:
             conn = await self._connect()
             assert conn is not None
             plain = metadata_request(topic, allow_auto_create=False)
-            count = partition_count(await conn.request(plain, self._timeout_s), topic)
+            count = partition_count(
+                await conn.request(plain, self._timeout_s), topic, conn.principal
+            )
             if count is not None or not self._allow_auto_create:
                 return count
             creating = metadata_request(topic, allow_auto_create=True)
-            count = partition_count(await conn.request(creating, self._timeout_s), topic)
+            count = partition_count(
+                await conn.request(creating, self._timeout_s), topic, conn.principal
+            )
         except ConnectionLostError as exc:
             self._lost = exc
             return None

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any, TextIO
 
+from client.config import ConsumerConfig, ProducerConfig, settings_for
 from client.consumer import Consumer
 from client.producer import Producer
 from client.progress import MB, REPORT_INTERVAL_MS, Progress
@@ -161,7 +162,8 @@ def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
     progress = Progress(out, "sent", total=args.num_records, plain=False)
     stats = Stats(args.record_size, progress, args.reporting_interval)
     interrupted = False
-    with Producer(args.bootstrap_server, **config, **args.security) as producer:
+    settings = settings_for(ProducerConfig, config, args.client_settings, args.client_config)
+    with Producer(args.bootstrap_server, **settings) as producer:
         producer.partitions_for(args.topic)  # metadata (and auto-creation) outside the clock
         stats.restart()
         throttle = Throttle(args.throughput)
@@ -244,13 +246,13 @@ def perf_consume(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
     """Read --messages records from the beginning; print kafka-consumer-perf-test's line,
     also for what was read when KeyboardInterrupt (Ctrl-C) stops it, which then goes on up."""
     interrupted = False
-    with Consumer(
-        bootstrap_servers=args.bootstrap_server,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=100,
-        max_partition_fetch_bytes=args.fetch_size,
-        **args.security,
-    ) as consumer:
+    own = {
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": 100,
+        "max_partition_fetch_bytes": args.fetch_size,
+    }
+    settings = settings_for(ConsumerConfig, own, args.client_settings, args.client_config)
+    with Consumer(bootstrap_servers=args.bootstrap_server, **settings) as consumer:
         partitions = [
             TopicPartition(args.topic, p) for p in consumer.partitions_for_topic(args.topic)
         ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from client.errors import error_for
+from client.errors import denial, error_for
 from client.types import TopicPartition
 from protocol.errors import RETRIABLE, ErrorCode
 from protocol.messages import (
@@ -33,9 +33,12 @@ def metadata_request(topic: str, *, allow_auto_create: bool) -> MetadataRequest:
     return MetadataRequest(topics=[topic], allow_auto_create=allow_auto_create)
 
 
-def partition_count(response: MetadataResponse, topic: str) -> int | None:
+def partition_count(
+    response: MetadataResponse, topic: str, principal: str | None = None
+) -> int | None:
     """How many partitions `topic` has, or None while it does not (yet) exist or the
-    broker answers with a retriable error; other errors raise."""
+    broker answers with a retriable error; other errors raise (a denial naming
+    `principal`, the connection's)."""
     check(response, f"metadata for {topic!r}")
     entry = response.topic(topic)
     if entry is None:
@@ -43,7 +46,8 @@ def partition_count(response: MetadataResponse, topic: str) -> int | None:
     if entry.error == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION or entry.error in RETRIABLE:
         return None
     if entry.error:
-        raise error_for(entry.error, f"metadata for {topic!r}")
+        why = denial(entry.error, principal, "describe", topic)
+        raise error_for(entry.error, f"metadata for {topic!r}", why)
     return len(entry.partitions) or None
 
 

@@ -145,6 +145,15 @@ class ConnectionSecurity:
             return PLAINTEXT if self.tls is None else SSL
         return SASL_PLAINTEXT if self.tls is None else SASL_SSL
 
+    @property
+    def principal(self) -> str | None:
+        """Who the broker takes these connections for, as far as the client knows: the
+        SASL user, or User:ANONYMOUS on plaintext; None when a TLS listener may take the
+        principal from the client's certificate."""
+        if self.sasl is not None:
+            return f"User:{self.sasl.username}"
+        return "User:ANONYMOUS" if self.tls is None else None
+
 
 PLAINTEXT_SECURITY = ConnectionSecurity()
 

@@ -33,6 +33,16 @@ class FrameError(Exception):
     """The byte stream cannot be framed or decoded; the connection must close."""
 
 
+class OtherProtocol(FrameError):
+    """A frame of the other protocol the broker speaks, on a listener that does not speak
+    it: a Kafka client at a minibroker listener, or minibroker's SDK at a kafka one.
+    `protocol` is a listener's `protocol` setting ("kafka", "minibroker")."""
+
+    def __init__(self, protocol: str, what: str) -> None:
+        super().__init__(what)
+        self.protocol = protocol
+
+
 class FrameTooLarge(FrameError):
     def __init__(self, length: int, limit: int) -> None:
         super().__init__(f"frame of {length} bytes exceeds max_frame_bytes {limit}")

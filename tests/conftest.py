@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from broker.testing import running_broker
 from harness.broker_process import BrokerProcess, serve_once
 
 BACKENDS = ("trio", "asyncio")
-_BROKER_STARTERS = (BrokerProcess, serve_once)
+_BROKER_STARTERS = (BrokerProcess, serve_once, running_broker)
 # Only the project's own helpers are followed, not the libraries they call.
 _OWN_PACKAGES = ("tests", "harness")
 
@@ -54,6 +55,14 @@ def _starts_brokers(func: object, seen: set[int]) -> bool:
         if own.split(".")[0] in _OWN_PACKAGES and _starts_brokers(value, seen):
             return True
     return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the `minibroker` plugin (broker/pytest_plugin.py) when the installed package
+    predates its pytest11 entry point (pyproject.toml); an install that has it loads it
+    itself, under that name."""
+    if not config.pluginmanager.has_plugin("minibroker"):
+        config.pluginmanager.import_plugin("broker.pytest_plugin")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -48,6 +48,9 @@ class Exchange:
     default_partitions: int
     mechanism: str | None = None
     """The mechanism SaslHandshake chose, for the SaslAuthenticate after it."""
+    bare_sasl_rounds: int = 0
+    """After a SaslHandshake v0, how many of the next frames are the mechanism's own
+    bytes, with no Kafka header (KIP-43): PLAIN's one round, SCRAM's two."""
 
 
 Translation = Callable[[Any, int, Exchange], "m.Request | Translated[A] | Reply"]

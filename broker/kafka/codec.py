@@ -22,6 +22,7 @@ from broker.kafka.api import Exchange, KafkaApi, Reply
 from broker.kafka.apis import API_VERSIONS, BY_KEY, supported_ranges
 from broker.kafka.apis.fetch import fetch_response
 from broker.kafka.apis.produce import produce_response
+from broker.kafka.apis.sasl import SASL_AUTHENTICATE
 from broker.kafka.entities import (
     HEAD,
     build,
@@ -35,9 +36,11 @@ from broker.kafka.entities import (
 from broker.kafka.records import ONLY_V2, as_v2, only_v2
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.framing import FrameError, splice_holes
+from protocol.framing import FrameError, OtherProtocol, splice_holes
 
 CID_MASK = 2**31 - 1
+BARE_SASL = -1
+"""The version of a Call answering a bare SASL round (after a SaslHandshake v0)."""
 _INT32 = struct.Struct(">i")
 
 
@@ -68,6 +71,8 @@ class KafkaCodec:
         frame when the listener answers it itself. FrameError: close the connection
         (bytes that are no Kafka request, an API key Kafka does not have), as Kafka
         does."""
+        if self._exchange.bare_sasl_rounds:
+            return self._bare_sasl_round(body)
         if len(body) < HEAD.size:
             raise FrameError(f"Kafka request of {len(body)} bytes: shorter than its header")
         key, version, correlation_id = HEAD.unpack_from(body)
@@ -99,9 +104,24 @@ class KafkaCodec:
             self._calls[cid] = Call(key, version, correlation_id, asked, out)
         return out
 
+    def _bare_sasl_round(self, body: bytes | memoryview) -> m.Request:
+        """A round of the mechanism a SaslHandshake v0 chose: the frame is its bytes."""
+        ex = self._exchange
+        if ex.bare_sasl_rounds < 0:
+            raise FrameError("a frame after a failed SASL round (SaslHandshake v0)")
+        assert ex.mechanism is not None, "a v0 handshake that chose no mechanism"
+        ex.bare_sasl_rounds -= 1
+        request = m.SaslAuthenticateRequest(mechanism=ex.mechanism, auth_bytes=bytes(body))
+        request.cid = cid = self._next_cid
+        self._next_cid = (cid + 1) & CID_MASK
+        self._calls[cid] = Call(SASL_AUTHENTICATE.key, BARE_SASL, 0, None, request)
+        return request
+
     def encode(self, response: m.Response, cid: int) -> bytes:
         """The Kafka response frame answering the request the codec gave `cid`."""
         call = self._calls.pop(cid)
+        if call.version == BARE_SASL:
+            return self._bare_sasl_answer(response)
         if type(response) is m.Response and BY_KEY[call.key].name == call.request.api:
             # A refusal before or instead of the handler, its entries answered one by
             # one. A Kafka API the listener runs as another (FindCoordinator as
@@ -169,6 +189,15 @@ class KafkaCodec:
             return Answer(outcome.response)
         return SplicedReply(outcome.response, [s for _, s in kept], [h for h, _ in kept])
 
+    def _bare_sasl_answer(self, response: m.Response) -> bytes:
+        """The server's bytes of a bare round, framed by their length alone. A failure
+        has no frame (KIP-43): nothing is sent, and the broker closes the connection
+        after a failed authentication; any other refusal closes it at the next frame."""
+        if response.error or not isinstance(response, m.SaslAuthenticateResponse):
+            self._exchange.bare_sasl_rounds = -1
+            return b""
+        return _INT32.pack(len(response.auth_bytes)) + response.auth_bytes
+
     def pieces(self, reply: SplicedReply, cid: int) -> list[bytes | int]:
         """A Fetch response as bytes to send and, between them, indexes into the
         reply's file spans, which hold v2 batches alone (`convert` took the others) and
@@ -200,6 +229,8 @@ class KafkaCodec:
             message = "not served by this broker yet"
             entity = error_entity(key, version, ErrorCode.UNSUPPORTED_VERSION, message)
             return write_response(entity, correlation_id)
+        if key < 0:  # the first byte is a msgpack map's
+            raise OtherProtocol("minibroker", "a minibroker request (a msgpack map)")
         what = f"API key {key}" if api is None else f"{api.name} v{version}"
         raise FrameError(f"{what} is not served (ApiVersions lists what is)")
 

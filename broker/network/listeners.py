@@ -144,24 +144,27 @@ class Listeners:
         return served
 
     def log_listening(self, served: list[Served]) -> None:
-        """One `event=listening` line per listener; the first keeps the format that tools
-        and the test harness read (host, port and data_dir)."""
+        """One `event=listening` line per listener, naming the protocol it speaks; the
+        first keeps the format that tools and the test harness read (host, port and
+        data_dir)."""
         first, *others = served
         log.info(
-            "event=listening listener=%s security=%s host=%s port=%d data_dir=%s",
+            "event=listening listener=%s security=%s host=%s port=%d protocol=%s data_dir=%s",
             first.listener.name,
             first.listener.security,
             first.listener.host,
             first.port,
+            first.listener.protocol,
             self.config.data_path.resolve(),
         )
         for other in others:
             log.info(
-                "event=listening listener=%s security=%s host=%s port=%d",
+                "event=listening listener=%s security=%s host=%s port=%d protocol=%s",
                 other.listener.name,
                 other.listener.security,
                 other.listener.host,
                 other.port,
+                other.listener.protocol,
             )
 
     def reload_tls(self, config: BrokerConfig) -> None:

@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -54,9 +55,9 @@ from broker.metrics import BrokerMetrics
 from broker.network import asyncio_stream, limits, tls
 from broker.network.asyncio_stream import ReadAheadStream
 from broker.network.listeners import Listeners, Served
-from broker.security import Admission, Session, canonical_host
+from broker.security import Admission, SaslPolicy, Session, canonical_host
 from protocol.errors import ErrorCode, ProtocolError
-from protocol.framing import FrameDecoder, FrameError, FrameTooLarge, frame
+from protocol.framing import FrameDecoder, FrameError, FrameTooLarge, OtherProtocol, frame
 from protocol.messages import (
     REQUEST_TYPES,
     ProduceRequest,
@@ -150,7 +151,17 @@ class Codec(Protocol):
 class MinibrokerCodec:
     """This broker's own protocol (docs/protocol.md): msgpack frames."""
 
-    decode = staticmethod(decode_request)
+    @staticmethod
+    def decode(body: bytes | memoryview) -> Request:
+        try:
+            return decode_request(body)
+        except FrameError:
+            kafka = _kafka_request_head(body)
+            if kafka is None:
+                raise
+            raise OtherProtocol(
+                "kafka", f"a Kafka request (API key {kafka[0]} v{kafka[1]})"
+            ) from None
 
     @staticmethod
     def converts(_outcome: Outcome) -> bool:
@@ -170,6 +181,18 @@ class MinibrokerCodec:
 
 
 MINIBROKER = MinibrokerCodec()
+_KAFKA_HEAD = struct.Struct(">hhih")
+
+
+def _kafka_request_head(body: bytes | memoryview) -> tuple[int, int] | None:
+    """(API key, version) when `body`, which is no msgpack request, reads as a Kafka
+    request header: a small API key and version, a correlation id, a client id that
+    fits (null, or a string within the frame)."""
+    if len(body) < _KAFKA_HEAD.size:
+        return None
+    key, version, _correlation_id, client_id_bytes = _KAFKA_HEAD.unpack_from(body)
+    fits = -1 <= client_id_bytes <= len(body) - _KAFKA_HEAD.size
+    return (key, version) if 0 <= key < 256 and 0 <= version < 64 and fits else None
 
 
 Reply = bytes | SplicedFrame | AwaitingDurability
@@ -397,7 +420,7 @@ class Server:
     def _codec(self, listener: Listener) -> Codec:
         """What the listener's connections speak (its `protocol`)."""
         if listener.protocol == "kafka":
-            mechanisms = self.config.sasl_mechanisms if listener.sasl else ()
+            mechanisms = SaslPolicy.of(self.config, listener).offered if listener.sasl else ()
             return KafkaCodec(mechanisms, self.config.default_partitions)
         return MINIBROKER
 
@@ -571,6 +594,8 @@ class Server:
         codec = conn.codec
         try:
             request = codec.decode(item)
+        except OtherProtocol as exc:
+            return CloseConnection(self._spoken_elsewhere(exc, conn))
         except FrameError as exc:
             return CloseConnection(str(exc))
         except RequestRefused as exc:
@@ -596,6 +621,21 @@ class Server:
             )
             return codec.encode(error_response(code, message), request.cid)
         return request
+
+    def _spoken_elsewhere(self, exc: OtherProtocol, conn: Connection) -> str:
+        """Why a client of the other protocol is closed, and which listener speaks it."""
+        listener = conn.session.listener
+        own = next((s.listener.protocol for s in self.served if s.listener.name == listener), "")
+        speaking = [
+            f"{s.listener.name!r} at {s.listener.host}:{s.port}"
+            for s in self.served
+            if s.listener.protocol == exc.protocol
+        ]
+        where = f"listener {' and '.join(speaking)} speaks it" if speaking else "no listener does"
+        return (
+            f"{exc} on listener {listener!r}, which speaks {own}'s protocol; "
+            f"the client speaks {exc.protocol}'s: {where}"
+        )
 
     def _admit(
         self,

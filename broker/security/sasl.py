@@ -55,6 +55,12 @@ class SaslPolicy:
     reauth_ms: int
     """connections_max_reauth_ms: 0 = sessions do not expire."""
 
+    @property
+    def offered(self) -> tuple[str, ...]:
+        """The mechanisms a handshake lists: PLAIN only where it is allowed, so that no
+        client sends a password in clear only to be refused."""
+        return tuple(m for m in self.mechanisms if m != PLAIN or self.plain_allowed)
+
     @classmethod
     def of(cls, config: BrokerConfig, listener: Listener) -> SaslPolicy:
         return cls(

@@ -142,7 +142,36 @@ def test_a_mistyped_config_key_is_one_line_that_suggests_the_key(
     path.write_text("retension_ms = 60000\n")
     assert main(["serve", "--config", str(path), "--data-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err == "minibroker: unknown setting 'retension_ms'; did you mean 'retention_ms'?\n"
+    assert err == (
+        f"minibroker: {path}: unknown setting 'retension_ms'; did you mean 'retention_ms'?\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        # A typo in a listener's key is suggested its key, as a top-level one is.
+        (
+            '[[listeners]]\nname = "a"\nhost = "127.0.0.1"\nport = 0\nprotocl = "kafka"\n',
+            "listeners[1] (a): unknown key 'protocl'; known: name, host, port, security, "
+            "advertised_host, protocol; did you mean 'protocol'?",
+        ),
+        # An error of the settings as a whole names the file too.
+        ('tls_client_auth = "required"\n', "tls_cafile"),
+    ],
+)
+def test_every_config_error_names_its_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, error: str
+) -> None:
+    from broker.cli import main
+
+    path = tmp_path / "b.toml"
+    path.write_text(text)
+    assert main(["serve", "--config", str(path), "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"minibroker: {path}: ")
+    assert error in err
+    assert err.count("\n") == 1
 
 
 def test_flag_error_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
@@ -24,13 +25,16 @@ def cli(broker: BrokerProcess, *args: str, stdin: bytes = b"") -> subprocess.Com
     return run_cli(*args, "--bootstrap-server", broker.bootstrap, stdin=stdin)
 
 
-def run_cli(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, stdin: bytes = b"", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "minibroker_cli", *args],
         input=stdin,
         capture_output=True,
         cwd=ROOT,
         timeout=60,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -325,3 +329,65 @@ def test_ctrl_c_prints_a_summary(trio_broker: BrokerProcess) -> None:
             running.kill()
         stream, pattern = summary
         assert re.fullmatch(pattern, running.lines[stream][-1]), running.lines
+
+
+def test_the_bootstrap_address_comes_from_the_environment(trio_broker: BrokerProcess) -> None:
+    """After `make run PORT=19092`, `export MINIBROKER_BOOTSTRAP_SERVERS=127.0.0.1:19092`
+    points every command there; --bootstrap-server still wins."""
+    env = {"MINIBROKER_BOOTSTRAP_SERVERS": trio_broker.bootstrap}
+    created = run_cli("topics", "create", "orders", env=env)
+    assert created.returncode == 0, created.stderr
+    listed = run_cli("topics", "list", env=env)
+    assert listed.stdout.split() == [b"orders"]
+    elsewhere = run_cli("topics", "list", "--bootstrap-server", "127.0.0.1:1", env=env)
+    assert elsewhere.returncode == 1 and b"127.0.0.1:1" in elsewhere.stderr
+
+
+def test_client_config_takes_every_client_setting(
+    trio_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    config = tmp_path / "client.toml"
+    config.write_text(
+        'allow_auto_create_topics = false\nclient_id = "orders-cli"\nmax_block_ms = 2000\n'
+    )
+    where = ("--client-config", str(config))
+    produced = cli(trio_broker, "produce", "ordres", *where, stdin=b"x\n")
+    assert produced.returncode == 1
+    assert b"'ordres'" in produced.stderr and b"created" not in produced.stderr
+    assert cli(trio_broker, "topics", "list", *where).stdout.split() == []
+    config.write_text("linger_ms = 5\n")  # the command's own --linger-ms
+    both = cli(trio_broker, "produce", "orders", *where, stdin=b"x\n")
+    assert both.returncode == 2
+    assert (
+        both.stderr
+        == (
+            f"minibroker: --client-config {config}: linger_ms is set by this command's own "
+            "flags; set it there\n"
+        ).encode()
+    )
+    config.write_text("lingr_ms = 5\n")
+    mistyped = cli(trio_broker, "topics", "list", *where)
+    assert mistyped.returncode == 2
+    assert (
+        b"lingr_ms is not a setting of the SDK's producer, consumer or admin helpers; "
+        b"did you mean 'linger_ms'?" in mistyped.stderr
+    )
+
+
+def test_users_add_without_a_terminal_points_at_password_stdin() -> None:
+    """No controlling terminal (a new session) and nothing on stdin: one line, no
+    traceback, naming --password-stdin (the broker is not reached)."""
+    added = subprocess.run(
+        [sys.executable, "-m", "minibroker_cli", "users", "add", "alice"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        cwd=ROOT,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert added.returncode == 2
+    assert added.stderr.decode().splitlines() == [
+        "minibroker: no terminal to ask for the password on: give it on stdin with "
+        "--password-stdin (printf '%s\\n' \"$PASSWORD\" | minibroker users add alice "
+        "--password-stdin)"
+    ]

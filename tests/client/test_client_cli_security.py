@@ -106,14 +106,17 @@ def test_users_add_asks_twice_on_the_terminal(
     assert len(alterations(broker)) == 1
 
 
-def test_client_config_names_only_security_settings(
+def test_client_config_names_only_client_settings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('security_protocol = "SSL"\nsasl_password = "x"\n')
     code, _, err = run(capsys, "topics", "list", "--client-config", str(path))
     assert code == 2
-    assert "sasl_password is not a client security setting; known: security_protocol" in err
+    assert (
+        "sasl_password is not a setting of the SDK's producer, consumer or admin helpers; "
+        "did you mean 'ssl_password'?" in err
+    )
     path.write_text('security_protocol = "SASL_SSL"\nsasl_mechanism = "PLAIN"\n')
     code, _, err = run(capsys, "users", "list", "--client-config", str(path))
     assert code == 2 and "needs sasl_plain_username and sasl_plain_password" in err

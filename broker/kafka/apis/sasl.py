@@ -1,6 +1,9 @@
-"""SASL on a `kafka` listener: SaslHandshake (v1, answered by the listener: it names the
+"""SASL on a `kafka` listener: SaslHandshake (v0-1, answered by the listener: it names the
 mechanism) and SaslAuthenticate (v0-2, one round of that mechanism's exchange, run by
-the broker's SASL state as on the minibroker listener)."""
+the broker's SASL state as on the minibroker listener). After a v0 handshake the rounds
+come as bare frames instead (KIP-43), which the codec reads as SaslAuthenticate; Kafka
+4.0 dropped v0 (KIP-896), but librdkafka before 2.10 (kcat 1.7.1, Debian's) logs in
+only when ApiVersions lists it, and then uses v1 and SaslAuthenticate."""
 
 from __future__ import annotations
 
@@ -9,16 +12,21 @@ from typing import Any
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 
 from broker.kafka.api import Exchange, KafkaApi, Reply, Values
+from broker.security import PLAIN
 from protocol import messages as m
 from protocol.errors import ErrorCode
 
 
-def translate_sasl_handshake(req: Any, _version: int, ex: Exchange) -> Reply:
+def translate_sasl_handshake(req: Any, version: int, ex: Exchange) -> Reply:
+    """The mechanism for the rounds after it, when the listener offers it (PLAIN only
+    where it is allowed: a client refused here has not sent its password yet)."""
     enabled = list(ex.sasl_mechanisms)
     if req.mechanism not in enabled:
         ex.mechanism = None
         return Reply({"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": enabled})
     ex.mechanism = req.mechanism
+    if version == 0:
+        ex.bare_sasl_rounds = 1 if req.mechanism == PLAIN else 2
     return Reply({"error_code": ErrorCode.NONE, "mechanisms": enabled})
 
 
@@ -42,7 +50,7 @@ def answer_sasl_authenticate(r: m.SaslAuthenticateResponse, _version: int, _aske
     }
 
 
-SASL_HANDSHAKE: KafkaApi[None] = KafkaApi(17, "SaslHandshake", 1, 1, translate_sasl_handshake, None)
+SASL_HANDSHAKE: KafkaApi[None] = KafkaApi(17, "SaslHandshake", 0, 1, translate_sasl_handshake, None)
 SASL_AUTHENTICATE = KafkaApi(
     36, "SaslAuthenticate", 0, 2, translate_sasl_authenticate, answer_sasl_authenticate
 )

@@ -160,7 +160,7 @@ def test_each_listener_answers_metadata_with_its_own_address(tmp_path: Path, bac
                 assert brokers == [{"id": 0, "host": host, "port": ports[name]}]
         assert proc.log_shows(
             f"event=listening listener=internal security=plaintext host=127.0.0.1 "
-            f"port={ports['internal']} data_dir="
+            f"port={ports['internal']} protocol=minibroker data_dir="
         )
         assert "event=listener_insecure" not in proc.log_text()
         assert metric(proc, "minibroker_listener_insecure", {"listener": "internal"}) == 0

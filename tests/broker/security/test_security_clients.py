@@ -515,3 +515,58 @@ def test_cli_users_and_acls_with_a_client_config(secured: Secured) -> None:
     assert b"authentication of 'dave' with SCRAM-SHA-512" in refused.stderr
     assert b"dave-Secret" not in refused.stderr + refused.stdout
     assert ADMIN_SECRET not in secured.broker.log_text()
+
+
+def test_denials_read_the_same_in_produce_consume_and_the_sdk(secured: Secured) -> None:
+    """`User:X may not OPERATION RESOURCE 'name'`, as the broker words it, also where
+    the broker's answer carries only the code (Metadata's topics, Fetch's partitions);
+    a group denial is said once, by the exception, not also by a logger."""
+    admin.create_topic(secured.admin(), "orders", 1)
+    alice = (
+        'security_protocol = "SASL_SSL"\n'
+        f'ssl_cafile = "{secured.ca_file}"\n'
+        'sasl_mechanism = "SCRAM-SHA-512"\n'
+        'sasl_plain_username = "alice"\n'
+        f'sasl_plain_password = "{ALICE_SECRET}"\n'
+        "max_block_ms = 3000\n"
+    )
+    produced = cli(secured, "produce", "orders", stdin=b"x\n", config=alice)
+    assert produced.returncode == 1
+    assert b"(User:alice may not describe topic 'orders')" in produced.stderr, produced.stderr
+    admin.create_acls(secured.admin(), [allow("User:alice", "write", "topic", "orders")])
+    consumed = cli(secured, "consume", "orders", "--from-beginning", config=alice)
+    assert consumed.returncode == 1
+    assert consumed.stderr.decode().splitlines() == [
+        "minibroker: fetch orders-0: TOPIC_AUTHORIZATION_FAILED "
+        "(User:alice may not read topic 'orders')"
+    ]
+    admin.create_acls(secured.admin(), [allow("User:alice", "read", "topic", "orders")])
+    group_denied = subprocess.run(
+        [sys.executable, "-c", _GROUP_DENIED, secured.broker.address("sasl"), ALICE_SECRET],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert group_denied.stdout.splitlines() == [
+        "consumer group 'billing' heartbeat: GROUP_AUTHORIZATION_FAILED "
+        "(User:alice may not read group 'billing')"
+    ]
+    assert group_denied.stderr == ""
+
+
+# An application with no logging configured: a denied group is raised, and only raised.
+_GROUP_DENIED = """
+import sys
+from client import Consumer
+bootstrap, password = sys.argv[1:]
+with Consumer(
+    "orders", bootstrap_servers=bootstrap, group_id="billing", consumer_timeout_ms=10000,
+    security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+    sasl_plain_username="alice", sasl_plain_password=password,
+) as consumer:
+    try:
+        list(consumer)
+    except Exception as exc:
+        print(exc)
+"""

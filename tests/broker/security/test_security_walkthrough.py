@@ -8,8 +8,14 @@ changes nothing."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +196,88 @@ def test_the_guide_secures_a_broker_for_a_producer_a_group_and_spark(
         assert broker.log_shows("event=authorization_denied principal='User:etl'")
     finally:
         broker.kill()
+
+
+def _guide_shell_blocks() -> list[str]:
+    """The ```sh blocks of the guide's walk-through, in order."""
+    text = (ROOT / "docs" / "security.md").read_text()
+    section = text[text.index("## A secured broker, step by step") : text.index("\n## Listeners")]
+    return re.findall(r"```sh\n(.*?)```", section, re.DOTALL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_the_walkthrough_runs_as_written_on_a_fresh_machine(tmp_path: Path) -> None:
+    """Every shell block of the guide, in a bash of a fresh HOME (no minibroker user, no
+    host name, no sudo), with `minibroker` on the PATH: the broker from step 3 in the
+    background (as in a terminal of its own), the rest once it listens. Only the ports
+    differ (free ones for 9093 and 9645), so that it runs beside anything."""
+    port, metrics_port = _free_port(), _free_port()
+    blocks = [b.replace("9093", str(port)).replace("9645", str(metrics_port)) for b in
+              _guide_shell_blocks()]  # fmt: skip
+    serving = next(i for i, block in enumerate(blocks) if "minibroker serve" in block)
+    *before_serve, serve = blocks[serving].rstrip("\n").split("\n")
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    shim = bin_dir / "minibroker"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m minibroker_cli "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINIBROKER_")}
+    env |= {"HOME": str(home), "PATH": f"{bin_dir}:{env['PATH']}", "PYTHONPATH": str(ROOT)}
+
+    def bash(script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            capture_output=True, text=True, cwd=home, env=env, timeout=120,
+        )  # fmt: skip
+
+    prepared = bash("\n".join([*blocks[:serving], *before_serve]))
+    assert prepared.returncode == 0, prepared.stderr
+    workdir = home / "minibroker-secure"
+    broker = subprocess.Popen(
+        ["bash", "-c", serve], cwd=workdir, env=env, text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    log: list[str] = []
+    listening = threading.Event()
+
+    def read_log() -> None:
+        assert broker.stderr is not None
+        for line in broker.stderr:
+            log.append(line)
+            if "event=listening" in line:
+                listening.set()
+        listening.set()  # it exited
+
+    threading.Thread(target=read_log, daemon=True).start()
+    try:
+        assert listening.wait(60) and broker.poll() is None, "".join(log)
+        assert any("event=credentials_bootstrapped users=['admin']" in line for line in log)
+        done = bash("\n".join(blocks[serving + 1 :]))
+        assert done.returncode == 0, done.stderr
+        # Step 8's listing: the Spark job's three bindings.
+        *_, header, topic, transactional_id, cluster = done.stdout.splitlines()
+        assert header.startswith("PRINCIPAL\t")
+        assert topic == "User:etl\t*\twrite\tallow\ttopic\torders\tliteral"
+        assert transactional_id == "User:etl\t*\twrite\tallow\ttransactional_id\tspark-\tprefixed"
+        assert cluster == "User:etl\t*\tdescribe\tallow\tcluster\tcluster\tliteral"
+        # The users made in step 4 log in with their passwords, with what they were given.
+        produced = bash(
+            "cd ~/minibroker-secure && sed -e 's/admin/orders-app/' "
+            '-e "s|^sasl_plain_password.*|sasl_plain_password = \\"$(cat orders-app-password)\\"|" '
+            "admin.toml > orders-app.toml && echo paid | minibroker produce orders "
+            f"--bootstrap-server 127.0.0.1:{port} --client-config orders-app.toml"
+        )
+        assert produced.returncode == 0, produced.stderr
+        assert (workdir / "data-secure" / "topics" / "orders").is_dir()
+    finally:
+        os.killpg(broker.pid, signal.SIGTERM)
+        broker.wait(30)
