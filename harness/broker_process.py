@@ -27,13 +27,6 @@ START_TIMEOUT_S = 30.0
 _LISTENING = re.compile(r"event=listening .*host=(\S+) port=(\d+)")
 _LISTENER = re.compile(r"event=listening listener=(\S+) .*host=(\S+) port=(\d+)")
 _METRICS = re.compile(r"event=metrics_listening .*port=(\d+)")
-# `python -m broker`, as an installation without the dev extras runs it: kio imports
-# hypothesis whenever it is importable, which costs each broker start about 0.5 s of CPU
-# (half its start), and a suite starts brokers over a thousand times.
-_RUN_BROKER_WITHOUT_HYPOTHESIS = (
-    "import runpy, sys; sys.modules['hypothesis'] = None; "
-    "runpy.run_module('broker', run_name='__main__', alter_sys=True)"
-)
 
 
 @dataclass
@@ -88,8 +81,8 @@ class BrokerProcess:
         config = [] if self.config is None else ["--config", str(self.config_path)]
         return [
             sys.executable,
-            "-c",
-            _RUN_BROKER_WITHOUT_HYPOTHESIS,
+            "-m",
+            "broker",
             "serve",
             *address,
             *config,
