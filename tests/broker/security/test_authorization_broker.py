@@ -237,10 +237,11 @@ def test_metadata_describes_only_what_may_be_described(
     listed = {t["name"] for t in alice.call("Metadata", topics=None)["topics"]}
     assert {seen, hidden} <= listed
     revoke(admin, acl("topic", "*", "describe"))
-    # All topics named are denied: the brokers are still answered.
+    # All topics named are denied: the brokers are still answered, and the topic's id
+    # is not told either.
     r = alice.call("Metadata", topics=[hidden], allow_auto_create=False)
     assert r["brokers"] and r["topics"] == [
-        {"name": hidden, "error": TOPIC_DENIED, "partitions": []}
+        {"name": hidden, "error": TOPIC_DENIED, "partitions": [], "topic_id": b""}
     ]
 
 
