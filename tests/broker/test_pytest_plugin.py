@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
 import time
 import tomllib
 import uuid
@@ -117,3 +119,52 @@ def test_the_plugin_is_installed_with_the_package() -> None:
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     module = importlib.import_module(project["project"]["entry-points"]["pytest11"]["minibroker"])
     assert {"minibroker", "minibroker_session", "minibroker_factory"} <= set(vars(module))
+
+
+# A user's test module: each test notes which session broker served it, on which worker.
+_USER_TESTS = """
+import os
+from pathlib import Path
+
+
+def _note(broker):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    line = f"{worker} {broker.pid} {broker.kafka_bootstrap_servers} {broker.data_dir}\\n"
+    with open(Path(__file__).parent / "served.txt", "a") as f:
+        f.write(line)
+
+
+def test_one(minibroker_session):
+    _note(minibroker_session)
+
+
+def test_two(minibroker_session):
+    _note(minibroker_session)
+"""
+
+
+@pytest.mark.wire  # it starts brokers, through a pytest of its own
+def test_each_xdist_worker_has_a_session_broker_of_its_own(tmp_path: Path) -> None:
+    """A user's suite under `pytest -n 2 --dist each` (every test on both workers): one
+    session broker per worker, on its own ports and directory, each gone after."""
+    (tmp_path / "test_user.py").write_text(_USER_TESTS)
+    env = dict(os.environ)
+    # The plugin by name whether or not this install has its entry point yet.
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "xdist.plugin", "-p", "broker.pytest_plugin",
+         "-p", "no:cacheprovider", "-n", "2", "--dist", "each", "test_user.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    served = [line.split() for line in (tmp_path / "served.txt").read_text().splitlines()]
+    assert len(served) == 4
+    by_worker = {
+        worker: {tuple(rest) for w, *rest in served if w == worker} for worker, *_ in served
+    }
+    assert sorted(by_worker) == ["gw0", "gw1"]
+    assert all(len(brokers) == 1 for brokers in by_worker.values())  # one per session
+    (first,), (second,) = by_worker.values()
+    assert first[0] != second[0] and first[1] != second[1] and first[2] != second[2]
+    assert not any(Path(broker[2]).exists() for broker in (first, second))
