@@ -5,19 +5,19 @@ a clean close, and the broker logs no traceback and no error."""
 
 from __future__ import annotations
 
-import io
 import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 
 from broker.kafka import SERVED, KafkaCodec
-from broker.kafka.entities import build, request_class, response_class
+from broker.kafka.entities import response_class
 from harness.broker_process import BrokerProcess
 from protocol import messages as m
+from tests.reliability.fuzz_targets import kafka_before_authentication, smallest_kafka_request
 
 CONFIG = """\
 sasl_mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
@@ -29,9 +29,6 @@ port = 0
 security = "sasl_plaintext"
 protocol = "kafka"
 """
-ANSWERED = {0: {"acks": 1}}
-"""What a request needs beyond its zeros to be answered at all: a Produce with acks=0
-has no response."""
 BEFORE_AUTHENTICATION = {17, 18, 36}  # SaslHandshake, ApiVersions, SaslAuthenticate
 SASL_AUTHENTICATION_FAILED = 58
 EVERY_VERSION = [
@@ -54,21 +51,8 @@ def sasl_kafka(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
 
 
 def smallest_request(key: int, version: int, correlation_id: int) -> bytes:
-    """A request frame of (key, version) with every field at its zero: what a client
-    sends that asks for the least (empty lists, empty names)."""
-    cls = request_class(key, version)
-    assert cls is not None
-    header_cls = cls.__header_schema__  # type: ignore[attr-defined]
-    values = {
-        "request_api_key": key,
-        "request_api_version": version,
-        "correlation_id": correlation_id,
-        "client_id": "preauth-test",
-    }
-    out = io.BytesIO()
-    entity_writer(header_cls)(out, build(header_cls, values))
-    entity_writer(cls)(out, build(cls, ANSWERED.get(key, {})))
-    body = out.getvalue()
+    """The frame of the least request of (key, version) a client may send."""
+    body = smallest_kafka_request(key, version, correlation_id)
     return struct.pack(">i", len(body)) + body
 
 
@@ -147,3 +131,12 @@ def test_the_codec_encodes_a_refusal_of_every_api(key: int, version: int) -> Non
     assert header.correlation_id == 9 and 4 + used + size == len(frame)
     if hasattr(response, "error_code"):
         assert response.error_code == SASL_AUTHENTICATION_FAILED
+
+
+@pytest.mark.parametrize(("key", "version"), EVERY_VERSION)
+def test_the_fuzz_target_takes_every_api_and_its_truncations(key: int, version: int) -> None:
+    """The fuzz target of the same path (tests/reliability/fuzz_targets.py) raises
+    nothing on each API's least request, nor on any truncation of it."""
+    body = smallest_kafka_request(key, version, 3)
+    for end in range(len(body) + 1):
+        kafka_before_authentication(body[:end])

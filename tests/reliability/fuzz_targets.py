@@ -17,7 +17,10 @@ client sends, and from `V2_SELECTORS` to the validator of Kafka's v2 batches:
   topic's config overrides);
 - `batch_v2_bytes`: the bytes as a v2 batch whose magic, batch_length and CRC-32C
   are made right first, so mutations reach the records parser and the codecs
-  rather than stopping at the CRC.
+  rather than stopping at the CRC;
+- `kafka_before_authentication` (selector `KAFKA_SELECTOR`): a Kafka request frame
+  body decoded by a SASL kafka listener's codec and, whatever API it is, refused as
+  a connection not yet authenticated refuses it (58), encoded as the API's response.
 
 Each may raise only the errors the contract names: FrameError or RequestRefused for
 frames and requests, BatchError for batches, ConfigError for a refused config
@@ -28,12 +31,16 @@ Anything else escapes, and the fuzzer keeps the input as a crash file.
 from __future__ import annotations
 
 import contextlib
+import io
 import struct
 
 import crc32c
 import msgspec
+from kio.serial import entity_writer
 
 from broker.config import BrokerConfig, ConfigError, altered_overrides, describe_topic
+from broker.kafka import KafkaCodec
+from broker.kafka.entities import build, request_class
 from broker.security import (
     AclBinding,
     AclFilter,
@@ -53,6 +60,7 @@ from protocol import messages as m
 from protocol.batch import LENGTH_PREFIX_BYTES, MAGIC_AT, MAGIC_V2, BatchError
 from protocol.batch import validate as validate_batch
 from protocol.batch_v2 import CRC_V2_AT, CRC_V2_START, HEADER_V2_BYTES
+from protocol.errors import ErrorCode
 from protocol.framing import FrameDecoder, FrameError
 from protocol.messages import RequestRefused, decode_request
 
@@ -61,6 +69,8 @@ SECURITY_SELECTORS = 0xF0
 """Selectors from here on feed the security targets; 0xF0..0xF7 SASL, 0xF8.. the rest."""
 V2_SELECTORS = 0xFC
 """Selectors from here on feed `batch_v2_bytes` (0xF8..0xFB stay the admin target's)."""
+KAFKA_SELECTOR = 0xFF
+"""The last selector feeds `kafka_before_authentication` (0xFC..0xFE stay v2's)."""
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "GSSAPI")
 USER, PASSWORD = "alice", "alice-password"
 MOCK_SECRET = b"\x07" * 32
@@ -174,6 +184,40 @@ def admin_request(body: bytes) -> None:
                 describe_topic(BrokerConfig(), altered_overrides({}, ops))
 
 
+def kafka_before_authentication(body: bytes) -> None:
+    """Byte 0 on: a Kafka request frame body, as a SASL kafka listener's connection
+    meets it before authenticating: the codec decodes it (FrameError: the connection
+    closes) and refuses what it yields as the server does (broker/network/server.py
+    `_admit`), in the API's own response."""
+    codec = KafkaCodec(MECHANISMS[:3], default_partitions=1)
+    try:
+        request = codec.decode(body)
+    except FrameError:
+        return
+    if isinstance(request, bytes) or not request.expects_answer():
+        return
+    refused = m.error_response(ErrorCode.SASL_AUTHENTICATION_FAILED, "authenticate first")
+    codec.encode(refused, request.cid)
+
+
+def smallest_kafka_request(key: int, version: int, correlation_id: int) -> bytes:
+    """A Kafka request frame body of (key, version) with every field at its zero (a
+    Produce with acks 1, so that it is answered): the least a client may ask."""
+    cls = request_class(key, version)
+    assert cls is not None, (key, version)
+    header_cls = cls.__header_schema__  # type: ignore[attr-defined]
+    header = {
+        "request_api_key": key,
+        "request_api_version": version,
+        "correlation_id": correlation_id,
+        "client_id": "smallest",
+    }
+    out = io.BytesIO()
+    entity_writer(header_cls)(out, build(header_cls, header))
+    entity_writer(cls)(out, build(cls, {"acks": 1} if key == 0 else {}))
+    return out.getvalue()
+
+
 def one_input(data: bytes) -> None:
     if not data:
         return
@@ -183,8 +227,10 @@ def one_input(data: bytes) -> None:
             sasl_rounds(rest)
         elif selector < V2_SELECTORS:
             admin_request(rest)
-        else:
+        elif selector < KAFKA_SELECTOR:
             batch_v2_bytes(rest)
+        else:
+            kafka_before_authentication(rest)
     elif selector % 3 == 0:
         frames(rest, 1 + selector // 3)
     elif selector % 3 == 1:

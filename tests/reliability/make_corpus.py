@@ -10,12 +10,20 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from broker.kafka import SERVED
 from protocol import messages as m
 from protocol.batch import build_batch
 from protocol.batch_v2 import encode_batch_v2
 from protocol.compression import Compression
 from protocol.framing import frame
-from tests.reliability.fuzz_targets import PASSWORD, SECURITY_SELECTORS, USER, V2_SELECTORS
+from tests.reliability.fuzz_targets import (
+    KAFKA_SELECTOR,
+    PASSWORD,
+    SECURITY_SELECTORS,
+    USER,
+    V2_SELECTORS,
+    smallest_kafka_request,
+)
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -71,6 +79,9 @@ def seeds() -> dict[str, bytes]:
     for name, request in security.items():
         body = m.encode_request(request, cid=1, client_id="corpus")
         out[f"admin_{name}"] = bytes([SECURITY_SELECTORS + 8]) + body
+    for api in SERVED:
+        body = smallest_kafka_request(api.key, api.max_version, correlation_id=1)
+        out[f"kafka_{api.name}"] = bytes([KAFKA_SELECTOR]) + body
     for name, (mechanism, first, second) in sasl_exchanges().items():
         out[f"sasl_{name}"] = (
             bytes([SECURITY_SELECTORS, mechanism]) + len(first).to_bytes(2, "big") + first + second
