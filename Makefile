@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: run test test-fast lint format bench bench-quick clean check-java check-promtool test-reliability fuzz soak txn-history
+.PHONY: run test test-fast lint format bench bench-quick clean check-java check-promtool check-kcat test-reliability fuzz soak txn-history
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ SERVE_FLAGS = $(call flag,PORT,--port) $(call flag,METRICS_PORT,--metrics-port) 
 run: $(STAMP)
 	$(VENV)/bin/minibroker $(strip serve $(SERVE_FLAGS))
 
-test: $(STAMP) check-java check-promtool lint
+test: $(STAMP) check-java check-promtool check-kcat lint
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # The pure and unit tests: no broker process (marker `wire`, tests/conftest.py), no Spark.
@@ -102,6 +102,19 @@ check-promtool:
 	      || { echo "make test: could not install prometheus; run: sudo apt-get install -y prometheus"; exit 1; }; \
 	  else \
 	    echo "make test: 'promtool' not found. Install it: sudo apt-get install -y prometheus"; exit 1; \
+	  fi; }
+
+# kcat (Debian's `kcat` package, librdkafka's command-line client) backs the Kafka
+# listener's kcat tests, which would otherwise be skipped.
+check-kcat:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's kcat package"; \
+	    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat >/dev/null \
+	      || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat >/dev/null)) \
+	      || { echo "make test: could not install kcat; run: sudo apt-get install -y kcat"; exit 1; }; \
+	  else \
+	    echo "make test: 'kcat' not found. Install it: sudo apt-get install -y kcat"; exit 1; \
 	  fi; }
 
 clean:

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from scramp import ScramException, ScramMechanism
+from scramp.core import ClientFinal
 from scramp.utils import saslprep
 
 SCRAM_SHA_256 = "SCRAM-SHA-256"
@@ -149,8 +151,15 @@ class ScramExchange:
     later call fails too.
 
     No channel binding: a gs2 header of `n` or `y` is accepted and `p=...` refused.
-    `server_nonce` is for tests that replay a published exchange; otherwise scramp
-    draws a fresh one from `secrets` for every attempt."""
+    `server_nonce` is for tests that replay a published exchange; otherwise a fresh
+    one is drawn from `secrets` for every attempt.
+
+    One client bug is tolerated, as Kafka 3.8.1 to 3.9 tolerate it: librdkafka before
+    2.6.1 (Debian's kcat, and every client built on it) sends as the client-final's
+    nonce its own nonce followed by the whole nonce of the server-first, which already
+    begins with it (confluentinc/librdkafka#4895). That exact form is taken, and nothing
+    else: it still ends with this attempt's fresh server nonce, which the proof covers,
+    so a replay fails as before. Kafka 4.0 refuses it."""
 
     def __init__(
         self,
@@ -170,8 +179,9 @@ class ScramExchange:
         self._named: str | None = None
         self._known = False
         self._step = _FIRST
+        self._server_nonce = secrets.token_hex() if server_nonce is None else server_nonce
         self._server = ScramMechanism(mechanism).make_server(
-            self._credential_of, s_nonce=server_nonce
+            self._credential_of, s_nonce=self._server_nonce
         )
 
     def __repr__(self) -> str:
@@ -187,13 +197,24 @@ class ScramExchange:
     def server_final(self, client_final: bytes) -> bytes:
         """Round 2: the client-final message in, the server-final (`v=...`) out."""
         with self._step_of(_FINAL, then=_DONE):
-            self._server.set_client_final(_text(client_final))
+            text = _text(client_final)
+            self._take_librdkafka_nonce(text)
+            self._server.set_client_final(text)
             if not self._known:
                 # No one can make a proof for a mock credential; said outright all the same.
                 raise AuthenticationFailed("unknown user")
             answer: str = self._server.get_server_final()
         self.user = self._named
         return answer.encode()
+
+    def _take_librdkafka_nonce(self, client_final: str) -> None:
+        """Let scramp check the client-final against the nonce librdkafka before 2.6.1
+        sends, when it is exactly that (the class docstring says why it is safe)."""
+        combined = str(self._server.nonce)
+        client_nonce = combined[: -len(self._server_nonce)]
+        sent = ClientFinal(client_final)["r"]
+        if str(sent) == client_nonce + combined:
+            self._server.nonce = sent
 
     def _credential_of(self, user: str) -> tuple[bytes, bytes, bytes, int]:
         """scramp's auth_fn: the (already SASLprep'd) user's credential, or a mock one."""

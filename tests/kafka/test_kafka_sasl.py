@@ -4,8 +4,10 @@ logs in with SCRAM-SHA-512, and a SaslHandshake v0 takes its rounds as bare fram
 
 from __future__ import annotations
 
+import shutil
 import socket
 import struct
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,6 +120,36 @@ def test_confluent_kafka_logs_in_with_scram_sha_512(kafka_sasl: str) -> None:
     assert len(delivered) == 1
     assert isinstance(delivered[0], confluent_kafka.Message), delivered[0]
     assert delivered[0].offset() == 0
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")
+def test_kcat_logs_in_with_scram_sha_512(kafka_sasl: str) -> None:
+    """Debian's kcat 1.7.1 (its librdkafka wants SaslHandshake v0 listed) produces and
+    reads back over SASL; it could not log in before (issue 39)."""
+    topic = f"kcat-{uuid.uuid4().hex[:8]}"
+    login = [
+        *("-b", kafka_sasl, "-X", "security.protocol=SASL_PLAINTEXT"),
+        *("-X", "sasl.mechanisms=SCRAM-SHA-512", "-X", "sasl.username=alice"),
+        *("-X", "sasl.password=alice-pw"),
+    ]
+    kcat = shutil.which("kcat")
+    assert kcat is not None
+    produced = subprocess.run(
+        [kcat, *login, "-P", "-t", topic, "-p", "0"],
+        input="paid\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert produced.returncode == 0, produced.stderr
+    consumed = subprocess.run(
+        [kcat, *login, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-f", "%o %s\n"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout == "0 paid\n"
 
 
 def _bare_round(sock: socket.socket, data: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import hmac
 from collections.abc import Callable
 
 import pytest
@@ -325,3 +326,56 @@ def test_plain_does_the_same_derivation_for_an_unknown_user(
 )
 def test_plain_failures_look_the_same(message: bytes) -> None:
     failure(lambda: authenticate_plain(message, lookup, SECRET))
+
+
+NonceOf = Callable[[str, str], str]
+
+
+def librdkafka_final(exchange: ScramExchange, password: str, nonce_of: NonceOf) -> bytes:
+    """A client-final as librdkafka writes it, its nonce chosen by `nonce_of(client's,
+    server-first's)`, with a proof made by RFC 5802's formulas over that very message."""
+    client_first_bare = "n=alice,r=rdkafkanonce"
+    server_first = exchange.server_first(f"n,,{client_first_bare}".encode()).decode()
+    fields = dict(part.split("=", 1) for part in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(
+        "sha512", password.encode(), base64.b64decode(fields["s"]), int(fields["i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", "sha512").digest()
+    without_proof = f"c=biws,r={nonce_of('rdkafkanonce', fields['r'])}"
+    auth_message = f"{client_first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(hashlib.sha512(client_key).digest(), auth_message, "sha512").digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+def test_librdkafkas_doubled_client_nonce_is_taken_as_kafka_3_9_takes_it() -> None:
+    """librdkafka before 2.6.1 sends its nonce and then the server's whole nonce, which
+    begins with it (Debian's kcat could not log in)."""
+    exchange = ScramExchange(SCRAM_SHA_512, lookup, SECRET)
+    final = librdkafka_final(exchange, "wonderland", lambda mine, combined: mine + combined)
+    assert exchange.server_final(final).startswith(b"v=") and exchange.user == "alice"
+    right = ScramExchange(SCRAM_SHA_512, lookup, SECRET)
+    final = librdkafka_final(right, "wonderland", lambda _mine, combined: combined)
+    assert right.server_final(final).startswith(b"v="), "the RFC's own form, still"
+
+
+@pytest.mark.parametrize(
+    "nonce_of",
+    [
+        lambda mine, combined: "x" + combined,  # ends with the server's, another prefix
+        lambda mine, combined: combined + combined,
+        lambda mine, combined: mine + mine + combined,
+        lambda mine, combined: mine + combined[:-1],
+        lambda mine, combined: mine + "0" * (len(combined) - len(mine)),  # not this attempt's
+    ],
+)
+def test_no_other_nonce_is_taken(nonce_of: NonceOf) -> None:
+    exchange = ScramExchange(SCRAM_SHA_512, lookup, SECRET)
+    final = librdkafka_final(exchange, "wonderland", nonce_of)
+    failure(lambda: exchange.server_final(final))
+
+
+def test_the_doubled_nonce_still_needs_the_password() -> None:
+    exchange = ScramExchange(SCRAM_SHA_512, lookup, SECRET)
+    final = librdkafka_final(exchange, "not-it", lambda mine, combined: mine + combined)
+    failure(lambda: exchange.server_final(final))
