@@ -307,6 +307,13 @@ class GroupCoordinator:
                 len(after.members),
                 after.leader,
             )
+        if after.state == classic.STABLE and before.state != classic.STABLE:
+            log.info(
+                "event=group_stable group=%r generation=%d members=%d",
+                group_id,
+                after.generation,
+                len(after.members),
+            )
         if after.is_empty:
             self._scheduled.pop(group_id, None)
             self.classic.pop(group_id, None)
