@@ -24,6 +24,7 @@ waiting on an earlier JoinGroup or SyncGroup, and the group's next deadline.
 
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -659,6 +660,67 @@ def commit_error(group: ClassicGroup | None, member_id: str, generation: int) ->
     if group.state == COMPLETING_REBALANCE:
         return ErrorCode.REBALANCE_IN_PROGRESS
     return ErrorCode.NONE
+
+
+# ---------------------------------------------------------------------------- describing
+
+
+def consumer_topics(metadata: bytes) -> list[str] | None:
+    """The topics of a "consumer" member's subscription (Kafka's ConsumerProtocol
+    Subscription, any version: they lead), or None for bytes that are not one."""
+    try:
+        reader = _Reader(metadata)
+        reader.int16()  # version
+        return [reader.string() for _ in range(reader.count())]
+    except (struct.error, UnicodeDecodeError, ValueError):
+        return None
+
+
+def consumer_assignment(assignment: bytes) -> list[tuple[str, list[int]]] | None:
+    """The partitions of a "consumer" member's assignment (ConsumerProtocol Assignment,
+    any version), or None for bytes that are not one."""
+    try:
+        reader = _Reader(assignment)
+        reader.int16()  # version
+        topics = []
+        for _ in range(reader.count()):
+            topic = reader.string()
+            topics.append((topic, [reader.int32() for _ in range(reader.count())]))
+        return topics
+    except (struct.error, UnicodeDecodeError, ValueError):
+        return None
+
+
+class _Reader:
+    """The non-flexible encoding of Kafka's ConsumerProtocol; every count is checked
+    against the bytes left, so hostile bytes cost no more than their length."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.at = 0
+
+    def int16(self) -> int:
+        (value,) = struct.unpack_from(">h", self.data, self.at)
+        self.at += 2
+        return int(value)
+
+    def int32(self) -> int:
+        (value,) = struct.unpack_from(">i", self.data, self.at)
+        self.at += 4
+        return int(value)
+
+    def count(self) -> int:
+        count = self.int32()
+        if not 0 <= count <= len(self.data) - self.at:
+            raise ValueError(f"an array of {count} items in {len(self.data)} bytes")
+        return count
+
+    def string(self) -> str:
+        length = self.int16()
+        if not 0 <= length <= len(self.data) - self.at:
+            raise ValueError(f"a string of {length} bytes in {len(self.data)}")
+        self.at += length
+        return self.data[self.at - length : self.at].decode()
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -509,17 +509,26 @@ def _described(group: Group) -> m.GroupDescription:
 
 def _described_classic(group: classic.ClassicGroup) -> m.GroupDescription:
     """A classic group as the native DescribeGroups shows it: the generation as the
-    epoch; subscriptions and assignments are the clients' bytes, not read here."""
-    return m.GroupDescription(
-        group.group_id,
-        state=group.state,
-        group_epoch=group.generation,
-        members=[
+    epoch; a "consumer" member's subscription and assignment read from its bytes once a
+    protocol is chosen (bytes that do not read are shown as nothing)."""
+    chosen = group.protocol_name if group.state != classic.PREPARING_REBALANCE else None
+    reads = group.protocol_type == "consumer" and chosen is not None
+    members = []
+    for member_id, member in group.members.items():
+        topics = classic.consumer_topics(member.metadata(chosen)) if reads and chosen else None
+        assigned = classic.consumer_assignment(member.assignment) if reads else None
+        members.append(
             m.GroupMemberDescription(
-                member_id, group.generation, member.client_id, instance_id=member.instance_id
+                member_id,
+                group.generation,
+                member.client_id,
+                topics or [],
+                [m.GroupTopicPartitions(t, sorted(set(ps))) for t, ps in assigned or []],
+                member.instance_id,
             )
-            for member_id, member in group.members.items()
-        ],
+        )
+    return m.GroupDescription(
+        group.group_id, state=group.state, group_epoch=group.generation, members=members
     )
 
 

@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 import queue
 import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -548,3 +550,37 @@ def test_confluent_admin_lists_describes_and_deletes(
     admin.delete_consumer_groups([members.group])[members.group].result(DEADLINE_S)
     listed = admin.list_consumer_groups().result(DEADLINE_S)
     assert members.group not in {g.group_id for g in listed.valid}
+
+
+def test_minibroker_groups_shows_a_kafka_clients_group(
+    stack: Stack, group_of: Callable[[str], Members]
+) -> None:
+    """`minibroker groups` (the native listener's ListGroups and DescribeGroups) shows a
+    classic group: its state, generation, members and what each was assigned."""
+    members = group_of("confluent-kafka")
+    a = members.new()
+    settle(a)
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "minibroker_cli",
+                "groups",
+                *args,
+                "--bootstrap-server",
+                stack.broker.address("mb"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE_S,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert f"{members.group}\tStable\t1" in cli("list").splitlines()
+    described = cli("describe", members.group)
+    partitions = ",".join(f"{members.topic}-{p}" for p in range(PARTITIONS))
+    assert f"\t{members.topic}\t{partitions}" in described
+    assert "State: Stable" in described

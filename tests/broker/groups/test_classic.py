@@ -6,8 +6,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.protocol.consumer.metadata import (
+    ConsumerProtocolAssignment,
+    ConsumerProtocolSubscription,
+)
 
 from broker.groups import classic as c
 from broker.groups.classic import A, ClassicGroup, ClassicSettings, Join, Step, Sync
@@ -299,3 +304,32 @@ def test_random_histories_keep_the_invariants(ops: list[tuple[str, int, int]]) -
             waiting.add(step.waiting)
         group = step.group
         assert group.deadline_ms() == c.NO_DEADLINE or group.deadline_ms() >= 0
+
+
+# ------------------------------------------------------------------ members' bytes
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_a_consumer_members_subscription_and_assignment_are_read(version: int) -> None:
+    subscription = ConsumerProtocolSubscription(topics=["a", "bb"], user_data=b"u")
+    assert c.consumer_topics(bytes(subscription.encode(version=version))) == ["a", "bb"]
+    assignment = ConsumerProtocolAssignment(
+        assigned_partitions=[
+            ConsumerProtocolAssignment.TopicPartition(topic="a", partitions=[0, 2])
+        ],
+        user_data=None,
+    )
+    encoded = bytes(assignment.encode(version=min(version, 1)))
+    assert c.consumer_assignment(encoded) == [("a", [0, 2])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_bytes_that_are_no_consumer_protocol_read_as_nothing(data: bytes) -> None:
+    """Whatever a member sends, reading it ends within its length, without an error."""
+    topics = c.consumer_topics(data)
+    assert topics is None or isinstance(topics, list)
+    assignment = c.consumer_assignment(data)
+    assert assignment is None or isinstance(assignment, list)
+    huge_count = b"\x00\x00\x7f\xff\xff\xff"
+    assert c.consumer_topics(huge_count) is None and c.consumer_assignment(huge_count) is None
