@@ -39,6 +39,7 @@ assert len(BY_KEY) == len(SERVED), "two modules declare one API key"
 
 NEXT_STEP: dict[str, str] = {
     "ConsumerGroupHeartbeat": "consumer groups (KIP-848)",
+    "OffsetDelete": "consumer groups (admin)",
     "AddPartitionsToTxn": "transactions",
     "AddOffsetsToTxn": "transactions",
     "EndTxn": "transactions",
