@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.group import HeartbeatRequest as KHeartbeat
+from kafka.protocol.consumer.group import HeartbeatResponse as KHeartbeatResponse
 from kafka.protocol.consumer.group import JoinGroupRequest as KJoin
 from kafka.protocol.consumer.group import JoinGroupResponse as KJoinResponse
 from kafka.protocol.consumer.group import LeaveGroupRequest as KLeave
@@ -226,3 +227,14 @@ def test_describe_and_delete_are_judged_per_group() -> None:
     )
     judged.finish(listed)
     assert [x.group_id for x in listed.groups] == ["mine"]
+
+
+def test_empty_and_oversized_ids_are_refused() -> None:
+    empty = join_request(7, [("range", b"")])
+    empty.group_id = ""
+    _, answer = response_of(codec().decode(request_bytes(empty)), KJoinResponse, 7)  # type: ignore[arg-type]
+    assert answer.error_code == ErrorCode.INVALID_GROUP_ID
+    long_id = "m" * 256
+    beat = KHeartbeat[4](group_id="g", generation_id=1, member_id=long_id, group_instance_id=None)
+    _, answer = response_of(codec().decode(request_bytes(beat)), KHeartbeatResponse, 4)  # type: ignore[arg-type]
+    assert answer.error_code == ErrorCode.INVALID_REQUEST

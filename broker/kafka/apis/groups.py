@@ -313,7 +313,24 @@ def _refused(code: ErrorCode, message: str, **values: Any) -> Reply:
     return Reply({"error_code": code, "error_message": message, **values})
 
 
+def _bad_ids(req: Any, *ids: str | None) -> Reply | None:
+    """Kafka's INVALID_GROUP_ID for an empty group id; ids are kept for the group's life
+    and logged, so each is bounded as the native protocol bounds them (INVALID_REQUEST)."""
+    if not req.group_id:
+        return _refused(ErrorCode.INVALID_GROUP_ID, "a group id is not empty", protocol_name="")
+    if any(len(i) > m.IDENTIFIER_CHARS_MAX for i in (req.group_id, *ids) if i is not None):
+        return _refused(
+            ErrorCode.INVALID_REQUEST,
+            f"group, member and instance ids have at most {m.IDENTIFIER_CHARS_MAX} characters",
+            protocol_name="",
+        )
+    return None
+
+
 def translate_join_group(req: Any, version: int, _ex: Exchange) -> m.Request | Reply:
+    instance_id = getattr(req, "group_instance_id", None)
+    if (bad := _bad_ids(req, req.member_id, instance_id)) is not None:
+        return bad
     protocols = [(p.name, p.metadata) for p in req.protocols]
     if len(protocols) > MAX_PROTOCOLS or any(len(d) > MAX_METADATA_BYTES for _, d in protocols):
         return _refused(
@@ -325,7 +342,7 @@ def translate_join_group(req: Any, version: int, _ex: Exchange) -> m.Request | R
     return JoinGroupRequest(
         group_id=req.group_id,
         member_id=req.member_id,
-        instance_id=getattr(req, "group_instance_id", None),
+        instance_id=instance_id,
         protocol_type=req.protocol_type,
         protocols=protocols,
         session_timeout_ms=ms(req.session_timeout),
@@ -351,6 +368,9 @@ def answer_join_group(r: JoinGroupResponse, version: int, _asked: None) -> Value
 
 
 def translate_sync_group(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
+    instance_id = getattr(req, "group_instance_id", None)
+    if (bad := _bad_ids(req, req.member_id, instance_id)) is not None:
+        return bad
     assignments = {a.member_id: a.assignment for a in req.assignments}
     if len(assignments) != len(req.assignments) or any(
         len(a) > MAX_METADATA_BYTES for a in assignments.values()
@@ -363,7 +383,7 @@ def translate_sync_group(req: Any, _version: int, _ex: Exchange) -> m.Request | 
         group_id=req.group_id,
         generation=req.generation_id,
         member_id=req.member_id,
-        instance_id=getattr(req, "group_instance_id", None),
+        instance_id=instance_id,
         protocol_type=getattr(req, "protocol_type", None),
         protocol_name=getattr(req, "protocol_name", None),
         assignments=assignments,
@@ -379,7 +399,9 @@ def answer_sync_group(r: SyncGroupResponse, _version: int, _asked: None) -> Valu
     }
 
 
-def translate_heartbeat(req: Any, _version: int, _ex: Exchange) -> m.Request:
+def translate_heartbeat(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
+    if (bad := _bad_ids(req, req.member_id, getattr(req, "group_instance_id", None))) is not None:
+        return bad
     return HeartbeatRequest(
         group_id=req.group_id,
         generation=req.generation_id,
@@ -399,6 +421,8 @@ def translate_leave_group(req: Any, version: int, _ex: Exchange) -> m.Request | 
         members = [(mb.member_id, mb.group_instance_id) for mb in req.members]
     if not members:
         return _refused(ErrorCode.INVALID_REQUEST, "a LeaveGroup names its members")
+    if (bad := _bad_ids(req, *(i for pair in members for i in pair))) is not None:
+        return bad
     return LeaveGroupRequest(group_id=req.group_id, members=members)
 
 
