@@ -584,3 +584,50 @@ def test_minibroker_groups_shows_a_kafka_clients_group(
     partitions = ",".join(f"{members.topic}-{p}" for p in range(PARTITIONS))
     assert f"\t{members.topic}\t{partitions}" in described
     assert "State: Stable" in described
+
+
+KILLED_MEMBER = """
+import sys
+import confluent_kafka
+
+bootstrap, topic, group, session_ms, heartbeat_ms = sys.argv[1:6]
+consumer = confluent_kafka.Consumer(
+    {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "session.timeout.ms": int(session_ms),
+        "heartbeat.interval.ms": int(heartbeat_ms),
+        "enable.auto.commit": False,
+    }
+)
+consumer.subscribe([topic])
+while True:
+    consumer.poll(0.1)
+"""
+"""A group member in a process of its own, to be killed."""
+
+
+def test_a_killed_member_leaves_after_its_session_and_the_other_takes_over(
+    stack: Stack, group_of: Callable[[str], Members]
+) -> None:
+    """kill -9 of a member's process: it sends no LeaveGroup; the broker removes it when
+    its session runs out and the survivor gets its partitions."""
+    members = group_of("confluent-kafka")
+    a = members.new()
+    settle(a)
+    args = [stack.kafka, members.topic, members.group, str(SESSION_MS), str(HEARTBEAT_MS)]
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_MEMBER, *args])
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while not (a.assignment() and len(a.assignment()) < PARTITIONS):
+            assert time.monotonic() < deadline, f"the second member got nothing\n{LOG[0]()}"
+            assert a.poll() == []
+    finally:
+        killed.kill()
+        killed.wait(DEADLINE_S)
+    while a.assignment() != set(range(PARTITIONS)):
+        assert time.monotonic() < deadline, f"no takeover\n{LOG[0]()}"
+        assert a.poll() == []
+    assert "reason=session_timeout" in LOG[0]()
+    sent = produce(stack, members.topic, 40, "after-kill")
+    assert_once(sent, read_all(sent, a))
