@@ -631,3 +631,39 @@ def test_a_killed_member_leaves_after_its_session_and_the_other_takes_over(
     assert "reason=session_timeout" in LOG[0]()
     sent = produce(stack, members.topic, 40, "after-kill")
     assert_once(sent, read_all(sent, a))
+
+
+def test_members_rejoin_after_a_broker_kill_and_resume_at_the_committed_offsets(
+    tmp_path: Path, backend: str
+) -> None:
+    """kill -9 of the broker under a consuming group: membership is soft state, so the
+    member's next heartbeat is refused and it joins again; the committed offsets were
+    fsynced, so it resumes at them: nothing committed is read again, nothing after
+    it is skipped."""
+    broker = BrokerProcess(
+        tmp_path / "data", backend=backend, config=GROUP_SETTINGS + listeners_config()
+    ).start()
+    ports = broker.listener_ports
+    broker.config = GROUP_SETTINGS + listeners_config(
+        mb_port=ports["mb"], kafka_port=ports["kafka"]
+    )
+    stack = Stack(broker)
+    members = Members("confluent-kafka", stack, stack.new_topic("restart"), "g-restart")
+    try:
+        a = members.new()
+        settle(a)
+        committed = produce(stack, members.topic, 80, "committed")
+        read_all(committed, a)
+        a.commit()
+        uncommitted = produce(stack, members.topic, 20, "uncommitted")
+        read_all(uncommitted, a)
+        broker.restart(kill=True)
+        after = produce(stack, members.topic, 40, "after")
+        again = read_all(uncommitted | after, a)[0]
+        values = [v for _, _, v in again]
+        assert not committed & set(values), "a committed record was read again"
+        assert sorted(set(values)) == sorted(uncommitted | after)
+        assert len(values) == len(set(values))
+    finally:
+        members.close_all()
+        broker.kill()
