@@ -556,7 +556,8 @@ def test_minibroker_groups_shows_a_kafka_clients_group(
     stack: Stack, group_of: Callable[[str], Members]
 ) -> None:
     """`minibroker groups` (the native listener's ListGroups and DescribeGroups) shows a
-    classic group: its state, generation, members and what each was assigned."""
+    classic group: its state, generation, members and what each was assigned, and the
+    offsets the Kafka client committed, with their lag."""
     members = group_of("confluent-kafka")
     a = members.new()
     settle(a)
@@ -579,11 +580,16 @@ def test_minibroker_groups_shows_a_kafka_clients_group(
         assert done.returncode == 0, done.stderr
         return done.stdout
 
+    read_all(produce(stack, members.topic, 8, "cli"), a)
+    a.commit()
     assert f"{members.group}\tStable\t1" in cli("list").splitlines()
     described = cli("describe", members.group)
     partitions = ",".join(f"{members.topic}-{p}" for p in range(PARTITIONS))
     assert f"\t{members.topic}\t{partitions}" in described
     assert "State: Stable" in described
+    # The Kafka client's commits, read through the minibroker listener: 2 per partition.
+    for p in range(PARTITIONS):
+        assert f"{members.group}\t{members.topic}\t{p}\t2\t2\t0\t" in described
 
 
 KILLED_MEMBER = """
