@@ -40,6 +40,7 @@ from broker.api import (
 from broker.clock import now_ms
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
+from broker.kafka import ClassicGroupApi
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import Listeners, Server
 from broker.partitions import GroupCommitter, ProducerIdManager, TopicRegistry
@@ -241,6 +242,7 @@ class Running:
                 TopicApi(topics, admin),
                 TransactionApi(topics, producer_ids, coordinator, metrics),
                 GroupApi(groups, offsets, coordinator),
+                ClassicGroupApi(groups, offsets),
                 authentication,
             ],
             acls,

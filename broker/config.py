@@ -750,6 +750,31 @@ class BrokerConfig:
         min=1,
         max=10_000,
     )
+    group_initial_rebalance_delay_ms: int = _setting(
+        3_000,
+        "How long a classic group's first rebalance waits for more members to join, "
+        "each new one waiting again, up to the rebalance timeout (Kafka's "
+        "group.initial.rebalance.delay.ms).",
+        unit="ms",
+        min=0,
+        max=300_000,
+    )
+    group_min_session_timeout_ms: int = _setting(
+        6_000,
+        "Shortest session a classic group member (a Kafka client's JoinGroup) may ask "
+        "for; below it is INVALID_SESSION_TIMEOUT (Kafka's group.min.session.timeout.ms).",
+        unit="ms",
+        min=1,
+        max=3_600_000,
+    )
+    group_max_session_timeout_ms: int = _setting(
+        1_800_000,
+        "Longest session a classic group member may ask for; above it is "
+        "INVALID_SESSION_TIMEOUT (Kafka's group.max.session.timeout.ms).",
+        unit="ms",
+        min=1,
+        max=3_600_000,
+    )
     max_groups: int = _setting(
         10_000,
         "Consumer groups with members the broker holds; a join that would start one more "
@@ -826,6 +851,12 @@ class BrokerConfig:
                 f"setting group_heartbeat_interval_ms={self.group_heartbeat_interval_ms} is "
                 f"invalid: expected less than group_session_timeout_ms "
                 f"({self.group_session_timeout_ms})"
+            )
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ConfigError(
+                f"setting group_min_session_timeout_ms={self.group_min_session_timeout_ms} is "
+                f"invalid: expected at most group_max_session_timeout_ms "
+                f"({self.group_max_session_timeout_ms})"
             )
         self._validate_security()
         return self

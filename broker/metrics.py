@@ -207,7 +207,7 @@ class GroupStats(NamedTuple):
     groups: Mapping[str, GroupSnapshot]
     """By group id: the groups that have members."""
     heartbeats: int
-    """ConsumerGroupHeartbeat requests handled since start."""
+    """ConsumerGroupHeartbeat and classic Heartbeat requests handled since start."""
 
 
 class OffsetStats(NamedTuple):
@@ -869,7 +869,7 @@ class _BrokerCollector(Collector):
         state = GaugeMetricFamily(
             f"{ns}_group_state",
             "Always 1, one series per group: the state label says which state the group "
-            "is in (EMPTY, RECONCILING, STABLE).",
+            "is in (EMPTY, RECONCILING, STABLE; a classic group's in Kafka's names).",
             labels=["group", "state"],
         )
         rebalances = CounterMetricFamily(
@@ -879,7 +879,8 @@ class _BrokerCollector(Collector):
             labels=["group"],
         )
         heartbeats = CounterMetricFamily(
-            f"{ns}_group_heartbeats", "ConsumerGroupHeartbeat requests handled since start."
+            f"{ns}_group_heartbeats",
+            "ConsumerGroupHeartbeat and classic Heartbeat requests handled since start.",
         )
         families = [members, state, rebalances, heartbeats]
         if not samples:

@@ -445,6 +445,31 @@ class OffsetStore:
             topics=[m.OffsetFetchTopic(t, parts) for t, parts in by_topic.items()]
         )
 
+    # ------------------------------------------------------------------ DeleteGroups
+
+    async def delete_group(self, group_id: str) -> tuple[ErrorCode, str | None]:
+        """Delete a group with no members: its committed offsets go, durably, in one
+        "expire" record (so recovery needs nothing new). NON_EMPTY_GROUP while it has
+        members or an open transaction's offsets; GROUP_ID_NOT_FOUND when it holds
+        nothing."""
+        async with self.members.locked(group_id), self._locked([group_id]):
+            if self.members.has_members(group_id):
+                return ErrorCode.NON_EMPTY_GROUP, f"group {group_id!r} has members"
+            group = self.state.group(group_id)
+            if group is None:
+                return ErrorCode.GROUP_ID_NOT_FOUND, f"group {group_id!r} holds no offsets"
+            if group.pending:
+                return (
+                    ErrorCode.NON_EMPTY_GROUP,
+                    f"group {group_id!r} holds offsets of an open transaction",
+                )
+            try:
+                await self._write_durably(expire_record(group_id, sorted(group.committed)))
+            except OSError as exc:
+                return ErrorCode.KAFKA_STORAGE_ERROR, f"offsets log: {exc}"
+            log.info("event=group_deleted group=%r offsets=%d", group_id, len(group.committed))
+            return ErrorCode.NONE, None
+
     # ------------------------------------------------------------------ housekeeping
 
     async def run(self) -> None:

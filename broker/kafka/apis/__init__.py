@@ -38,11 +38,8 @@ BY_KEY: dict[int, KafkaApi[Any]] = {api.key: api for api in SERVED}
 assert len(BY_KEY) == len(SERVED), "two modules declare one API key"
 
 NEXT_STEP: dict[str, str] = {
-    "JoinGroup": "consumer groups (classic protocol)",
-    "SyncGroup": "consumer groups (classic protocol)",
-    "Heartbeat": "consumer groups (classic protocol)",
-    "LeaveGroup": "consumer groups (classic protocol)",
     "ConsumerGroupHeartbeat": "consumer groups (KIP-848)",
+    "OffsetDelete": "consumer groups (admin)",
     "AddPartitionsToTxn": "transactions",
     "AddOffsetsToTxn": "transactions",
     "EndTxn": "transactions",
