@@ -51,6 +51,9 @@ class Exchange:
     bare_sasl_rounds: int = 0
     """After a SaslHandshake v0, how many of the next frames are the mechanism's own
     bytes, with no Kafka header (KIP-43): PLAIN's one round, SCRAM's two."""
+    authenticated: bool = True
+    """False on a SASL listener until the connection has authenticated: until then no
+    answer of a translation's own goes out but to ApiVersions and SASL's requests."""
 
 
 Translation = Callable[[Any, int, Exchange], "m.Request | Translated[A] | Reply"]

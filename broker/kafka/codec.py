@@ -22,7 +22,7 @@ from broker.kafka.api import Exchange, KafkaApi, Reply
 from broker.kafka.apis import API_VERSIONS, BY_KEY, supported_ranges
 from broker.kafka.apis.fetch import fetch_response
 from broker.kafka.apis.produce import produce_response
-from broker.kafka.apis.sasl import SASL_AUTHENTICATE
+from broker.kafka.apis.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE
 from broker.kafka.entities import (
     HEAD,
     build,
@@ -39,6 +39,8 @@ from protocol.errors import ErrorCode, ProtocolError
 from protocol.framing import FrameError, OtherProtocol, splice_holes
 
 CID_MASK = 2**31 - 1
+BEFORE_AUTHENTICATION = frozenset({API_VERSIONS.key, SASL_HANDSHAKE.key, SASL_AUTHENTICATE.key})
+"""What a SASL listener's connection may have answered before it has authenticated."""
 BARE_SASL = -1
 """The version of a Call answering a bare SASL round (after a SaslHandshake v0)."""
 _INT32 = struct.Struct(">i")
@@ -61,10 +63,17 @@ class KafkaCodec:
 
     __slots__ = ("_calls", "_exchange", "_next_cid")
 
-    def __init__(self, sasl_mechanisms: tuple[str, ...], default_partitions: int) -> None:
-        self._exchange = Exchange(sasl_mechanisms, default_partitions)
+    def __init__(
+        self, sasl_mechanisms: tuple[str, ...], default_partitions: int, *, sasl: bool = False
+    ) -> None:
+        """`sasl`: the listener authenticates with SASL, so a connection starts out
+        unauthenticated (`on_authenticated` ends that)."""
+        self._exchange = Exchange(sasl_mechanisms, default_partitions, authenticated=not sasl)
         self._calls: dict[int, Call] = {}
         self._next_cid = 0
+
+    def on_authenticated(self) -> None:
+        self._exchange.authenticated = True
 
     def decode(self, body: bytes | memoryview) -> m.Request | bytes:
         """The broker request in a Kafka request frame body, or the whole response
@@ -92,6 +101,8 @@ class KafkaCodec:
         # its metaclass), on every Produce and Fetch.
         if isinstance(out, tuple):
             if isinstance(out, Reply):
+                if not self._exchange.authenticated and key not in BEFORE_AUTHENTICATION:
+                    return self._unauthenticated(api, version, correlation_id)
                 values = out.values
                 return write_response(build(response_class(key, version), values), correlation_id)
             asked = out.asked
@@ -103,6 +114,18 @@ class KafkaCodec:
         if out.expects_answer():
             self._calls[cid] = Call(key, version, correlation_id, asked, out)
         return out
+
+    @staticmethod
+    def _unauthenticated(api: KafkaApi[Any], version: int, correlation_id: int) -> bytes:
+        """A request the listener would answer itself (a translation's refusal), sent
+        before authentication: refused as the broker refuses every API then, in its own
+        response's error; where that response has no top-level error, the connection
+        closes, as Kafka closes it."""
+        if not has_error_code(api.key, version):
+            raise FrameError(f"{api.name} v{version} before authentication")
+        message = f"{api.name} before authentication"
+        entity = error_entity(api.key, version, ErrorCode.SASL_AUTHENTICATION_FAILED, message)
+        return write_response(entity, correlation_id)
 
     def _bare_sasl_round(self, body: bytes | memoryview) -> m.Request:
         """A round of the mechanism a SaslHandshake v0 chose: the frame is its bytes."""

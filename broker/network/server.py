@@ -147,6 +147,10 @@ class Codec(Protocol):
 
     def convert(self, outcome: Outcome) -> Outcome: ...
 
+    def on_authenticated(self) -> None:
+        """The connection has authenticated (SASL)."""
+        ...
+
 
 class MinibrokerCodec:
     """This broker's own protocol (docs/protocol.md): msgpack frames."""
@@ -178,6 +182,10 @@ class MinibrokerCodec:
     @staticmethod
     def pieces(reply: SplicedReply, cid: int) -> list[bytes | int]:
         return reply.pieces(cid)
+
+    @staticmethod
+    def on_authenticated() -> None:
+        """Nothing: every request goes through the broker's judge (Admission)."""
 
 
 MINIBROKER = MinibrokerCodec()
@@ -416,12 +424,13 @@ class Server:
         conn.authenticated = True
         conn.scope.deadline = math.inf
         self.limits.authenticated(conn)
+        conn.codec.on_authenticated()
 
     def _codec(self, listener: Listener) -> Codec:
         """What the listener's connections speak (its `protocol`)."""
         if listener.protocol == "kafka":
             mechanisms = SaslPolicy.of(self.config, listener).offered if listener.sasl else ()
-            return KafkaCodec(mechanisms, self.config.default_partitions)
+            return KafkaCodec(mechanisms, self.config.default_partitions, sasl=listener.sasl)
         return MINIBROKER
 
     async def _handshake(self, raw: ByteStream, conn: Connection) -> ByteStream | None:
