@@ -87,7 +87,9 @@ _ONE_WORKER = {"tests/spark/": "spark"}  # one local SparkSession (tests/spark/c
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """Under `--dist loadgroup`, each prefix of _ONE_WORKER is one unit of work and every
     other test its own. xdist's own grouping (the xdist_group mark) renames the node ids,
-    which pytest 9.2 no longer lets a plugin do, so the groups are made here instead."""
+    which pytest 9.2 no longer lets a plugin do, so the groups are made here instead.
+    xdist hands out the largest units first (--loadscope-reorder, its default), so the
+    Spark unit, the longest, starts at once and the other workers share the rest."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling

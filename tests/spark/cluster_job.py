@@ -15,6 +15,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from tests.spark.conftest import JVM_OPTIONS
 from tests.spark.faults import FaultSource
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,6 +32,8 @@ def main() -> None:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.executor.memory", "512m")
         .config("spark.executor.cores", "1")
+        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
         .config("spark.task.maxFailures", "4")
         # Executors start their Python workers with these, not with the driver's env.
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)

@@ -18,6 +18,7 @@ import pyspark
 import pytest
 
 from harness.broker_process import BrokerProcess
+from tests.spark.conftest import JVM_OPTIONS
 from tests.spark.faults import FailingOnceWriter
 from tests.spark.topics import new_topic, transaction_states, values
 
@@ -37,6 +38,7 @@ class Daemon:
             **os.environ,
             "SPARK_HOME": str(SPARK_HOME),
             "SPARK_DAEMON_MEMORY": "256m",
+            "SPARK_DAEMON_JAVA_OPTS": JVM_OPTIONS,
             "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
             "SPARK_LOCAL_IP": "127.0.0.1",
         }

@@ -625,6 +625,12 @@ def test_exactly_once_loop_killed_twenty_times(tmp_path: Path, backend: str) -> 
         committed_runs = 0
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         for kill in range(20):
+            # A few fresh records per run: once a fast loop has drained the rest, a run
+            # that waits for its first commit still gets one (it waited out 60 s before).
+            fresh = {p: [f"r-{p}-k{kill}-{i}" for i in range(20)] for p in range(3)}
+            produce(bootstrap, "a", fresh)
+            for p, values in fresh.items():
+                inputs[p] += values
             loop = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
             assert loop.stdout is not None
             assert loop.stdout.readline().startswith("started"), f"kill {kill}: no start"
