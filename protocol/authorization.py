@@ -190,6 +190,16 @@ class Omission(_Condition):
     resource_type: str
     names: Path
     in_response: bool = True
+    within: tuple[str, ...] = ()
+    """For a list nested in the response: the lists to walk down to the items that hold
+    it (DescribeGroups: `groups`, then each group's `members`)."""
+
+    def holders(self, response: Any) -> list[Any]:
+        """The response's objects that hold the list at `names`."""
+        holders = [response]
+        for field in self.within:
+            holders = [item for holder in holders for item in getattr(holder, field)]
+        return holders
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,8 +298,9 @@ def describe_need(need: Need, entries: Entries | None) -> tuple[str, str]:
             what += ", when the request creates it"
         return what, f"{int(need.denied)} in that entry of `{entries.answers}`, which is not done"
     where = "the response's" if need.in_response else "the request's"
-    what = f"{op} on {_resource(need.resource_type, need.names.text)}"
-    return what, f"left out of {where} `{need.names.field}`"
+    nested = "".join(f"{field}[]." for field in need.within)
+    what = f"{op} on {_resource(need.resource_type, nested + need.names.text)}"
+    return what, f"left out of {where} `{nested}{need.names.field}`"
 
 
 def markdown_table(declared: Iterable[tuple[str, Requirements]]) -> str:

@@ -1065,8 +1065,18 @@ class DescribeGroupsResponse(Response):
 
 class DescribeGroupsRequest(Request, tag="DescribeGroups"):
     response = DescribeGroupsResponse
+    # Another member's topics are shown only where the caller may describe them, as
+    # Metadata shows topics (docs/security.md).
     requirements = Requirements(
-        (EntryNeed(Op.DESCRIBE, Res.GROUP, ""),),
+        (
+            EntryNeed(Op.DESCRIBE, Res.GROUP, ""),
+            Omission(
+                Op.DESCRIBE, Res.TOPIC, Path("subscribed_topics[]"), within=("groups", "members")
+            ),
+            Omission(
+                Op.DESCRIBE, Res.TOPIC, Path("assignment[].topic"), within=("groups", "members")
+            ),
+        ),
         Entries("group_ids", "groups", lambda group_id, code, _: GroupDescription(group_id, code)),
     )
     group_ids: list[GroupId]

@@ -89,14 +89,15 @@ class Judgement:
         for omission in self._omissions:
             assert allowed is not None
             path = omission.names
-            items = getattr(response, path.field)
-            if items:
-                op, rtype = omission.operation, omission.resource_type
-                setattr(
-                    response,
-                    path.field,
-                    [item for item in items if allowed(op, rtype, path.name(item))],
-                )
+            op, rtype = omission.operation, omission.resource_type
+            for holder in omission.holders(response):
+                items = getattr(holder, path.field)
+                if items:
+                    setattr(
+                        holder,
+                        path.field,
+                        [item for item in items if allowed(op, rtype, path.name(item))],
+                    )
 
 
 class Access:

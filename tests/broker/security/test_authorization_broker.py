@@ -734,6 +734,34 @@ def test_list_and_describe_groups(admin: WireClient, alice: WireClient) -> None:
     assert r["groups"][1]["state"] != "DEAD"
 
 
+def test_described_members_show_only_the_topics_the_caller_may_describe(
+    admin: WireClient, alice: WireClient
+) -> None:
+    """Issue 39, item 6: DESCRIBE on a group showed its members' subscribed and assigned
+    topics, the ones the caller may not describe too. They are left out, as Metadata
+    leaves them out; the group itself is unchanged."""
+    seen, hidden = topic_with(admin, "dg-seen-"), topic_with(admin, "dg-hidden-")
+    group = unique("dg-g-")
+    assert heartbeat(admin, group, [seen, hidden])["error"] == 0
+
+    def topics_of(member: dict[str, Any]) -> tuple[list[str], set[str]]:
+        return sorted(member["subscribed_topics"]), {a["topic"] for a in member["assignment"]}
+
+    whole = topics_of(admin.call("DescribeGroups", group_ids=[group])["groups"][0]["members"][0])
+    assert whole == (sorted([seen, hidden]), {seen, hidden})
+    grant(admin, acl("group", group, "describe"), acl("topic", seen, "describe"))
+    described = alice.call("DescribeGroups", group_ids=[group])["groups"][0]
+    assert described["error"] == 0 and len(described["members"]) == 1
+    shown = described["members"][0]
+    assert shown["subscribed_topics"] == [seen]
+    assert [a["topic"] for a in shown["assignment"]] == [seen]
+    member = admin.call("DescribeGroups", group_ids=[group])["groups"][0]["members"][0]
+    assert (
+        sorted(member["subscribed_topics"]),
+        {a["topic"] for a in member["assignment"]},
+    ) == whole
+
+
 # ---------------------------------------------------------------------- audit
 
 
