@@ -1,5 +1,7 @@
 """The producer and transaction APIs: InitProducerId, EndTxn, PrepareTxn, CommitTxns,
-ListTransactions and DescribeTxnApps (docs/transactions.md).
+ListTransactions and DescribeTxnApps (docs/transactions.md), and a Kafka client's
+InitProducerId with a transactional id and AddPartitionsToTxn (Kafka-only requests,
+broker/kafka/apis/transactions.py).
 
 An InitProducerId without a transactional id is answered from the producer ids; the
 rest goes to the transaction coordinator, which owns the transactions' state.
