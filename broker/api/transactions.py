@@ -1,7 +1,7 @@
 """The producer and transaction APIs: InitProducerId, EndTxn, PrepareTxn, CommitTxns,
 ListTransactions and DescribeTxnApps (docs/transactions.md), and a Kafka client's
-InitProducerId with a transactional id and AddPartitionsToTxn (Kafka-only requests,
-broker/kafka/apis/transactions.py).
+InitProducerId with a transactional id, AddPartitionsToTxn and AddOffsetsToTxn
+(Kafka-only requests, broker/kafka/apis/transactions.py).
 
 An InitProducerId without a transactional id is answered from the producer ids; the
 rest goes to the transaction coordinator, which owns the transactions' state.
@@ -51,6 +51,7 @@ class TransactionApi:
             "InitProducerId": self.init_producer_id,
             "KafkaInitProducerId": self.classic_init_producer_id,
             "KafkaAddPartitionsToTxn": self.add_partitions_to_txn,
+            "KafkaAddOffsetsToTxn": self.add_offsets_to_txn,
             "EndTxn": lambda req, session: coordinator.end_txn(req, session.principal),
             "PrepareTxn": lambda req, session: coordinator.prepare_txn(req, session.principal),
             "CommitTxns": lambda req, _session: coordinator.commit_txns(req),
@@ -81,6 +82,17 @@ class TransactionApi:
             req.transactional_id, req.producer_id, req.producer_epoch, wanted, session.principal
         )
         return req.answered(refused)
+
+    async def add_offsets_to_txn(self, req: Any, session: Session) -> Any:
+        """A classic producer's AddOffsetsToTxn: the group joins its transaction."""
+        await self.coordinator.add_offsets(
+            req.transactional_id,
+            req.producer_id,
+            req.producer_epoch,
+            req.group_id,
+            session.principal,
+        )
+        return type(req).response()
 
     async def init_producer_id(
         self, req: m.InitProducerIdRequest, session: Session

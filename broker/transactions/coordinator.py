@@ -413,16 +413,7 @@ class TransactionCoordinator:
         does. CoordinatorError refuses the whole request (the producer's verdict, the
         limit, a storage failure)."""
         async with self._locked([transactional_id]):
-            self._admitted(
-                transactional_id, producer_id, producer_epoch, Ask.ADD, principal=principal
-            )
-            entry = self.entries[transactional_id]
-            if not entry.classic:
-                raise CoordinatorError(
-                    ErrorCode.INVALID_TXN_STATE,
-                    f"transactional id {transactional_id!r} was initialized through the "
-                    "minibroker listener, whose transactions add partitions by writing",
-                )
+            entry = self._classic(transactional_id, producer_id, producer_epoch, principal)
             missing = {
                 key: (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{key[0]}-{key[1]} does not exist")
                 for key in partitions
@@ -430,27 +421,66 @@ class TransactionCoordinator:
             }
             if missing:
                 return missing
-            held = entry.partitions if entry.state == ONGOING else frozenset()
-            wanted = set(partitions)
-            if entry.state == ONGOING and wanted <= held:
-                return {}
-            limit = self.config.max_partitions_per_transaction
-            groups = len(entry.groups) if entry.state == ONGOING else 0
-            if len(held | wanted) + groups > limit:
-                raise CoordinatorError(
-                    ErrorCode.INVALID_TXN_STATE,
-                    "a transaction may hold at most "
-                    f"max_partitions_per_transaction={limit} partitions and groups",
-                )
-            try:
-                await self.persist([with_partitions(entry, wanted - held, now_ms())])
-            except OSError as exc:
-                log.error("event=txn_log_write_failed id=%r error=%r", transactional_id, str(exc))
-                raise CoordinatorError(
-                    ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}"
-                ) from exc
-            crash_point("txn_partitions_added")
+            await self._add_classic(entry, set(partitions), None)
             return {}
+
+    async def add_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        group_id: str,
+        principal: str,
+    ) -> None:
+        """A classic producer's AddOffsetsToTxn: the transaction holds the group, durably,
+        before its TxnOffsetCommit may write offsets of it (`add_group`)."""
+        async with self._locked([transactional_id]):
+            entry = self._classic(transactional_id, producer_id, producer_epoch, principal)
+            await self._add_classic(entry, set(), group_id)
+
+    def _classic(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, principal: str
+    ) -> TxnEntry:
+        """The classic entry the producer may add to; CoordinatorError otherwise."""
+        self._admitted(transactional_id, producer_id, producer_epoch, Ask.ADD, principal=principal)
+        entry = self.entries[transactional_id]
+        if not entry.classic:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE,
+                f"transactional id {transactional_id!r} was initialized through the "
+                "minibroker listener, whose transactions add what they write to",
+            )
+        return entry
+
+    async def _add_classic(
+        self, entry: TxnEntry, partitions: set[TopicPartition], group_id: str | None
+    ) -> None:
+        """Make the classic transaction hold `partitions` and the group, durably."""
+        ongoing = entry.state == ONGOING
+        held = entry.partitions if ongoing else frozenset()
+        groups = entry.groups if ongoing else frozenset()
+        new_groups = set() if group_id is None or group_id in groups else {group_id}
+        if ongoing and partitions <= held and not new_groups:
+            return
+        limit = self.config.max_partitions_per_transaction
+        if len(held | partitions) + len(groups | new_groups) > limit:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE,
+                "a transaction may hold at most "
+                f"max_partitions_per_transaction={limit} partitions and groups",
+            )
+        stamp = now_ms()
+        added = with_partitions(entry, partitions - held, stamp)
+        for group in new_groups:
+            added = with_group(added, group, stamp)
+        try:
+            await self.persist([added])
+        except OSError as exc:
+            log.error("event=txn_log_write_failed id=%r error=%r", entry.transactional_id, str(exc))
+            raise CoordinatorError(
+                ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}"
+            ) from exc
+        crash_point("txn_partitions_added" if partitions - held else "txn_group_added")
 
     # ------------------------------------------------------------------ TxnOffsetCommit
 
@@ -472,6 +502,14 @@ class TransactionCoordinator:
         entry = self.entries[transactional_id]
         if entry.state == ONGOING and group_id in entry.groups:
             return 0
+        if entry.classic:
+            # Its AddOffsetsToTxn adds the group; without it the offsets of an ended
+            # transaction (its epoch did not move) would start a new one.
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE,
+                f"group {group_id!r} is not in the open transaction of {transactional_id!r}: "
+                "AddOffsetsToTxn comes first",
+            )
         limit = self.config.max_partitions_per_transaction
         if entry.state == ONGOING and len(entry.partitions) + len(entry.groups) >= limit:
             raise CoordinatorError(

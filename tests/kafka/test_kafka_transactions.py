@@ -24,8 +24,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AIOTopicPartition
 from kafka.protocol.api_message import ApiMessage
-from kafka.protocol.consumer import FetchResponse
+from kafka.protocol.consumer import FetchResponse, OffsetFetchRequest, OffsetFetchResponse
 from kafka.protocol.producer import (
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
     AddPartitionsToTxnRequest,
     AddPartitionsToTxnResponse,
     EndTxnRequest,
@@ -33,6 +35,8 @@ from kafka.protocol.producer import (
     InitProducerIdRequest,
     InitProducerIdResponse,
     ProduceResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
 )
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -49,6 +53,7 @@ INVALID_TXN_STATE = 48
 PRODUCER_FENCED = 90
 UNKNOWN_TOPIC_OR_PARTITION = 3
 OPERATION_NOT_ATTEMPTED = 55
+UNSTABLE_OFFSET_COMMIT = 88
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -76,6 +81,7 @@ class TxnProducer:
 
     def __init__(self, client: str, bootstrap: str, transactional_id: str, timeout_ms: int) -> None:
         self.client = client
+        self.bootstrap = bootstrap
         if client == "kafka-python":
             self.kp = kafka.KafkaProducer(
                 bootstrap_servers=bootstrap,
@@ -140,6 +146,35 @@ class TxnProducer:
             for i, value in enumerate(values):
                 self.ck.produce(topic, value=value, partition=i % PARTITIONS)
             assert self.ck.flush(DEADLINE_S) == 0
+
+    def send_offsets(self, topic: str, offsets: dict[int, int], group: str) -> None:
+        """The consumed `offsets` (partition -> next offset) of `group`, outside its
+        membership (a consumer that assigns itself), join the transaction."""
+        if self.client == "kafka-python":
+            self.kp.send_offsets_to_transaction(
+                {
+                    kafka.structs.TopicPartition(topic, p): kafka.structs.OffsetAndMetadata(
+                        o, "", -1
+                    )
+                    for p, o in offsets.items()
+                },
+                group,
+            )
+        elif self.client == "aiokafka":
+            tps = {AIOTopicPartition(topic, p): o for p, o in offsets.items()}
+            self.runner.run(self.ai.send_offsets_to_transaction(tps, group))
+        else:
+            consumer = confluent_kafka.Consumer(
+                {"bootstrap.servers": self.bootstrap, "group.id": group}
+            )
+            try:
+                self.ck.send_offsets_to_transaction(
+                    [confluent_kafka.TopicPartition(topic, p, o) for p, o in offsets.items()],
+                    consumer.consumer_group_metadata(),
+                    DEADLINE_S,
+                )
+            finally:
+                consumer.close()
 
     def end(self, commit: bool) -> None:
         if self.client == "kafka-python":
@@ -325,6 +360,44 @@ def test_the_broker_aborts_a_transaction_past_its_timeout(stack: KafkaStack, cli
     assert sorted(back) == sorted(values("late"))
 
 
+@pytest.mark.parametrize("client", CLIENTS)
+def test_consumed_offsets_commit_and_abort_with_the_transaction(
+    stack: KafkaStack, client: str
+) -> None:
+    """send_offsets_to_transaction (AddOffsetsToTxn, then TxnOffsetCommit) for a group
+    the consumer is not a member of: the offsets become the group's committed offsets
+    when the transaction commits, and are dropped when it aborts."""
+    topic = stack.new_topic(f"offsets-{client}", partitions=PARTITIONS)
+    group = f"ctp-{client}-{uuid.uuid4().hex[:8]}"
+    p = producer(client, stack, f"offsets-{client}-{uuid.uuid4().hex[:8]}")
+    try:
+        for offsets, commit in (({0: 5, 1: 7}, True), ({0: 50, 2: 70}, False)):
+            p.begin()
+            p.send_all(topic, values(f"o{commit}"))
+            p.send_offsets(topic, offsets, group)
+            p.end(commit)
+    finally:
+        p.close()
+    assert committed_offsets(stack.kafka, group, topic) == {0: 5, 1: 7, 2: None}
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int | None]:
+    """The group's committed offsets, read as a read_committed consumer asks (OffsetFetch
+    with require_stable)."""
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    try:
+        return {
+            p: consumer.committed(kafka.structs.TopicPartition(topic, p)) for p in range(PARTITIONS)
+        }
+    finally:
+        consumer.close()
+
+
 # ------------------------------------------------------------------ the raw protocol
 
 
@@ -389,6 +462,45 @@ class Raw:
         )
         code: int = self.call(request, EndTxnResponse, 3).error_code
         return code
+
+    def add_offsets(self, tid: str, pid: int, epoch: int, group: str) -> int:
+        request = AddOffsetsToTxnRequest[3](
+            transactional_id=tid, producer_id=pid, producer_epoch=epoch, group_id=group
+        )
+        code: int = self.call(request, AddOffsetsToTxnResponse, 3).error_code
+        return code
+
+    def txn_offsets(self, tid: str, pid: int, epoch: int, group: str, topic: str) -> int:
+        """Offset 1 of partition 0 of `topic` for `group` in the transaction; its code."""
+        topic_cls = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+        partition = topic_cls.TxnOffsetCommitRequestPartition(
+            partition_index=0, committed_offset=1, committed_leader_epoch=-1, committed_metadata=""
+        )
+        request = TxnOffsetCommitRequest[3](
+            transactional_id=tid,
+            group_id=group,
+            producer_id=pid,
+            producer_epoch=epoch,
+            generation_id=-1,
+            member_id="",
+            group_instance_id=None,
+            topics=[topic_cls(name=topic, partitions=[partition])],
+        )
+        answer = self.call(request, TxnOffsetCommitResponse, 3)
+        code: int = answer.topics[0].partitions[0].error_code
+        return code
+
+    def stable_offset(self, group: str, topic: str) -> tuple[int, int]:
+        """(error, offset) of partition 0 of `topic` for `group`, asked with require_stable."""
+        topic_cls = OffsetFetchRequest.OffsetFetchRequestTopic
+        request = OffsetFetchRequest[7](
+            group_id=group,
+            topics=[topic_cls(name=topic, partition_indexes=[0])],
+            require_stable=True,
+        )
+        answer = self.call(request, OffsetFetchResponse, 7)
+        partition = answer.topics[0].partitions[0]
+        return partition.error_code, partition.committed_offset
 
     def log_end(self, topic: str) -> int:
         answer = self.call(fetch_request(topic), FetchResponse, 12)
@@ -483,5 +595,28 @@ def test_a_classic_transaction_open_at_a_kill_stays_open(stack: KafkaStack) -> N
         assert raw.stable_end(topic, 1) == 0
         assert raw.end(tid, pid, epoch, commit=False) == 0
         assert raw.stable_end(topic, 1) == 2  # the batch and its ABORT marker
+    finally:
+        raw.close()
+
+
+def test_a_classic_producer_commits_offsets_only_of_a_group_it_added(stack: KafkaStack) -> None:
+    """TxnOffsetCommit needs the group added by AddOffsetsToTxn (a late one of an ended
+    transaction would otherwise start a new one); while the offsets are pending,
+    OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT (KIP-447)."""
+    topic = stack.new_topic("raw-offsets", partitions=1)
+    tid = f"raw-offsets-{uuid.uuid4().hex[:8]}"
+    group = f"raw-group-{uuid.uuid4().hex[:8]}"
+    raw = Raw(stack.kafka)
+    try:
+        init = raw.init(tid)
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert raw.txn_offsets(tid, pid, epoch, group, topic) == INVALID_TXN_STATE
+        assert raw.add_offsets(tid, pid, epoch, group) == 0
+        assert raw.txn_offsets(tid, pid, epoch, group, topic) == 0
+        assert raw.stable_offset(group, topic)[0] == UNSTABLE_OFFSET_COMMIT
+        assert raw.end(tid, pid, epoch, commit=True) == 0
+        assert raw.stable_offset(group, topic) == (0, 1)
+        assert raw.txn_offsets(tid, pid, epoch, group, topic) == INVALID_TXN_STATE
+        assert raw.add_offsets(tid, pid, epoch - 1, group) == PRODUCER_FENCED
     finally:
         raw.close()

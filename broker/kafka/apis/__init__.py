@@ -43,8 +43,6 @@ NEXT_STEP: dict[str, str] = {
     "Heartbeat": "consumer groups (classic protocol)",
     "LeaveGroup": "consumer groups (classic protocol)",
     "ConsumerGroupHeartbeat": "consumer groups (KIP-848)",
-    "AddOffsetsToTxn": "transactions",
-    "TxnOffsetCommit": "transactions",
 }
 """APIs not in ApiVersions yet, answered UNSUPPORTED_VERSION in their own response,
 and the step that brings them (docs/kafka-compatibility.md)."""

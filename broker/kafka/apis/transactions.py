@@ -1,13 +1,14 @@
 """A transactional producer's APIs: InitProducerId (v0-4, with or without a transactional
-id), AddPartitionsToTxn (v0-3) and EndTxn (v0-3), the versions of Kafka 2.8 that
-kafka-python, aiokafka and librdkafka use.
+id), AddPartitionsToTxn (v0-3), AddOffsetsToTxn (v0-3), TxnOffsetCommit (v0-3) and
+EndTxn (v0-3), the versions of Kafka 2.8 that kafka-python, aiokafka and librdkafka use.
 
 They run on the broker's one transaction coordinator (docs/transactions.md, "Kafka's
 clients"). A Kafka client's transactions are Kafka's before KIP-890: it keeps its
 epoch across the transactions it ends (EndTxn v0-3 answers no new one) and adds each
-partition before it writes there. So its InitProducerId marks the transactional id
-classic, and AddPartitionsToTxn, which the native protocol lacks, is a Kafka-only
-request the coordinator serves for classic ids alone.
+partition, and each group whose offsets it commits, before it writes there. So its
+InitProducerId marks the transactional id classic, and AddPartitionsToTxn and
+AddOffsetsToTxn, which the native protocol lacks, are Kafka-only requests the
+coordinator serves for classic ids alone.
 """
 
 from __future__ import annotations
@@ -176,6 +177,110 @@ def answer_add_partitions(r: AddPartitionsToTxnResponse, _version: int, _asked: 
     }
 
 
+class AddOffsetsToTxnResponse(m.Response):
+    pass
+
+
+class AddOffsetsToTxnRequest(KafkaOnlyRequest, tag="KafkaAddOffsetsToTxn"):
+    """A classic producer's consumer group joins its transaction before TxnOffsetCommit."""
+
+    response = AddOffsetsToTxnResponse
+    requirements = Requirements(
+        (
+            RequestNeed(Op.WRITE, Res.TRANSACTIONAL_ID, Path("transactional_id")),
+            RequestNeed(Op.READ, Res.GROUP, Path("group_id")),
+        )
+    )
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group_id: str
+
+
+def translate_add_offsets(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
+    if _id_refusal(req.transactional_id) is not None or not req.group_id:
+        return Reply({"error_code": ErrorCode.INVALID_REQUEST})
+    return AddOffsetsToTxnRequest(
+        transactional_id=req.transactional_id,
+        producer_id=req.producer_id,
+        producer_epoch=req.producer_epoch,
+        group_id=req.group_id,
+    )
+
+
+def answer_error_only(r: m.Response, _version: int, _asked: None) -> Values:
+    """AddOffsetsToTxn's and EndTxn's (v0-3) answer: the code alone (a classic producer
+    goes on with its own pid and epoch)."""
+    return {"error_code": r.error}
+
+
+NO_GENERATION = -1
+"""The generation (and empty member id) of a consumer outside any group's membership:
+what a producer sends with a group id alone, or a consumer that assigns itself."""
+
+
+def translate_txn_offset_commit(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
+    """Offsets joining a classic transaction. KIP-447's generation and member id (v3)
+    are checked by the group's membership: outside it (generation -1, no member id)
+    there is nothing to check. A member's commit waits for the classic groups (the
+    consumer-groups step): its generation and member id are to be judged here, where
+    it is refused ILLEGAL_GENERATION until then."""
+    generation = getattr(req, "generation_id", NO_GENERATION)
+    member = getattr(req, "member_id", "")
+    refusal: int | None = None
+    if _id_refusal(req.transactional_id) is not None or not req.group_id:
+        refusal = ErrorCode.INVALID_REQUEST
+    elif generation != NO_GENERATION or member:
+        refusal = KafkaErrorCode.illegal_generation
+    if refusal is not None:
+        return Reply(
+            {
+                "topics": [
+                    {
+                        "name": t.name,
+                        "partitions": [
+                            {"partition_index": p.partition_index, "error_code": refusal}
+                            for p in t.partitions
+                        ],
+                    }
+                    for t in req.topics
+                ]
+            }
+        )
+    return m.TxnOffsetCommitRequest(
+        transactional_id=req.transactional_id,
+        producer_id=req.producer_id,
+        producer_epoch=req.producer_epoch,
+        group_id=req.group_id,
+        topics=[
+            m.OffsetCommitTopic(
+                t.name,
+                [
+                    m.OffsetCommitPartition(
+                        p.partition_index, p.committed_offset, p.committed_metadata
+                    )
+                    for p in t.partitions
+                ],
+            )
+            for t in req.topics
+        ],
+    )
+
+
+def answer_txn_offset_commit(r: m.TxnOffsetCommitResponse, _version: int, _asked: None) -> Values:
+    return {
+        "topics": [
+            {
+                "name": t.topic,
+                "partitions": [
+                    {"partition_index": p.partition, "error_code": p.error} for p in t.partitions
+                ],
+            }
+            for t in r.topics
+        ]
+    }
+
+
 def translate_end_txn(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
     if _id_refusal(req.transactional_id) is not None:
         return Reply({"error_code": ErrorCode.INVALID_REQUEST})
@@ -187,16 +292,15 @@ def translate_end_txn(req: Any, _version: int, _ex: Exchange) -> m.Request | Rep
     )
 
 
-def answer_end_txn(r: m.EndTxnResponse, _version: int, _asked: None) -> Values:
-    """v0-3 answer no pid and epoch: a classic producer goes on with its own."""
-    return {"error_code": r.error}
-
-
 INIT_PRODUCER_ID = KafkaApi(
     22, "InitProducerId", 0, 4, translate_init_producer_id, answer_init_producer_id
 )
 ADD_PARTITIONS_TO_TXN = KafkaApi(
     24, "AddPartitionsToTxn", 0, 3, translate_add_partitions, answer_add_partitions
 )
-END_TXN = KafkaApi(26, "EndTxn", 0, 3, translate_end_txn, answer_end_txn)
-APIS = (INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, END_TXN)
+ADD_OFFSETS_TO_TXN = KafkaApi(25, "AddOffsetsToTxn", 0, 3, translate_add_offsets, answer_error_only)
+END_TXN = KafkaApi(26, "EndTxn", 0, 3, translate_end_txn, answer_error_only)
+TXN_OFFSET_COMMIT = KafkaApi(
+    28, "TxnOffsetCommit", 0, 3, translate_txn_offset_commit, answer_txn_offset_commit
+)
+APIS = (INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT)
