@@ -620,3 +620,45 @@ def test_a_classic_producer_commits_offsets_only_of_a_group_it_added(stack: Kafk
         assert raw.add_offsets(tid, pid, epoch - 1, group) == PRODUCER_FENCED
     finally:
         raw.close()
+
+
+def test_kafkas_admin_client_lists_and_describes_transactions(stack: KafkaStack) -> None:
+    """KIP-664's ListTransactions and DescribeTransactions show what `minibroker txn
+    list` shows: an open classic transaction with its partitions, found by state and
+    producer id; an unknown id is TRANSACTIONAL_ID_NOT_FOUND."""
+    topic = stack.new_topic("admin-txn", partitions=2)
+    tid = f"admin-{uuid.uuid4().hex[:8]}"
+    raw = Raw(stack.kafka)
+    admin = kafka.KafkaAdminClient(bootstrap_servers=stack.kafka)
+    try:
+        init = raw.init(tid)
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert raw.add(tid, pid, epoch, topic, [0, 1]) == [0, 0]
+        listed = [t for ts in admin.list_transactions().values() for t in ts]
+        assert (tid, pid, "Ongoing") in [
+            (t.transactional_id, t.producer_id, t.state) for t in listed
+        ]
+        by_pid = admin.list_transactions(producer_id_filters=[pid], state_filters=["Ongoing"])
+        assert [t.transactional_id for ts in by_pid.values() for t in ts] == [tid]
+        assert not [
+            t for ts in admin.list_transactions(state_filters=["Dead"]).values() for t in ts
+        ]
+        described = admin.describe_transactions([tid])[tid]
+        assert (described.state, described.producer_id, described.producer_epoch) == (
+            "Ongoing",
+            pid,
+            epoch,
+        )
+        assert described.topic_partitions == {
+            kafka.structs.TopicPartition(topic, 0),
+            kafka.structs.TopicPartition(topic, 1),
+        }
+        assert described.transaction_timeout_ms == 60_000
+        with pytest.raises(kafka.errors.TransactionalIdNotFoundError):
+            admin.describe_transactions([f"{tid}-unknown"])
+        assert raw.end(tid, pid, epoch, commit=False) == 0
+        described = admin.describe_transactions([tid])[tid]
+        assert described.state == "CompleteAbort" and described.topic_partitions == set()
+    finally:
+        admin.close()
+        raw.close()

@@ -1,6 +1,8 @@
 """A transactional producer's APIs: InitProducerId (v0-4, with or without a transactional
 id), AddPartitionsToTxn (v0-3), AddOffsetsToTxn (v0-3), TxnOffsetCommit (v0-3) and
-EndTxn (v0-3), the versions of Kafka 2.8 that kafka-python, aiokafka and librdkafka use.
+EndTxn (v0-3), the versions of Kafka 2.8 that kafka-python, aiokafka and librdkafka use;
+and the admin clients' ListTransactions (v0-1) and DescribeTransactions (v0), Kafka 3.0's
+(KIP-664), over the coordinator's own ListTransactions.
 
 They run on the broker's one transaction coordinator (docs/transactions.md, "Kafka's
 clients"). A Kafka client's transactions are Kafka's before KIP-890: it keeps its
@@ -14,12 +16,13 @@ coordinator serves for classic ids alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 
-from broker.kafka.api import Exchange, KafkaApi, Reply, Values, ms
+from broker.clock import now_ms
+from broker.kafka.api import Exchange, KafkaApi, Reply, Translated, Values, ms
 from broker.kafka.kafka_only import KafkaOnlyRequest
 from protocol import messages as m
 from protocol.authorization import Entries, EntryNeed, Path, RequestNeed, Requirements
@@ -292,6 +295,113 @@ def translate_end_txn(req: Any, _version: int, _ex: Exchange) -> m.Request | Rep
     )
 
 
+KAFKA_STATES = {
+    "EMPTY": "Empty",
+    # KIP-939: a prepared transaction is ongoing to Kafka's tools.
+    "ONGOING": "Ongoing",
+    "PREPARED": "Ongoing",
+    "PREPARE_COMMIT": "PrepareCommit",
+    "PREPARE_ABORT": "PrepareAbort",
+    "COMPLETE_COMMIT": "CompleteCommit",
+    "COMPLETE_ABORT": "CompleteAbort",
+}
+"""The coordinator's states as Kafka's ListTransactions and DescribeTransactions name them."""
+
+
+class TxnFilters(NamedTuple):
+    """What Kafka's ListTransactions filters by that the coordinator's does not."""
+
+    producer_ids: frozenset[int]
+    min_duration_ms: int
+    """Only transactions running longer than this (v1); -1: any."""
+    unknown_states: list[str]
+
+
+def translate_list_transactions(req: Any, _version: int, _ex: Exchange) -> Translated[TxnFilters]:
+    """Kafka's state names to the coordinator's (a state it has no such state for is
+    answered in `unknown_state_filters`); the producer id and duration filters are
+    applied to its answer."""
+    wanted = set(req.state_filters)
+    states = sorted(s for s, name in KAFKA_STATES.items() if name in wanted)
+    unknown = sorted(wanted - set(KAFKA_STATES.values()))
+    filters = TxnFilters(
+        frozenset(req.producer_id_filters), getattr(req, "duration_filter", -1), unknown
+    )
+    request = m.ListTransactionsRequest(states=states if wanted else None)
+    return Translated(request, filters)
+
+
+def answer_list_transactions(
+    r: m.ListTransactionsResponse, _version: int, asked: TxnFilters
+) -> Values:
+    now = now_ms()
+    listed = [
+        t
+        for t in r.transactions
+        if (not asked.producer_ids or t.producer_id in asked.producer_ids)
+        and (
+            asked.min_duration_ms < 0
+            or (t.started_ms >= 0 and now - t.started_ms > asked.min_duration_ms)
+        )
+    ]
+    return {
+        "error_code": r.error,
+        "unknown_state_filters": asked.unknown_states,
+        "transaction_states": [
+            {
+                "transactional_id": t.transactional_id,
+                "producer_id": t.producer_id,
+                "transaction_state": KAFKA_STATES[t.state],
+            }
+            for t in listed
+        ],
+    }
+
+
+def translate_describe_transactions(
+    req: Any, _version: int, _ex: Exchange
+) -> Translated[list[str]]:
+    """The coordinator's ListTransactions, which leaves out the ids the principal may not
+    DESCRIBE; the answer keeps the ids asked."""
+    return Translated(m.ListTransactionsRequest(), list(req.transactional_ids))
+
+
+def answer_describe_transactions(
+    r: m.ListTransactionsResponse, _version: int, asked: list[str]
+) -> Values:
+    """Each id asked: its transaction, or TRANSACTIONAL_ID_NOT_FOUND (also for an id the
+    principal may not describe, which the coordinator's answer left out: its existence
+    is not told)."""
+    found = {t.transactional_id: t for t in r.transactions}
+    states = []
+    for tid in asked:
+        t = found.get(tid)
+        if t is None:
+            states.append(
+                {
+                    "error_code": KafkaErrorCode.transactional_id_not_found,
+                    "transactional_id": tid,
+                    "transaction_state": "",
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                }
+            )
+            continue
+        states.append(
+            {
+                "error_code": r.error,
+                "transactional_id": tid,
+                "transaction_state": KAFKA_STATES[t.state],
+                "transaction_timeout": t.timeout_ms,
+                "transaction_start_time": t.started_ms,
+                "producer_id": t.producer_id,
+                "producer_epoch": t.producer_epoch,
+                "topics": [{"topic": p.topic, "partitions": p.partitions} for p in t.partitions],
+            }
+        )
+    return {"transaction_states": states}
+
+
 INIT_PRODUCER_ID = KafkaApi(
     22, "InitProducerId", 0, 4, translate_init_producer_id, answer_init_producer_id
 )
@@ -303,4 +413,18 @@ END_TXN = KafkaApi(26, "EndTxn", 0, 3, translate_end_txn, answer_error_only)
 TXN_OFFSET_COMMIT = KafkaApi(
     28, "TxnOffsetCommit", 0, 3, translate_txn_offset_commit, answer_txn_offset_commit
 )
-APIS = (INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT)
+LIST_TRANSACTIONS = KafkaApi(
+    66, "ListTransactions", 0, 1, translate_list_transactions, answer_list_transactions
+)
+DESCRIBE_TRANSACTIONS = KafkaApi(
+    65, "DescribeTransactions", 0, 0, translate_describe_transactions, answer_describe_transactions
+)
+APIS = (
+    INIT_PRODUCER_ID,
+    ADD_PARTITIONS_TO_TXN,
+    ADD_OFFSETS_TO_TXN,
+    END_TXN,
+    TXN_OFFSET_COMMIT,
+    DESCRIBE_TRANSACTIONS,
+    LIST_TRANSACTIONS,
+)
