@@ -40,6 +40,7 @@ from kafka.protocol.producer import (
 )
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
+from client import Consumer, Producer
 from harness.broker_process import BrokerProcess
 from harness.kafka_requests import fetch_request, produce_request
 from tests.conftest import BACKENDS
@@ -662,3 +663,52 @@ def test_kafkas_admin_client_lists_and_describes_transactions(stack: KafkaStack)
     finally:
         admin.close()
         raw.close()
+
+
+# ------------------------------------------------------------------ across the listeners
+
+
+def sdk_read_committed(bootstrap: str, topic: str) -> list[bytes]:
+    """Every record of `topic` that our SDK's consumer shows at read_committed."""
+    with Consumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest") as consumer:
+        assert consumer.config.isolation_level == "read_committed"
+        partitions = consumer.assignment()
+        ends = consumer.end_offsets(partitions)
+        out: list[bytes] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while any(consumer.position(tp) < ends[tp] for tp in partitions):
+            assert time.monotonic() < deadline, "consumer did not reach the end offsets"
+            for records in consumer.poll(timeout_ms=200).values():
+                out += [r.value for r in records if r.value is not None]
+        return out
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_transactions_of_both_listeners_read_through_both(stack: KafkaStack, client: str) -> None:
+    """One topic holds both formats: our SDK's transactions (magic 1, their epoch moving
+    at each end) and a Kafka client's (v2, one epoch), committed and aborted, one of
+    ours open across one of theirs on the same partitions. At read_committed the SDK
+    and the Kafka client each see the committed ones of both and nothing aborted: the
+    markers and the aborted-transaction lists read the same through either listener."""
+    topic = stack.new_topic(f"cross-{client}", partitions=PARTITIONS)
+    theirs = producer(client, stack, f"cross-k-{client}-{uuid.uuid4().hex[:8]}")
+    ours = Producer(stack.mb, transactional_id=f"cross-n-{client}-{uuid.uuid4().hex[:8]}")
+    try:
+        ours.init_transactions()
+        for tag, commit in (("n-c1", True), ("n-a2", False)):
+            ours.begin_transaction()
+            for i, value in enumerate(values(tag)):
+                ours.send(topic, value, partition=i % PARTITIONS)
+            ours.flush()
+            if tag == "n-a2":  # open across a Kafka transaction on the same partitions
+                for ktag, kcommit in (("k-a1", False), ("k-c2", True)):
+                    theirs.begin()
+                    theirs.send_all(topic, values(ktag))
+                    theirs.end(kcommit)
+            (ours.commit_transaction if commit else ours.abort_transaction)()
+    finally:
+        ours.close()
+        theirs.close()
+    committed = values("n-c1") + values("k-c2")
+    assert sorted(sdk_read_committed(stack.mb, topic)) == sorted(committed)
+    assert_reads(client, stack, topic, committed)
