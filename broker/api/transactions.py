@@ -1,7 +1,7 @@
 """The producer and transaction APIs: InitProducerId, EndTxn, PrepareTxn, CommitTxns,
 ListTransactions and DescribeTxnApps (docs/transactions.md), and a Kafka client's
-InitProducerId with a transactional id, AddPartitionsToTxn and AddOffsetsToTxn
-(Kafka-only requests, broker/kafka/apis/transactions.py).
+InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn and
+DescribeProducers (Kafka-only requests, broker/kafka/apis/transactions.py).
 
 An InitProducerId without a transactional id is answered from the producer ids; the
 rest goes to the transaction coordinator, which owns the transactions' state.
@@ -52,6 +52,7 @@ class TransactionApi:
             "KafkaInitProducerId": self.classic_init_producer_id,
             "KafkaAddPartitionsToTxn": self.add_partitions_to_txn,
             "KafkaAddOffsetsToTxn": self.add_offsets_to_txn,
+            "KafkaDescribeProducers": self.describe_producers,
             "EndTxn": lambda req, session: coordinator.end_txn(req, session.principal),
             "PrepareTxn": lambda req, session: coordinator.prepare_txn(req, session.principal),
             "CommitTxns": lambda req, _session: coordinator.commit_txns(req),
@@ -93,6 +94,15 @@ class TransactionApi:
             session.principal,
         )
         return type(req).response()
+
+    def describe_producers(self, req: Any, _session: Session) -> Any:
+        """Kafka's DescribeProducers: each partition's producer state."""
+        states = {}
+        for t in req.topics:
+            for p in t.partitions:
+                partition = self.topics.partition(t.topic, p)
+                states[t.topic, p] = None if partition is None else partition.producers.describe()
+        return req.answered(states)
 
     async def init_producer_id(
         self, req: m.InitProducerIdRequest, session: Session

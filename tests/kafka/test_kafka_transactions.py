@@ -626,7 +626,8 @@ def test_a_classic_producer_commits_offsets_only_of_a_group_it_added(stack: Kafk
 def test_kafkas_admin_client_lists_and_describes_transactions(stack: KafkaStack) -> None:
     """KIP-664's ListTransactions and DescribeTransactions show what `minibroker txn
     list` shows: an open classic transaction with its partitions, found by state and
-    producer id; an unknown id is TRANSACTIONAL_ID_NOT_FOUND."""
+    producer id; an unknown id is TRANSACTIONAL_ID_NOT_FOUND. DescribeProducers shows
+    the producer on the partition it wrote, with its open transaction's first offset."""
     topic = stack.new_topic("admin-txn", partitions=2)
     tid = f"admin-{uuid.uuid4().hex[:8]}"
     raw = Raw(stack.kafka)
@@ -657,9 +658,19 @@ def test_kafkas_admin_client_lists_and_describes_transactions(stack: KafkaStack)
         assert described.transaction_timeout_ms == 60_000
         with pytest.raises(kafka.errors.TransactionalIdNotFoundError):
             admin.describe_transactions([f"{tid}-unknown"])
+        # DescribeProducers: the open transaction's first offset on the partition written.
+        assert raw.produce(tid, pid, epoch, 0, topic, b"open") == 0
+        tp0 = kafka.structs.TopicPartition(topic, 0)
+        (state,) = admin.describe_producers([tp0])[tp0].active_producers
+        assert (state.producer_id, state.producer_epoch, state.last_sequence) == (pid, epoch, 0)
+        assert state.current_transaction_start_offset == 0
+        tp1 = kafka.structs.TopicPartition(topic, 1)
+        assert admin.describe_producers([tp1])[tp1].active_producers == []
         assert raw.end(tid, pid, epoch, commit=False) == 0
         described = admin.describe_transactions([tid])[tid]
         assert described.state == "CompleteAbort" and described.topic_partitions == set()
+        (state,) = admin.describe_producers([tp0])[tp0].active_producers
+        assert state.current_transaction_start_offset == -1
     finally:
         admin.close()
         raw.close()

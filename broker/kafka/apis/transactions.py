@@ -2,7 +2,8 @@
 id), AddPartitionsToTxn (v0-3), AddOffsetsToTxn (v0-3), TxnOffsetCommit (v0-3) and
 EndTxn (v0-3), the versions of Kafka 2.8 that kafka-python, aiokafka and librdkafka use;
 and the admin clients' ListTransactions (v0-1) and DescribeTransactions (v0), Kafka 3.0's
-(KIP-664), over the coordinator's own ListTransactions.
+(KIP-664), over the coordinator's own ListTransactions, and DescribeProducers (v0), from
+each partition's producer state.
 
 They run on the broker's one transaction coordinator (docs/transactions.md, "Kafka's
 clients"). A Kafka client's transactions are Kafka's before KIP-890: it keeps its
@@ -402,6 +403,106 @@ def answer_describe_transactions(
     return {"transaction_states": states}
 
 
+class ActiveProducer(msgspec.Struct):
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_seen_ms: int
+    txn_first_offset: int
+
+
+class ProducersPartition(msgspec.Struct):
+    partition: int
+    error: int = ErrorCode.NONE
+    message: str | None = None
+    producers: list[ActiveProducer] = msgspec.field(default_factory=list)
+
+
+class ProducersTopic(msgspec.Struct):
+    topic: str
+    partitions: list[ProducersPartition]
+
+
+class DescribeProducersResponse(m.Response):
+    topics: list[ProducersTopic] = msgspec.field(default_factory=list)
+
+
+def _producers_refused(t: TxnTopic, code: ErrorCode, why: str) -> ProducersTopic:
+    return ProducersTopic(t.topic, [ProducersPartition(p, code, why) for p in t.partitions])
+
+
+class DescribeProducersRequest(KafkaOnlyRequest, tag="KafkaDescribeProducers"):
+    """The producers each partition holds state of (KIP-664's hanging transactions
+    tooling): READ on each topic, as Kafka asks."""
+
+    response = DescribeProducersResponse
+    requirements = Requirements(
+        (EntryNeed(Op.READ, Res.TOPIC, "topic"),),
+        Entries("topics", "topics", _producers_refused),
+    )
+    topics: list[TxnTopic]
+
+    def answered(
+        self, states: Mapping[tuple[str, int], list[tuple[int, int, int, int, int]] | None]
+    ) -> DescribeProducersResponse:
+        """The answer, given each partition's producers (None: no such partition)."""
+        topics = []
+        for t in self.topics:
+            partitions = []
+            for p in t.partitions:
+                held = states.get((t.topic, p))
+                if held is None:
+                    why = f"{t.topic}-{p} does not exist"
+                    partitions.append(
+                        ProducersPartition(p, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, why)
+                    )
+                else:
+                    partitions.append(
+                        ProducersPartition(p, producers=[ActiveProducer(*s) for s in held])
+                    )
+            topics.append(ProducersTopic(t.topic, partitions))
+        return DescribeProducersResponse(topics=topics)
+
+
+def translate_describe_producers(req: Any, _version: int, _ex: Exchange) -> m.Request:
+    return DescribeProducersRequest(
+        topics=[TxnTopic(t.name, list(t.partition_indexes)) for t in req.topics]
+    )
+
+
+def answer_describe_producers(r: DescribeProducersResponse, _version: int, _asked: None) -> Values:
+    """Each producer's last timestamp is when the broker last took a batch of it (the
+    producer state keeps no batch timestamp); the coordinator epoch is -1 (one broker,
+    no coordinator moves)."""
+    return {
+        "topics": [
+            {
+                "name": t.topic,
+                "partitions": [
+                    {
+                        "partition_index": p.partition,
+                        "error_code": p.error,
+                        "error_message": p.message,
+                        "active_producers": [
+                            {
+                                "producer_id": s.producer_id,
+                                "producer_epoch": s.producer_epoch,
+                                "last_sequence": s.last_sequence,
+                                "last_timestamp": s.last_seen_ms,
+                                "coordinator_epoch": -1,
+                                "current_txn_start_offset": s.txn_first_offset,
+                            }
+                            for s in p.producers
+                        ],
+                    }
+                    for p in t.partitions
+                ],
+            }
+            for t in r.topics
+        ]
+    }
+
+
 INIT_PRODUCER_ID = KafkaApi(
     22, "InitProducerId", 0, 4, translate_init_producer_id, answer_init_producer_id
 )
@@ -412,6 +513,9 @@ ADD_OFFSETS_TO_TXN = KafkaApi(25, "AddOffsetsToTxn", 0, 3, translate_add_offsets
 END_TXN = KafkaApi(26, "EndTxn", 0, 3, translate_end_txn, answer_error_only)
 TXN_OFFSET_COMMIT = KafkaApi(
     28, "TxnOffsetCommit", 0, 3, translate_txn_offset_commit, answer_txn_offset_commit
+)
+DESCRIBE_PRODUCERS = KafkaApi(
+    61, "DescribeProducers", 0, 0, translate_describe_producers, answer_describe_producers
 )
 LIST_TRANSACTIONS = KafkaApi(
     66, "ListTransactions", 0, 1, translate_list_transactions, answer_list_transactions
@@ -425,6 +529,7 @@ APIS = (
     ADD_OFFSETS_TO_TXN,
     END_TXN,
     TXN_OFFSET_COMMIT,
+    DESCRIBE_PRODUCERS,
     DESCRIBE_TRANSACTIONS,
     LIST_TRANSACTIONS,
 )
