@@ -15,6 +15,7 @@ import struct
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka
@@ -43,8 +44,10 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from client import Consumer, Producer
 from harness.broker_process import BrokerProcess
 from harness.kafka_requests import fetch_request, produce_request
+from harness.wire import WireClient, fetched_values
 from tests.conftest import BACKENDS
 from tests.kafka.kafka_support import CLIENTS, DEADLINE_S, KafkaStack, listeners_config
+from tests.kafka.test_kafka_smoke import SECURED
 
 PARTITIONS = 3
 PER_TXN = 9  # records per transaction, spread over the partitions
@@ -723,3 +726,96 @@ def test_transactions_of_both_listeners_read_through_both(stack: KafkaStack, cli
     committed = values("n-c1") + values("k-c2")
     assert sorted(sdk_read_committed(stack.mb, topic)) == sorted(committed)
     assert_reads(client, stack, topic, committed)
+
+
+# ------------------------------------------------------------------ authorization
+
+
+def test_a_transactional_id_and_its_topics_need_write(tmp_path: Path, backend: str) -> None:
+    """Section 7 on the kafka listener: alice, allowed WRITE on her transactional id and
+    on one topic, runs a transaction there; bob, allowed the topic alone, cannot take
+    her id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED); alice cannot add a topic she may
+    write, only describe (TOPIC_AUTHORIZATION_FAILED from AddPartitionsToTxn)."""
+    env = {"MINIBROKER_BOOTSTRAP_USERS": "admin:admin-pw,alice:alice-pw,bob:bob-pw"}
+    broker = BrokerProcess(tmp_path / "data", backend=backend, config=SECURED, env=env).start()
+    try:
+        with WireClient(broker.address("minibroker")) as admin:
+            admin.authenticate("admin", "admin-pw")
+            assert admin.create_topic("payments", 1) == 0
+            assert admin.create_topic("audit", 1) == 0
+            grants = [
+                ("topic", "payments", "User:alice", "write"),
+                ("transactional_id", "tx-alice", "User:alice", "write"),
+                # She sees the topic (Metadata), so her producer asks to add it.
+                ("topic", "audit", "User:alice", "describe"),
+                ("topic", "payments", "User:bob", "write"),
+            ]
+            creations = [
+                {
+                    "resource_type": rtype,
+                    "resource_name": name,
+                    "pattern_type": "literal",
+                    "principal": principal,
+                    "host": "*",
+                    "operation": operation,
+                    "permission": "allow",
+                }
+                for rtype, name, principal, operation in grants
+            ]
+            results = admin.call("CreateAcls", creations=creations)["results"]
+            assert [r["error"] for r in results] == [0, 0, 0, 0]
+
+        def producer(user: str) -> kafka.KafkaProducer:
+            return kafka.KafkaProducer(
+                bootstrap_servers=broker.address("kafka"),
+                security_protocol="SASL_PLAINTEXT",
+                sasl_mechanism="SCRAM-SHA-256",
+                sasl_plain_username=user,
+                sasl_plain_password=f"{user}-pw",
+                transactional_id="tx-alice",
+                max_block_ms=10_000,
+            )
+
+        alice = producer("alice")
+        try:
+            alice.init_transactions()
+            alice.begin_transaction()
+            alice.send("payments", value=b"paid", partition=0)
+            alice.commit_transaction()
+        finally:
+            alice.close(timeout=5)
+        # librdkafka, since kafka-python's commit waits for ever on a batch whose
+        # partition was refused (it fails the add, not the batch).
+        alice_ck = confluent_kafka.Producer(
+            {
+                "bootstrap.servers": broker.address("kafka"),
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "SCRAM-SHA-256",
+                "sasl.username": "alice",
+                "sasl.password": "alice-pw",
+                "transactional.id": "tx-alice",
+            }
+        )
+        alice_ck.init_transactions(DEADLINE_S)
+        alice_ck.begin_transaction()
+        alice_ck.produce("audit", value=b"not hers", partition=0)
+        with pytest.raises(confluent_kafka.KafkaException) as topic_refused:
+            alice_ck.commit_transaction(DEADLINE_S)
+        alice_ck.abort_transaction(DEADLINE_S)
+        bob = producer("bob")
+        try:
+            with pytest.raises(kafka.errors.KafkaError) as id_refused:
+                bob.init_transactions()
+        finally:
+            bob.close(timeout=5)
+        with WireClient(broker.address("minibroker")) as admin:
+            admin.authenticate("admin", "admin-pw")
+            paid = fetched_values(admin.fetch("payments", 0, 0)["records"])
+            audit = fetched_values(admin.fetch("audit", 0, 0)["records"])
+    finally:
+        broker.kill()
+    error = topic_refused.value.args[0]
+    assert error.code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert error.txn_requires_abort()
+    assert isinstance(id_refused.value, kafka.errors.TransactionalIdAuthorizationFailedError)
+    assert (0, b"paid") in paid and audit == []
