@@ -19,10 +19,12 @@ def produce_request(
     acks: int = 1,
     timeout_ms: int = 10_000,
     partition: int = 0,
+    transactional_id: str | None = None,
 ) -> ApiMessage:
-    """A non-transactional Produce of `batch` to one partition of `topic`."""
+    """A Produce of `batch` to one partition of `topic` (non-transactional unless
+    `transactional_id` is given)."""
     message: ApiMessage = ProduceRequest[version](
-        transactional_id=None,
+        transactional_id=transactional_id,
         acks=acks,
         timeout_ms=timeout_ms,
         topic_data=[

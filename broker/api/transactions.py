@@ -1,5 +1,7 @@
 """The producer and transaction APIs: InitProducerId, EndTxn, PrepareTxn, CommitTxns,
-ListTransactions and DescribeTxnApps (docs/transactions.md).
+ListTransactions and DescribeTxnApps (docs/transactions.md), and a Kafka client's
+InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn and
+DescribeProducers (Kafka-only requests, broker/kafka/apis/transactions.py).
 
 An InitProducerId without a transactional id is answered from the producer ids; the
 rest goes to the transaction coordinator, which owns the transactions' state.
@@ -47,12 +49,60 @@ class TransactionApi:
         coordinator = self.coordinator
         return {
             "InitProducerId": self.init_producer_id,
+            "KafkaInitProducerId": self.classic_init_producer_id,
+            "KafkaAddPartitionsToTxn": self.add_partitions_to_txn,
+            "KafkaAddOffsetsToTxn": self.add_offsets_to_txn,
+            "KafkaDescribeProducers": self.describe_producers,
             "EndTxn": lambda req, session: coordinator.end_txn(req, session.principal),
             "PrepareTxn": lambda req, session: coordinator.prepare_txn(req, session.principal),
             "CommitTxns": lambda req, _session: coordinator.commit_txns(req),
             "ListTransactions": lambda req, _session: coordinator.list_transactions(req),
             "DescribeTxnApps": lambda req, _session: coordinator.describe_apps(req),
         }
+
+    async def classic_init_producer_id(
+        self, req: Any, session: Session
+    ) -> m.InitProducerIdResponse:
+        """A Kafka client's InitProducerId with a transactional id (broker/kafka/apis/
+        transactions.py): the coordinator's, the id marked classic."""
+        pid, epoch = await self.coordinator.init_producer(
+            req.transactional_id,
+            req.transaction_timeout_ms,
+            session.principal,
+            classic=True,
+            producer_id=req.producer_id,
+            producer_epoch=req.producer_epoch,
+        )
+        return m.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+
+    async def add_partitions_to_txn(self, req: Any, session: Session) -> Any:
+        """A classic producer's AddPartitionsToTxn: each partition's verdict, answered in
+        the Kafka-only response the request declares."""
+        wanted = [(t.topic, p) for t in req.topics for p in t.partitions]
+        refused = await self.coordinator.add_partitions(
+            req.transactional_id, req.producer_id, req.producer_epoch, wanted, session.principal
+        )
+        return req.answered(refused)
+
+    async def add_offsets_to_txn(self, req: Any, session: Session) -> Any:
+        """A classic producer's AddOffsetsToTxn: the group joins its transaction."""
+        await self.coordinator.add_offsets(
+            req.transactional_id,
+            req.producer_id,
+            req.producer_epoch,
+            req.group_id,
+            session.principal,
+        )
+        return type(req).response()
+
+    def describe_producers(self, req: Any, _session: Session) -> Any:
+        """Kafka's DescribeProducers: each partition's producer state."""
+        states = {}
+        for t in req.topics:
+            for p in t.partitions:
+                partition = self.topics.partition(t.topic, p)
+                states[t.topic, p] = None if partition is None else partition.producers.describe()
+        return req.answered(states)
 
     async def init_producer_id(
         self, req: m.InitProducerIdRequest, session: Session

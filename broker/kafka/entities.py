@@ -157,8 +157,10 @@ def _convert(plan: Plan, value: Any) -> Any:
     if kind.startswith("timedelta"):
         return datetime.timedelta(milliseconds=value)
     if kind == "datetime_i64":
-        # Kafka's -1 (no time: log append time not used) is kio's None.
-        if value < 0:
+        # Kafka's -1 (no time: log append time not used) is kio's None where the field
+        # is nullable; where it is not (DescribeTransactions' start time), the instant
+        # -1 ms, which kio writes as -1.
+        if value < 0 and plan.nullable:
             return None
         return datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
     return value

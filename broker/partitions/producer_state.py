@@ -271,6 +271,21 @@ class PartitionProducerState:
         """The first offset of the oldest open transaction: the last stable offset."""
         return next(iter(self._open_txns.values()), None)
 
+    def describe(self) -> list[tuple[int, int, int, int, int]]:
+        """(producer id, epoch, last sequence, last seen ms, first offset of its open
+        transaction or -1) of every producer held, least recently used first: what
+        Kafka's DescribeProducers shows of a partition."""
+        return [
+            (
+                pid,
+                entry.epoch,
+                (entry.next_seq - 1) % SEQUENCE_MODULUS,
+                entry.last_seen_ms,
+                self._open_txns.get(pid, -1),
+            )
+            for pid, entry in self._producers.items()
+        ]
+
     @property
     def open_txns(self) -> dict[int, int]:
         """producer id -> first offset of each open transaction (a copy)."""

@@ -66,7 +66,9 @@ from broker.transactions.state import (
     completed,
     decided,
     initialized,
+    not_added,
     prepared,
+    reinit_refusal,
     with_group,
     with_partitions,
 )
@@ -276,10 +278,18 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ InitProducerId
 
     async def init_producer(
-        self, transactional_id: str, timeout_ms: int | None, principal: str
+        self,
+        transactional_id: str,
+        timeout_ms: int | None,
+        principal: str,
+        *,
+        classic: bool = False,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
     ) -> tuple[int, int]:
         """InitProducerId for `transactional_id` by `principal` (allowed to write it), whose
-        producer the id's becomes."""
+        producer the id's becomes; `classic` from a Kafka client (`TxnEntry.classic`),
+        which may name the producer it had (`reinit_refusal`)."""
         timeout = DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms
         limit = self.config.transaction_max_timeout_ms
         if not 1 <= timeout <= limit:
@@ -290,6 +300,9 @@ class TransactionCoordinator:
             )
         async with self._locked([transactional_id]):
             entry = self.entries.get(transactional_id)
+            refused = reinit_refusal(entry, producer_id, producer_epoch) if classic else None
+            if refused is not None:
+                raise CoordinatorError(refused.code, refused.message)
             if entry is not None and entry.state in DECIDED:
                 entry = (await self.complete([entry]))[0]
             if entry is not None and entry.state in OPEN:
@@ -300,7 +313,9 @@ class TransactionCoordinator:
                 pid, epoch = self.producer_ids.allocate(principal), 0
             else:
                 pid, epoch = self._next_ids(entry, principal)
-            new = initialized(entry, transactional_id, pid, epoch, timeout, now_ms(), principal)
+            new = initialized(
+                entry, transactional_id, pid, epoch, timeout, now_ms(), principal, classic=classic
+            )
             await self.persist([new], removed=removed)
             return pid, epoch
 
@@ -346,6 +361,8 @@ class TransactionCoordinator:
                 refused[key] = (verdict.code, verdict.message)
                 if verdict.last_ended:
                     ended.add(key)
+            elif entry is not None and (unadded := not_added(entry, key)) is not None:
+                refused[key] = (unadded.code, unadded.message)
             else:
                 admitted.add(key)
         if not admitted:
@@ -380,6 +397,91 @@ class TransactionCoordinator:
         TxnOffsetCommit from judgement to its pending offsets being written."""
         return self._locked([transactional_id])
 
+    # ------------------------------------------------------------------ AddPartitionsToTxn
+
+    async def add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: list[TopicPartition],
+        principal: str,
+    ) -> dict[TopicPartition, tuple[ErrorCode, str]]:
+        """A classic producer's AddPartitionsToTxn: the transaction holds `partitions`
+        (it starts if none is open), durably, before the answer. Returns the partitions
+        refused (a partition that does not exist); when any is, none is added, as Kafka
+        does. CoordinatorError refuses the whole request (the producer's verdict, the
+        limit, a storage failure)."""
+        async with self._locked([transactional_id]):
+            entry = self._classic(transactional_id, producer_id, producer_epoch, principal)
+            missing = {
+                key: (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{key[0]}-{key[1]} does not exist")
+                for key in partitions
+                if self.topics.partition(*key) is None
+            }
+            if missing:
+                return missing
+            await self._add_classic(entry, set(partitions), None)
+            return {}
+
+    async def add_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        group_id: str,
+        principal: str,
+    ) -> None:
+        """A classic producer's AddOffsetsToTxn: the transaction holds the group, durably,
+        before its TxnOffsetCommit may write offsets of it (`add_group`)."""
+        async with self._locked([transactional_id]):
+            entry = self._classic(transactional_id, producer_id, producer_epoch, principal)
+            await self._add_classic(entry, set(), group_id)
+
+    def _classic(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, principal: str
+    ) -> TxnEntry:
+        """The classic entry the producer may add to; CoordinatorError otherwise."""
+        self._admitted(transactional_id, producer_id, producer_epoch, Ask.ADD, principal=principal)
+        entry = self.entries[transactional_id]
+        if not entry.classic:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE,
+                f"transactional id {transactional_id!r} was initialized through the "
+                "minibroker listener, whose transactions add what they write to",
+            )
+        return entry
+
+    async def _add_classic(
+        self, entry: TxnEntry, partitions: set[TopicPartition], group_id: str | None
+    ) -> None:
+        """Make the classic transaction hold `partitions` and the group, durably."""
+        ongoing = entry.state == ONGOING
+        held = entry.partitions if ongoing else frozenset()
+        groups = entry.groups if ongoing else frozenset()
+        new_groups = set() if group_id is None or group_id in groups else {group_id}
+        if ongoing and partitions <= held and not new_groups:
+            return
+        limit = self.config.max_partitions_per_transaction
+        if len(held | partitions) + len(groups | new_groups) > limit:
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE,
+                "a transaction may hold at most "
+                f"max_partitions_per_transaction={limit} partitions and groups",
+            )
+        stamp = now_ms()
+        added = with_partitions(entry, partitions - held, stamp)
+        for group in new_groups:
+            added = with_group(added, group, stamp)
+        try:
+            await self.persist([added])
+        except OSError as exc:
+            log.error("event=txn_log_write_failed id=%r error=%r", entry.transactional_id, str(exc))
+            raise CoordinatorError(
+                ErrorCode.KAFKA_STORAGE_ERROR, f"transaction log: {exc}"
+            ) from exc
+        crash_point("txn_partitions_added" if partitions - held else "txn_group_added")
+
     # ------------------------------------------------------------------ TxnOffsetCommit
 
     def judge_offsets(
@@ -400,6 +502,14 @@ class TransactionCoordinator:
         entry = self.entries[transactional_id]
         if entry.state == ONGOING and group_id in entry.groups:
             return 0
+        if entry.classic:
+            # Its AddOffsetsToTxn adds the group; without it the offsets of an ended
+            # transaction (its epoch did not move) would start a new one.
+            raise CoordinatorError(
+                ErrorCode.INVALID_TXN_STATE,
+                f"group {group_id!r} is not in the open transaction of {transactional_id!r}: "
+                "AddOffsetsToTxn comes first",
+            )
         limit = self.config.max_partitions_per_transaction
         if entry.state == ONGOING and len(entry.partitions) + len(entry.groups) >= limit:
             raise CoordinatorError(
@@ -444,6 +554,16 @@ class TransactionCoordinator:
                 )
             if verdict is Admitted.FINISH_FIRST:
                 entry = (await self.complete([entry]))[0]
+                if entry.classic:
+                    # Its epoch did not move: the end just finished may be the one asked.
+                    self._admitted(
+                        req.transactional_id,
+                        req.producer_id,
+                        req.producer_epoch,
+                        Ask.END,
+                        committed=req.committed,
+                        principal=principal,
+                    )
             if req.last_sequences is not None:
                 missing = self._batches_missing(entry, req.last_sequences)
                 if missing is not None:
@@ -627,9 +747,18 @@ class TransactionCoordinator:
             await self._contents_durable(entries)
             crash_point("txn_contents_durable")
         stamp = now_ms()
+        by_client = cause == "client"
         decisions = [
             decided(
-                e, committed, self._next_ids(e, e.principal), stamp, by_client=cause == "client"
+                e,
+                committed,
+                # A classic producer keeps its epoch across the ends it asks for (it
+                # never learns of a new one); the broker's ends fence it all the same.
+                (e.producer_id, e.producer_epoch)
+                if e.classic and by_client
+                else self._next_ids(e, e.principal),
+                stamp,
+                by_client=by_client,
             )
             for e in entries
         ]
@@ -696,6 +825,11 @@ class TransactionCoordinator:
         in recovery would read an outcome from them."""
         decisions_end = self.log.size_bytes
         pending = [e for e in entries if e.state in DECIDED]
+        if any(e.classic for e in pending):
+            # A classic transaction's markers carry the same pid and epoch as the next
+            # transaction's batches, so recovery could not tell which one a marker whose
+            # decision was lost ends: its decision is durable before any marker is written.
+            await self.log.durable(decisions_end)
         stamp = now_ms()
         written: list[tuple[Partition, int]] = []
         for entry in pending:

@@ -101,7 +101,9 @@ def _decided_by_markers(coordinator: TransactionCoordinator) -> list[tuple[TxnEn
     marker's outcome."""
     found = []
     for entry in coordinator.entries.values():
-        if entry.state not in OPEN:
+        # A classic transaction's decision is durable before its markers (`complete`): a
+        # marker of its pid and epoch ended one of its earlier transactions.
+        if entry.state not in OPEN or entry.classic:
             continue
         for topic, index in sorted(entry.partitions):
             partition = coordinator.topics.partition(topic, index)

@@ -101,6 +101,11 @@ class TxnEntry:
     "Producer ids belong to principals"); recorded here, durably, since the id outlives
     restarts and can change hands (InitProducerId by another principal allowed to write
     the transactional id)."""
+    classic: bool = False
+    """Initialized by a Kafka client through a kafka listener, whose transactions are
+    Kafka's before KIP-890: the producer keeps its epoch across the transactions it ends
+    itself, and adds each partition (AddPartitionsToTxn) before it writes there; a batch
+    for a partition not added is refused (docs/transactions.md, "Kafka's clients")."""
 
     def __post_init__(self) -> None:
         assert self.state in STATES, self.state
@@ -149,20 +154,23 @@ class TxnEntry:
                 last.by_client,
             ],
             sorted(self.groups),
-            # Only when not anonymous: with security off the records stay as they were.
-            *([] if self.principal == ANONYMOUS else [self.principal]),
+            # Only when not anonymous or classic: with security off and the minibroker
+            # listener alone the records stay as they were.
+            *([] if self.principal == ANONYMOUS and not self.classic else [self.principal]),
+            *([True] if self.classic else []),
         ]
 
     @classmethod
     def decode(cls, item: Any) -> TxnEntry:
         try:
             # Entries written before TxnOffsetCommit have no groups; anonymous ones no
-            # principal.
+            # principal; native ones no classic flag.
             (tid, pid, epoch, state, timeout, updated, started, deadline, parts, last, *rest) = item
-            if len(rest) > 2:
+            if len(rest) > 3:
                 raise ValueError("too many fields")
             groups: Any = rest[0] if rest else []
             principal: Any = rest[1] if len(rest) > 1 else ANONYMOUS
+            classic: Any = rest[2] if len(rest) > 2 else False
             entry = cls(
                 transactional_id=tid,
                 producer_id=pid,
@@ -176,6 +184,7 @@ class TxnEntry:
                 last_ended=None if last is None else Ended(*last),
                 groups=frozenset(groups),
                 principal=principal,
+                classic=classic,
             )
         except (TypeError, ValueError, AssertionError) as exc:
             raise TxnStateError(f"transaction entry {item!r}: {exc}") from exc
@@ -186,6 +195,7 @@ class TxnEntry:
             or not all(type(v) is int for v in ints)
             or not all(isinstance(g, str) for g in groups)
             or not isinstance(principal, str)
+            or type(classic) is not bool
         ):
             raise TxnStateError(f"transaction entry {item!r} is malformed")
         return entry
@@ -225,6 +235,7 @@ class Ask(Enum):
     """What a request asks of a transactional id's entry."""
 
     BATCH = "batch"  # a transactional Produce's batch joins the transaction
+    ADD = "add"  # AddPartitionsToTxn (a classic producer's partitions join it)
     OFFSETS = "offsets"  # a TxnOffsetCommit's offsets join it
     END = "end"  # EndTxn
     PREPARE = "prepare"  # PrepareTxn
@@ -281,7 +292,7 @@ def admission(
             ErrorCode.INVALID_PRODUCER_ID_MAPPING,
             f"the producer of transactional id {transactional_id!r} belongs to another principal",
         )
-    joins = ask is Ask.BATCH or ask is Ask.OFFSETS
+    joins = ask is Ask.BATCH or ask is Ask.OFFSETS or ask is Ask.ADD
     if who is Identity.LAST_ENDED:
         if joins:
             return Refused(
@@ -294,6 +305,17 @@ def admission(
         return _same_end(entry.last_ended, committed)
     if entry.state in DECIDED:
         return Admitted.FINISH_FIRST if ask is Ask.END else MARKERS_PENDING
+    if (
+        entry.classic
+        and ask is Ask.END
+        and entry.state in (COMPLETE_COMMIT, COMPLETE_ABORT)
+        and committed != (entry.state == COMPLETE_COMMIT)
+    ):
+        # A classic producer keeps its epoch: an EndTxn naming the ended transaction is
+        # current, and one asking the other end contradicts what it asked (Kafka's 48).
+        return Refused(
+            ErrorCode.INVALID_TXN_STATE, f"the transaction already ended ({entry.state})"
+        )
     if joins and entry.state == PREPARED:
         return Refused(
             ErrorCode.INVALID_TXN_STATE, "the transaction is PREPARED: nothing more joins it"
@@ -367,8 +389,11 @@ def initialized(
     timeout_ms: int,
     now_ms: int,
     principal: str = ANONYMOUS,
+    *,
+    classic: bool = False,
 ) -> TxnEntry:
-    """The entry after `principal`'s InitProducerId, once any open transaction was aborted."""
+    """The entry after `principal`'s InitProducerId, once any open transaction was aborted;
+    `classic` when a Kafka client sent it (`TxnEntry.classic`)."""
     assert entry is None or entry.state in ENDED, entry
     return TxnEntry(
         transactional_id,
@@ -379,7 +404,48 @@ def initialized(
         now_ms,
         last_ended=None if entry is None else entry.last_ended,
         principal=principal,
+        classic=classic,
     )
+
+
+def reinit_refusal(entry: TxnEntry | None, producer_id: int, producer_epoch: int) -> Refused | None:
+    """Whether a classic InitProducerId naming the producer it had (KIP-360: a Kafka
+    client bumping its epoch to recover from an abortable error) may bump it: only the
+    current producer may, or the one whose transaction the broker aborted on timeout
+    while no newer instance took over (KIP-588); any other is a zombie, which must not
+    fence the newer instance. None: allowed (no producer named is a new instance)."""
+    if producer_id < 0 or entry is None:
+        return None
+    if (producer_id, producer_epoch) == (entry.producer_id, entry.producer_epoch):
+        return None
+    last = entry.last_ended
+    if (
+        last is not None
+        and not last.by_client
+        and (producer_id, producer_epoch) == (last.producer_id, last.producer_epoch)
+        and (entry.producer_id, entry.producer_epoch)
+        == (last.next_producer_id, last.next_producer_epoch)
+    ):
+        return None
+    return Refused(
+        ErrorCode.PRODUCER_FENCED,
+        f"producer {producer_id} epoch {producer_epoch} is not the current producer of "
+        f"{entry.transactional_id!r} ({entry.producer_id} epoch {entry.producer_epoch})",
+    )
+
+
+def not_added(entry: TxnEntry, key: tuple[str, int]) -> Refused | None:
+    """A classic producer's batch for a partition its open transaction has not added
+    (AddPartitionsToTxn): refused, never appended, as KIP-890 part 1 verifies. This is
+    also what keeps a late batch of an ended transaction out of the log (the classic
+    producer's epoch did not move): it finds no open transaction holding its partition."""
+    if entry.classic and not (entry.state == ONGOING and key in entry.partitions):
+        return Refused(
+            ErrorCode.INVALID_TXN_STATE,
+            f"{key[0]}-{key[1]} is not in the open transaction of {entry.transactional_id!r}: "
+            "AddPartitionsToTxn comes first",
+        )
+    return None
 
 
 def with_partitions(entry: TxnEntry, added: set[tuple[str, int]], now_ms: int) -> TxnEntry:

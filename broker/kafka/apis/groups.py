@@ -492,13 +492,14 @@ def answer_delete_groups(r: DeleteGroupsResponse, _version: int, _asked: None) -
 
 
 def translate_find_coordinator(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
-    """The group coordinator is this broker: a Metadata request without topics answers
-    where it is (and passes authentication like any other request)."""
-    if getattr(req, "key_type", 0) != 0:
+    """The group coordinator (key type 0) and the transaction coordinator (1) are this
+    broker: a Metadata request without topics answers where it is (and passes
+    authentication like any other request)."""
+    if getattr(req, "key_type", 0) not in (0, 1):
         return Reply(
             {
-                "error_code": ErrorCode.UNSUPPORTED_VERSION,
-                "error_message": "transaction coordinators are not served yet",
+                "error_code": ErrorCode.INVALID_REQUEST,
+                "error_message": f"no coordinator of key type {req.key_type}",
                 "node_id": -1,
             }
         )

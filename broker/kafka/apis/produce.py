@@ -1,6 +1,7 @@
-"""A producer's APIs: Produce (v3-9; Kafka 2.8 is the last release whose Produce names
-topics rather than topic ids, and Kafka 4.0 reads magic 2 only, from v3, KIP-896) and
-InitProducerId (v0-4; librdkafka enables idempotence from it and Produce v3+).
+"""A producer's writes: Produce (v3-9; Kafka 2.8 is the last release whose Produce names
+topics rather than topic ids, and Kafka 4.0 reads magic 2 only, from v3, KIP-896).
+InitProducerId, which librdkafka needs with Produce v3+ to enable idempotence, is in
+transactions.py.
 
 Produce's answer goes out through `produce_response`, written by hand for the hot path;
 `answer_produce` is the reference it is held to (tests/kafka/test_kafka_wire.py).
@@ -11,10 +12,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from broker.kafka.api import Exchange, KafkaApi, Reply, Values, ms
+from broker.kafka.api import Exchange, KafkaApi, Values, ms
 from broker.kafka.wire import I32, I64, array, framed, header, nullable_string, string
 from protocol import messages as m
-from protocol.errors import ErrorCode
 
 _PARTITION = struct.Struct(">ihqq")  # index, error, base offset, append time
 FLEXIBLE = 9
@@ -82,31 +82,5 @@ def produce_response(response: m.ProduceResponse, version: int, correlation_id: 
     return framed(out)
 
 
-def translate_init_producer_id(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
-    if req.transactional_id is not None:
-        return Reply(
-            {
-                "error_code": ErrorCode.UNSUPPORTED_VERSION,
-                "producer_id": -1,
-                "producer_epoch": -1,
-            }
-        )
-    return m.InitProducerIdRequest(
-        producer_id=getattr(req, "producer_id", -1),
-        producer_epoch=getattr(req, "producer_epoch", -1),
-    )
-
-
-def answer_init_producer_id(r: m.InitProducerIdResponse, _version: int, _asked: None) -> Values:
-    return {
-        "error_code": r.error,
-        "producer_id": r.producer_id,
-        "producer_epoch": r.producer_epoch,
-    }
-
-
 PRODUCE = KafkaApi(0, "Produce", 3, 9, translate_produce, answer_produce)
-INIT_PRODUCER_ID = KafkaApi(
-    22, "InitProducerId", 0, 4, translate_init_producer_id, answer_init_producer_id
-)
-APIS = (PRODUCE, INIT_PRODUCER_ID)
+APIS = (PRODUCE,)

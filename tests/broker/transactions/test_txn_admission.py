@@ -11,11 +11,14 @@ from broker.transactions.state import (
     Ask,
     Refused,
     TxnEntry,
+    TxnStateError,
     admission,
     completed,
     decided,
     initialized,
+    not_added,
     prepared,
+    reinit_refusal,
     with_partitions,
 )
 from protocol.errors import ErrorCode
@@ -101,3 +104,52 @@ def test_another_principal_is_refused_where_it_is_checked() -> None:
         ErrorCode.INVALID_PRODUCER_ID_MAPPING
     )
     assert admission(ONGOING_ENTRY, "tx", 5, 0, Ask.BATCH) is Admitted.PROCEED
+
+
+# ------------------------------------------------------------------ classic (Kafka's clients)
+
+CLASSIC_EMPTY = initialized(None, "ktx", 7, 3, 1000, 0, classic=True)
+CLASSIC_ONGOING = with_partitions(CLASSIC_EMPTY, {("t", 0)}, 1)
+# A client's end keeps the classic producer's epoch: the next ids are its own.
+CLASSIC_COMMITTED = completed(decided(CLASSIC_ONGOING, True, (7, 3), 2), 3)
+
+
+def test_a_classic_entry_keeps_its_flag_through_the_log_and_a_native_one_its_old_form() -> None:
+    for entry in (CLASSIC_EMPTY, CLASSIC_ONGOING, CLASSIC_COMMITTED):
+        assert TxnEntry.decode(entry.encode()) == entry
+    assert len(EMPTY_ENTRY.encode()) == 12 and len(CLASSIC_EMPTY.encode()) == 13
+    anonymous_native = initialized(None, "tx", 5, 0, 1000, 0)
+    assert len(anonymous_native.encode()) == 11  # the records of older brokers
+    with pytest.raises(TxnStateError):
+        TxnEntry.decode([*CLASSIC_EMPTY.encode()[:12], "yes"])
+
+
+def test_a_classic_batch_needs_its_partition_added_to_an_open_transaction() -> None:
+    assert not_added(CLASSIC_ONGOING, ("t", 0)) is None
+    refused = not_added(CLASSIC_ONGOING, ("t", 1))
+    assert refused is not None and refused.code == ErrorCode.INVALID_TXN_STATE
+    # After the commit the same epoch is current: a late batch finds no transaction.
+    late = not_added(CLASSIC_COMMITTED, ("t", 0))
+    assert late is not None and late.code == ErrorCode.INVALID_TXN_STATE
+    assert not_added(ONGOING_ENTRY, ("t", 1)) is None  # native: the batch adds it
+
+
+def test_a_classic_end_txn_naming_the_ended_transaction_is_a_retry_or_a_contradiction() -> None:
+    again = admission(CLASSIC_COMMITTED, "ktx", 7, 3, Ask.END, committed=True)
+    assert again is Admitted.PROCEED
+    other = admission(CLASSIC_COMMITTED, "ktx", 7, 3, Ask.END, committed=False)
+    assert code(other) == ErrorCode.INVALID_TXN_STATE
+    assert admission(CLASSIC_COMMITTED, "ktx", 7, 3, Ask.ADD) is Admitted.PROCEED
+
+
+def test_a_classic_reinit_may_bump_only_the_current_or_a_timed_out_producer() -> None:
+    assert reinit_refusal(CLASSIC_ONGOING, -1, -1) is None
+    assert reinit_refusal(None, 7, 3) is None
+    assert reinit_refusal(CLASSIC_ONGOING, 7, 3) is None
+    fenced = reinit_refusal(CLASSIC_ONGOING, 7, 2)
+    assert fenced is not None and fenced.code == ErrorCode.PRODUCER_FENCED
+    timed_out = completed(decided(CLASSIC_ONGOING, False, (7, 4), 2, by_client=False), 3)
+    assert reinit_refusal(timed_out, 7, 3) is None  # KIP-588: the broker aborted it
+    newer = initialized(timed_out, "ktx", 7, 5, 1000, 4, classic=True)
+    refused = reinit_refusal(newer, 7, 3)
+    assert refused is not None and refused.code == ErrorCode.PRODUCER_FENCED
