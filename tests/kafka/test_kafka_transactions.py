@@ -385,6 +385,58 @@ def test_consumed_offsets_commit_and_abort_with_the_transaction(
     assert committed_offsets(stack.kafka, group, topic) == {0: 5, 1: 7, 2: None}
 
 
+def test_a_group_members_offsets_join_its_transaction(stack: KafkaStack) -> None:
+    """Consume-transform-produce as confluent-kafka's EOS example runs it: a consumer in a
+    classic group reads, the producer sends the transforms and the consumer's offsets
+    with its group metadata (KIP-447: generation and member id, checked as an
+    OffsetCommit's), and commits; the output holds each input once and the group's
+    offsets move with the commit. They were refused ILLEGAL_GENERATION before."""
+    source = stack.new_topic("ctp-in", partitions=1)
+    sink = stack.new_topic("ctp-out", partitions=1)
+    group = f"ctp-member-{uuid.uuid4().hex[:8]}"
+    inputs = [f"in-{i}".encode() for i in range(10)]
+    seed = confluent_kafka.Producer({"bootstrap.servers": stack.kafka})
+    for value in inputs:
+        seed.produce(source, value=value, partition=0)
+    assert seed.flush(DEADLINE_S) == 0
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": stack.kafka,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    p = producer("confluent-kafka", stack, f"ctp-member-{uuid.uuid4().hex[:8]}")
+    try:
+        consumer.subscribe([source])
+        done = 0
+        deadline = time.monotonic() + DEADLINE_S
+        while done < len(inputs) and time.monotonic() < deadline:
+            batch = [m for m in consumer.consume(num_messages=4, timeout=0.5) if not m.error()]
+            if not batch:
+                continue
+            p.begin()
+            for m in batch:
+                p.ck.produce(sink, value=m.value().upper(), partition=0)
+            p.ck.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()),
+                consumer.consumer_group_metadata(),
+                DEADLINE_S,
+            )
+            p.end(True)
+            done += len(batch)
+    finally:
+        p.close()
+        consumer.close()
+    assert done == len(inputs)
+    assert sorted(read_all("kafka-python", stack.kafka, sink, 10, "read_committed")) == sorted(
+        v.upper() for v in inputs
+    )
+    assert committed_offsets(stack.kafka, group, source)[0] == len(inputs)
+
+
 def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int | None]:
     """The group's committed offsets, read as a read_committed consumer asks (OffsetFetch
     with require_stable)."""

@@ -225,17 +225,11 @@ what a producer sends with a group id alone, or a consumer that assigns itself."
 
 def translate_txn_offset_commit(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
     """Offsets joining a classic transaction. KIP-447's generation and member id (v3)
-    are checked by the group's membership: outside it (generation -1, no member id)
-    there is nothing to check. A member's commit waits for the classic groups (the
-    consumer-groups step): its generation and member id are to be judged here, where
-    it is refused ILLEGAL_GENERATION until then."""
-    generation = getattr(req, "generation_id", NO_GENERATION)
-    member = getattr(req, "member_id", "")
+    are judged as an OffsetCommit's are, by the group's membership (a classic group's
+    generation); outside it (generation -1, no member id) there is nothing to check."""
     refusal: int | None = None
     if _id_refusal(req.transactional_id) is not None or not req.group_id:
         refusal = ErrorCode.INVALID_REQUEST
-    elif generation != NO_GENERATION or member:
-        refusal = KafkaErrorCode.illegal_generation
     if refusal is not None:
         return Reply(
             {
@@ -256,6 +250,8 @@ def translate_txn_offset_commit(req: Any, _version: int, _ex: Exchange) -> m.Req
         producer_id=req.producer_id,
         producer_epoch=req.producer_epoch,
         group_id=req.group_id,
+        member_id=getattr(req, "member_id", ""),
+        member_epoch=getattr(req, "generation_id", NO_GENERATION),
         topics=[
             m.OffsetCommitTopic(
                 t.name,
