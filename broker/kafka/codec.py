@@ -33,6 +33,7 @@ from broker.kafka.entities import (
     response_class,
     write_response,
 )
+from broker.kafka.kafka_only import KafkaOnlyRequest
 from broker.kafka.records import ONLY_V2, as_v2, only_v2
 from protocol import messages as m
 from protocol.errors import ErrorCode, ProtocolError
@@ -145,10 +146,12 @@ class KafkaCodec:
         call = self._calls.pop(cid)
         if call.version == BARE_SASL:
             return self._bare_sasl_answer(response)
-        if type(response) is m.Response and BY_KEY[call.key].name == call.request.api:
+        if type(response) is m.Response and (
+            isinstance(call.request, KafkaOnlyRequest) or BY_KEY[call.key].name == call.request.api
+        ):
             # A refusal before or instead of the handler, its entries answered one by
-            # one. A Kafka API the listener runs as another (FindCoordinator as
-            # Metadata) has other entries: it gets its own response's error, below.
+            # one. A Kafka API the listener runs as another native API (FindCoordinator
+            # as Metadata) has other entries: it gets its own response's error, below.
             response = refusal(call.request, response)
         if type(response) is m.ProduceResponse:
             return produce_response(response, call.version, call.correlation_id)
