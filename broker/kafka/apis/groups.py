@@ -511,6 +511,33 @@ def answer_find_coordinator(r: m.MetadataResponse, _version: int, _asked: None) 
     return {"error_code": 0, "node_id": broker.id, "host": broker.host, "port": broker.port}
 
 
+def commit_topics(topics: Any) -> list[m.OffsetCommitTopic]:
+    """A Kafka OffsetCommit's or TxnOffsetCommit's topics as the broker's."""
+    return [
+        m.OffsetCommitTopic(
+            t.name,
+            [
+                m.OffsetCommitPartition(p.partition_index, p.committed_offset, p.committed_metadata)
+                for p in t.partitions
+            ],
+        )
+        for t in topics
+    ]
+
+
+def committed_topics(topics: list[m.TopicPartitionErrors]) -> list[Values]:
+    """The broker's answers per partition as an OffsetCommit's or TxnOffsetCommit's."""
+    return [
+        {
+            "name": t.topic,
+            "partitions": [
+                {"partition_index": p.partition, "error_code": p.error} for p in t.partitions
+            ],
+        }
+        for t in topics
+    ]
+
+
 def translate_offset_commit(req: Any, _version: int, _ex: Exchange) -> m.Request:
     """A member's commits carry its generation (checked as Kafka does); generation -1 and
     no member id commit from outside the group's membership."""
@@ -518,33 +545,12 @@ def translate_offset_commit(req: Any, _version: int, _ex: Exchange) -> m.Request
         group_id=req.group_id,
         member_id=req.member_id,
         member_epoch=req.generation_id_or_member_epoch,
-        topics=[
-            m.OffsetCommitTopic(
-                t.name,
-                [
-                    m.OffsetCommitPartition(
-                        p.partition_index, p.committed_offset, p.committed_metadata
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in req.topics
-        ],
+        topics=commit_topics(req.topics),
     )
 
 
 def answer_offset_commit(r: m.OffsetCommitResponse, _version: int, _asked: None) -> Values:
-    return {
-        "topics": [
-            {
-                "name": t.topic,
-                "partitions": [
-                    {"partition_index": p.partition, "error_code": p.error} for p in t.partitions
-                ],
-            }
-            for t in r.topics
-        ]
-    }
+    return {"topics": committed_topics(r.topics)}
 
 
 def translate_offset_fetch(req: Any, _version: int, _ex: Exchange) -> m.Request:

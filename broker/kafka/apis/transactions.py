@@ -24,6 +24,7 @@ from kio.schema.errors import ErrorCode as KafkaErrorCode
 
 from broker.clock import now_ms
 from broker.kafka.api import Exchange, KafkaApi, Reply, Translated, Values, ms
+from broker.kafka.apis.groups import commit_topics, committed_topics
 from broker.kafka.kafka_only import KafkaOnlyRequest
 from protocol import messages as m
 from protocol.authorization import Entries, EntryNeed, Path, RequestNeed, Requirements
@@ -252,33 +253,12 @@ def translate_txn_offset_commit(req: Any, _version: int, _ex: Exchange) -> m.Req
         group_id=req.group_id,
         member_id=getattr(req, "member_id", ""),
         member_epoch=getattr(req, "generation_id", NO_GENERATION),
-        topics=[
-            m.OffsetCommitTopic(
-                t.name,
-                [
-                    m.OffsetCommitPartition(
-                        p.partition_index, p.committed_offset, p.committed_metadata
-                    )
-                    for p in t.partitions
-                ],
-            )
-            for t in req.topics
-        ],
+        topics=commit_topics(req.topics),
     )
 
 
 def answer_txn_offset_commit(r: m.TxnOffsetCommitResponse, _version: int, _asked: None) -> Values:
-    return {
-        "topics": [
-            {
-                "name": t.topic,
-                "partitions": [
-                    {"partition_index": p.partition, "error_code": p.error} for p in t.partitions
-                ],
-            }
-            for t in r.topics
-        ]
-    }
+    return {"topics": committed_topics(r.topics)}
 
 
 def translate_end_txn(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
