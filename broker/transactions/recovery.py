@@ -9,17 +9,58 @@ adopts or aborts each, so no last stable offset stays stuck.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
+from broker.partitions import TopicRegistry
 from broker.transactions.state import DECIDED, ENDED, ONGOING, OPEN, TxnEntry, with_partitions
-
-if TYPE_CHECKING:
-    from broker.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
 
-async def recover(coordinator: TransactionCoordinator, stamp: int) -> None:
+class PendingOffsets(Protocol):
+    """What recovery asks of the committed-offsets store: whose transactional offsets
+    are pending, and how to settle them."""
+
+    def pending_owners(self) -> set[tuple[str, int]]: ...
+
+    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None: ...
+
+
+class AbortCounts(Protocol):
+    @property
+    def aborts(self) -> Counter[str]: ...
+
+
+class Recovering(Protocol):
+    """What recovery needs of the transaction coordinator (coordinator.py, which calls
+    `recover` with itself): declared here, so the two modules import one way."""
+
+    @property
+    def entries(self) -> Mapping[str, TxnEntry]: ...
+
+    @property
+    def topics(self) -> TopicRegistry: ...
+
+    @property
+    def offsets(self) -> PendingOffsets: ...
+
+    @property
+    def counters(self) -> AbortCounts: ...
+
+    def owner_of(self, producer_id: int) -> str | None: ...
+
+    async def persist(self, entries: Iterable[TxnEntry]) -> None: ...
+
+    async def end_transactions(
+        self, entries: list[TxnEntry], committed: bool, cause: str
+    ) -> list[TxnEntry]: ...
+
+    async def complete(self, entries: list[TxnEntry]) -> list[TxnEntry]: ...
+
+
+async def recover(coordinator: Recovering, stamp: int) -> None:
     """Before serving: finish every decided transaction, and abort any transaction a
     partition holds open that no entry claims, so no last stable offset is stuck, and
     drop pending offsets no open transaction claims, so no OffsetFetch with
@@ -95,7 +136,7 @@ async def recover(coordinator: TransactionCoordinator, stamp: int) -> None:
         )
 
 
-def _decided_by_markers(coordinator: TransactionCoordinator) -> list[tuple[TxnEntry, bool]]:
+def _decided_by_markers(coordinator: Recovering) -> list[tuple[TxnEntry, bool]]:
     """Open transactions that a partition remembers a marker of (same pid and epoch),
     found by the replay at open or kept by a snapshot taken after it, with that
     marker's outcome."""
