@@ -28,7 +28,9 @@ class GroupApi:
     def apis(self) -> dict[str, Callable[[Any, Session], Any]]:
         groups, offsets, coordinator = self.groups, self.offsets, self.coordinator
         return {
-            "ConsumerGroupHeartbeat": lambda req, _session: groups.heartbeat(req),
+            "ConsumerGroupHeartbeat": lambda req, session: groups.heartbeat(
+                req, client_host=session.peer_host
+            ),
             "ListGroups": lambda req, _session: groups.list_groups(req),
             "DescribeGroups": lambda req, _session: groups.describe_groups(req),
             "OffsetCommit": lambda req, _session: offsets.offset_commit(req),

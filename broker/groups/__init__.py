@@ -12,10 +12,12 @@ from broker.groups.classic import STATES as CLASSIC_STATES
 from broker.groups.classic import ClassicGroup, Join, JoinAnswer, Sync, SyncAnswer
 from broker.groups.coordinator import GroupCoordinator, Listing, PartitionCounts
 from broker.groups.offset_store import NoMembers, OffsetLog, OffsetStore
+from broker.groups.state import Group as ConsumerGroup
 
 __all__ = [
     "CLASSIC_STATES",
     "ClassicGroup",
+    "ConsumerGroup",
     "GroupCoordinator",
     "Join",
     "JoinAnswer",

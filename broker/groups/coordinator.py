@@ -131,8 +131,14 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ requests
 
     async def heartbeat(
-        self, req: m.ConsumerGroupHeartbeatRequest
+        self,
+        req: m.ConsumerGroupHeartbeatRequest,
+        *,
+        client_named: bool = False,
+        client_host: str = "",
     ) -> m.ConsumerGroupHeartbeatResponse:
+        """`client_named`: a Kafka client's v1 heartbeat, whose member names itself
+        (KIP-1082); `client_host`: where the request came from (state.heartbeat)."""
         async with self.locked(req.group_id):
             self.heartbeats += 1
             if req.group_id in self.classic:
@@ -157,6 +163,8 @@ class GroupCoordinator:
                 monotonic_ms(),
                 self.settings,
                 uuid.uuid4().hex,
+                client_named=client_named,
+                client_host=client_host,
             )
             if result.error:
                 return m.ConsumerGroupHeartbeatResponse(error=result.error, message=result.message)
@@ -242,6 +250,10 @@ class GroupCoordinator:
             self._apply(group, step, None)
             assert step.answer is not None
             return step.answer
+
+    def consumer_group(self, group_id: str) -> Group | None:
+        """For Kafka's ConsumerGroupDescribe: the KIP-848 group with members."""
+        return self.groups.get(group_id)
 
     def classic_group(self, group_id: str) -> classic.ClassicGroup | None:
         """For DescribeGroups on a kafka listener."""

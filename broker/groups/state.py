@@ -65,6 +65,8 @@ class Member:
     subscribed_topics: frozenset[str]
     rebalance_timeout_ms: int
     last_heartbeat_ms: int
+    client_host: str = ""
+    """Where its joining heartbeat came from (Kafka's ConsumerGroupDescribe shows it)."""
     assigned: frozenset[TopicPartition] = NOTHING
     """What the broker counts as this member's: granted, or not yet let go."""
     pending_revocation: frozenset[TopicPartition] = NOTHING
@@ -152,6 +154,9 @@ def heartbeat(
     now_ms: int,
     settings: GroupSettings,
     new_member_id: str,
+    *,
+    client_named: bool = False,
+    client_host: str = "",
 ) -> Heartbeat:
     """One ConsumerGroupHeartbeat: join (member_id "", epoch 0; or a known id with
     epoch 0, a fresh join of that id), leave (epoch -1, or -2 for a static member
@@ -159,22 +164,31 @@ def heartbeat(
 
     `client_id` is the request envelope's (None keeps the member's); `partition_counts`
     holds at least the topics anyone in the group subscribes to, as they are now;
-    `new_member_id` names the member if this is a join."""
+    `new_member_id` names the member if this is a join. `client_named`: the member
+    names itself (Kafka's ConsumerGroupHeartbeat v1, KIP-1082), so an unknown id with
+    epoch 0 joins under that id. A negative `rebalance_timeout_ms` keeps the member's
+    (Kafka's clients send -1 when it did not change; the native decoder refuses it);
+    `client_host` is recorded at a join."""
     session = settings.session_timeout_ms
 
     def refused(code: ErrorCode, message: str) -> Heartbeat:
         return Heartbeat(group, group.deadline_ms(session), code, message)
 
+    member_id, epoch, instance_id = request.member_id, request.member_epoch, request.instance_id
+    known = group.members.get(member_id)
     timeout = request.rebalance_timeout_ms
+    if timeout < 0:
+        if known is None or epoch == m.MEMBER_EPOCH_JOIN:
+            return refused(ErrorCode.INVALID_REQUEST, "a join names its rebalance_timeout_ms")
+        timeout = known.rebalance_timeout_ms
     if timeout > settings.max_rebalance_timeout_ms:
         return refused(
             ErrorCode.INVALID_REQUEST,
             f"rebalance_timeout_ms={timeout} is above "
             f"group_max_rebalance_timeout_ms={settings.max_rebalance_timeout_ms}",
         )
-    member_id, epoch, instance_id = request.member_id, request.member_epoch, request.instance_id
-    known = group.members.get(member_id)
-    if known is None and (member_id or epoch != m.MEMBER_EPOCH_JOIN):
+    named_by_broker = not member_id or not client_named
+    if known is None and ((member_id and named_by_broker) or epoch != m.MEMBER_EPOCH_JOIN):
         successor = _successor(group, member_id, instance_id)
         if successor is not None:
             return refused(ErrorCode.FENCED_INSTANCE_ID, _fenced_message(member_id, successor))
@@ -212,8 +226,10 @@ def heartbeat(
             return refused(ErrorCode.INVALID_REQUEST, "a join must name its subscribed_topics")
         holder = None if known is not None or instance_id is None else _holder(group, instance_id)
         if holder is not None:
+            joiner = (client_id, client_host)
+            named = member_id or new_member_id
             return _replace(
-                group, holder, request, client_id, partition_counts, now_ms, session, new_member_id
+                group, holder, request, joiner, partition_counts, now_ms, session, named
             )
         others = len(group.members) - (known is not None)
         if others >= settings.max_size:
@@ -231,6 +247,7 @@ def heartbeat(
             subscribed_topics=frozenset(request.subscribed_topics),
             rebalance_timeout_ms=timeout,
             last_heartbeat_ms=now_ms,
+            client_host=client_host,
             instance_id=instance_id if known is None else known.instance_id,
         )
         # A known id rejoining is a new member: what the old one held is released.
@@ -382,7 +399,7 @@ def _replace(
     group: Group,
     holder: Member,
     request: m.ConsumerGroupHeartbeatRequest,
-    client_id: str | None,
+    joiner: tuple[str | None, str],
     partition_counts: Mapping[str, int],
     now_ms: int,
     session_timeout_ms: int,
@@ -390,16 +407,19 @@ def _replace(
 ) -> Heartbeat:
     """A join with the instance id `holder` holds (KIP-345): the new member takes its
     place, its target and the partitions it holds, at once; `holder` is fenced.
+    `joiner` is the new member's client id and host.
 
     What `holder` was giving up is released rather than inherited: the new process
     never owned it. The group epoch moves only if the subscription or a partition
     count changed, so the other members notice nothing."""
     assert request.subscribed_topics is not None
     target = group.target[holder.member_id]
+    client_id, client_host = joiner
     successor = replace(
         holder,
         member_id=new_member_id,
         client_id=client_id or "",
+        client_host=client_host,
         subscribed_topics=frozenset(request.subscribed_topics),
         rebalance_timeout_ms=request.rebalance_timeout_ms,
         last_heartbeat_ms=now_ms,
