@@ -178,9 +178,9 @@ def heartbeat(
     known = group.members.get(member_id)
     timeout = request.rebalance_timeout_ms
     if timeout < 0:
-        if known is None or epoch == m.MEMBER_EPOCH_JOIN:
+        if epoch == m.MEMBER_EPOCH_JOIN:
             return refused(ErrorCode.INVALID_REQUEST, "a join names its rebalance_timeout_ms")
-        timeout = known.rebalance_timeout_ms
+        timeout = 0 if known is None else known.rebalance_timeout_ms  # unknown: refused below
     if timeout > settings.max_rebalance_timeout_ms:
         return refused(
             ErrorCode.INVALID_REQUEST,
