@@ -411,6 +411,7 @@ REGISTRY: dict[str, Suite] = {
     "scaling": _scaled("scaling"),
     "security": _scaled("security", plotted=False),
     "kafka": _scaled("kafka", plotted=False),
+    "kafka_groups": _scaled("kafka_groups", plotted=False),
 }
 SUITES = tuple(REGISTRY)
 
