@@ -233,6 +233,77 @@ def test_a_native_consumer_and_a_kip848_consumer_share_a_group(group: Group) -> 
     assert_once(more, read_all(more, kafka))
 
 
+def test_a_static_member_restarts_without_moving_a_partition(group: Group) -> None:
+    """A static KIP-848 member closes (it leaves with epoch -2, keeping its partitions for
+    the session) and a new process with the same instance id takes its place: it gets
+    the same partitions back and the group's epoch does not move."""
+    a = group.kip848(**{"group.instance.id": "instance-a"})
+    b = group.kip848(**{"group.instance.id": "instance-b"})
+    settle(a, b)
+    before = (a.assignment(), b.assignment())
+    epoch = describe_epoch(group)
+    group.close(b)
+    b = group.kip848(**{"group.instance.id": "instance-b"})
+    deadline = time.monotonic() + DEADLINE_S
+    while b.assignment() != before[1]:
+        assert time.monotonic() < deadline, f"no assignment back: {b.assignment()} {before}"
+        a.poll()
+        b.poll()
+    sent = produce(group.stack, group.topic, 40, "static")
+    assert_once(sent, read_all(sent, a, b))
+    assert (a.assignment(), b.assignment()) == before
+    assert describe_epoch(group) == epoch, LOG[0]()
+    assert "event=group_member_departed" in LOG[0](), LOG[0]()
+
+
+KILLED_MEMBER = """
+import sys
+import confluent_kafka
+
+bootstrap, topic, group = sys.argv[1:4]
+consumer = confluent_kafka.Consumer(
+    {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer"}
+)
+consumer.subscribe([topic])
+while True:
+    consumer.poll(0.1)
+"""
+"""A KIP-848 member in a process of its own, to be killed."""
+
+
+def test_a_killed_member_is_removed_after_its_session_and_the_other_takes_over(
+    group: Group,
+) -> None:
+    """kill -9 of a KIP-848 member's process: it sends no leave; the broker removes it
+    when its session (group_session_timeout_ms) runs out and the survivor gets its
+    partitions."""
+    a = group.kip848()
+    settle(a)
+    args = [group.stack.kafka, group.topic, group.group]
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_MEMBER, *args])
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while not (a.assignment() and len(a.assignment()) < PARTITIONS):
+            assert time.monotonic() < deadline, f"the second member got nothing\n{LOG[0]()}"
+            assert a.poll() == []
+    finally:
+        killed.kill()
+        killed.wait(DEADLINE_S)
+    while a.assignment() != set(range(PARTITIONS)):
+        assert time.monotonic() < deadline, f"no takeover\n{LOG[0]()}"
+        assert a.poll() == []
+    assert "reason=session_timeout" in LOG[0](), LOG[0]()
+    sent = produce(group.stack, group.topic, 40, "after-kill")
+    assert_once(sent, read_all(sent, a))
+
+
+def describe_epoch(group: Group) -> int:
+    with KafkaWire(group.stack.kafka) as wire:
+        (described,) = wire.call(DESCRIBE, 0, {"group_ids": [group.group]}).groups
+    assert described.error_code == 0, described
+    return int(described.group_epoch)
+
+
 def test_the_admin_client_and_minibroker_groups_describe_a_kip848_group(
     group: Group,
 ) -> None:

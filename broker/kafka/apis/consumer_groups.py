@@ -133,6 +133,9 @@ class ConsumerGroupDescribeRequest(KafkaOnlyRequest, tag="ConsumerGroupDescribe"
     )
     group_ids: list[str]
 
+    def entry_count(self) -> int:
+        return len(self.group_ids)
+
 
 class ConsumerGroupApi:
     """KIP-848's requests of Kafka's clients, on the group coordinator, with the topic
