@@ -187,8 +187,7 @@ def heartbeat(
             f"rebalance_timeout_ms={timeout} is above "
             f"group_max_rebalance_timeout_ms={settings.max_rebalance_timeout_ms}",
         )
-    named_by_broker = not member_id or not client_named
-    if known is None and ((member_id and named_by_broker) or epoch != m.MEMBER_EPOCH_JOIN):
+    if known is None and ((member_id and not client_named) or epoch != m.MEMBER_EPOCH_JOIN):
         successor = _successor(group, member_id, instance_id)
         if successor is not None:
             return refused(ErrorCode.FENCED_INSTANCE_ID, _fenced_message(member_id, successor))

@@ -312,6 +312,48 @@ def test_fencing_codes(member: str, epoch: int, owned: None, code: ErrorCode) ->
     assert h.group is before
 
 
+def test_a_member_that_names_itself_joins_under_its_own_id() -> None:
+    """KIP-1082 (Kafka's heartbeat v1): with `client_named`, an unknown id at epoch 0
+    joins under that id, and the host is recorded; without it the broker names
+    members (test_fencing_codes)."""
+    h = Harness()
+
+    def named(request: m.ConsumerGroupHeartbeatRequest) -> Heartbeat:
+        result = heartbeat(
+            h.group,
+            request,
+            "c",
+            h.counts,
+            h.now_ms,
+            SETTINGS,
+            "unused",
+            client_named=True,
+            client_host="10.0.0.7",
+        )
+        h.group = result.group
+        return result
+
+    joined = named(_request("kafka-chosen", 0, subscribed=["t"]))
+    assert (joined.error, joined.member_id, joined.member_epoch) == (0, "kafka-chosen", 1)
+    assert h.group.members["kafka-chosen"].client_host == "10.0.0.7"
+    assert named(_request("other", 1)).error == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_a_negative_rebalance_timeout_keeps_the_members() -> None:
+    """Kafka's clients send -1 when the timeout did not change: the member keeps its
+    own; a join must name one; an unknown member is still UNKNOWN_MEMBER_ID."""
+    h = Harness()
+    a = h.join()
+    kept = h.beat(_request(a.member_id, 1, rebalance_timeout_ms=-1))
+    assert kept.error == ErrorCode.NONE
+    assert h.group.members[a.member_id].rebalance_timeout_ms == 30_000
+    join = _request("", 0, subscribed=["t"], rebalance_timeout_ms=-1)
+    assert h.beat(join).error == ErrorCode.INVALID_REQUEST
+    assert h.beat(_request("nobody", 1, rebalance_timeout_ms=-1)).error == (
+        ErrorCode.UNKNOWN_MEMBER_ID
+    )
+
+
 def test_the_previous_epoch_is_accepted_when_what_it_owns_is_assigned_to_it() -> None:
     h = Harness()
     a = h.join()
