@@ -297,6 +297,41 @@ def test_a_killed_member_is_removed_after_its_session_and_the_other_takes_over(
     assert_once(sent, read_all(sent, a))
 
 
+def test_a_member_rejoins_after_a_broker_kill_and_resumes_at_its_commits(
+    tmp_path: Path, backend: str
+) -> None:
+    """kill -9 of the broker under a KIP-848 member: membership is soft state, so its
+    next heartbeat is UNKNOWN_MEMBER_ID and librdkafka joins again under its own id;
+    the commits were fsynced, so it resumes at them: nothing committed is read again,
+    nothing after it is skipped."""
+    broker = BrokerProcess(
+        tmp_path / "data", backend=backend, config=GROUP_SETTINGS + listeners_config()
+    ).start()
+    ports = broker.listener_ports
+    broker.config = GROUP_SETTINGS + listeners_config(
+        mb_port=ports["mb"], kafka_port=ports["kafka"]
+    )
+    made = Group(Stack(broker))
+    try:
+        a = made.kip848()
+        settle(a)
+        committed = produce(made.stack, made.topic, 80, "committed")
+        read_all(committed, a)
+        a.commit()
+        uncommitted = produce(made.stack, made.topic, 20, "uncommitted")
+        read_all(uncommitted, a)
+        broker.restart(kill=True)
+        after = produce(made.stack, made.topic, 40, "after")
+        values = [v for _, _, v in read_all(uncommitted | after, a)[0]]
+        assert not committed & set(values), "a committed record was read again"
+        assert sorted(set(values)) == sorted(uncommitted | after)
+        assert len(values) == len(set(values))
+    finally:
+        for member in list(made.made):
+            made.close(member)
+        broker.kill()
+
+
 def describe_epoch(group: Group) -> int:
     with KafkaWire(group.stack.kafka) as wire:
         (described,) = wire.call(DESCRIBE, 0, {"group_ids": [group.group]}).groups
