@@ -608,11 +608,47 @@ def test_a_classic_producer_writes_only_to_partitions_it_added(stack: KafkaStack
         assert raw.add(tid, pid, epoch, topic, [0]) == [0]
         assert raw.produce(tid, pid, epoch, 1, topic, b"next") == 0
         assert raw.end(tid, pid, epoch, commit=False) == 0
-        # A zombie naming its old producer may not bump it (KIP-360): fenced.
+        # Naming its producer bumps it (KIP-360), and fences the epoch it named.
         newer = raw.init(tid, pid, epoch)
         assert (newer.error_code, newer.producer_id, newer.producer_epoch) == (0, pid, epoch + 1)
-        assert raw.init(tid, pid, epoch).error_code == PRODUCER_FENCED
         assert raw.add(tid, pid, epoch, topic, [0]) == [PRODUCER_FENCED]
+    finally:
+        raw.close()
+
+
+def ids(answer: Any) -> tuple[int, int, int]:
+    """An InitProducerId answer's (error, producer id, epoch)."""
+    return answer.error_code, answer.producer_id, answer.producer_epoch
+
+
+def test_a_classic_init_sent_again_after_its_answer_was_lost(stack: KafkaStack) -> None:
+    """kafka-python and librdkafka send an InitProducerId again as it was when its answer
+    is lost. One naming the producer it had (KIP-360) gets the answer it was given, as
+    Kafka's coordinator gives it, even after a kill -9 (txn.wal keeps what it named):
+    it was fenced before. A -1/-1 one is a new instance, bumped again; after it, the old
+    request is a zombie's and fenced."""
+    topic = stack.new_topic("raw-reinit", partitions=1)
+    tid = f"raw-reinit-{uuid.uuid4().hex[:8]}"
+    raw = Raw(stack.kafka)
+    try:
+        code, pid, epoch = ids(raw.init(tid))
+        assert code == 0
+        assert ids(raw.init(tid)) == (0, pid, epoch + 1)  # -1/-1 again: bumped again
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+    finally:
+        raw.close()
+    stack.broker.restart()
+    raw = Raw(stack.kafka)
+    try:
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+        assert raw.add(tid, pid, epoch + 2, topic, [0]) == [0]
+        assert raw.produce(tid, pid, epoch + 2, 0, topic, b"after") == 0
+        assert raw.end(tid, pid, epoch + 2, commit=True) == 0
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+        assert ids(raw.init(tid)) == (0, pid, epoch + 3)  # a new instance takes over
+        assert raw.init(tid, pid, epoch + 1).error_code == PRODUCER_FENCED
+        assert raw.init(tid, pid, epoch + 2).error_code == PRODUCER_FENCED
     finally:
         raw.close()
 
