@@ -1004,21 +1004,12 @@ class TransactionCoordinator:
             entry = self.entries[tid]
             if not tid.startswith(prefix) or (states is not None and entry.state not in states):
                 continue
-            by_topic: dict[str, list[int]] = {}
-            for topic, index in sorted(entry.partitions):
-                by_topic.setdefault(topic, []).append(index)
-            out.append(
-                m.TransactionListing(
-                    tid,
-                    entry.producer_id,
-                    entry.producer_epoch,
-                    entry.state,
-                    entry.started_ms,
-                    entry.timeout_ms,
-                    [m.TxnTopicPartitions(t, ps) for t, ps in by_topic.items()],
-                )
-            )
+            out.append(_listing(entry))
         return m.ListTransactionsResponse(transactions=out)
+
+    def describe_transactions(self, ids: Iterable[str]) -> list[m.TransactionListing | None]:
+        """Each id's transaction as ListTransactions lists it (None: an unknown id)."""
+        return [None if (e := self.entries.get(tid)) is None else _listing(e) for tid in ids]
 
     def describe_apps(self, req: m.DescribeTxnAppsRequest) -> m.DescribeTxnAppsResponse:
         names = sorted(self.apps) if req.txn_app_ids is None else req.txn_app_ids
@@ -1051,3 +1042,18 @@ class TransactionCoordinator:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _listing(entry: TxnEntry) -> m.TransactionListing:
+    by_topic: dict[str, list[int]] = {}
+    for topic, index in sorted(entry.partitions):
+        by_topic.setdefault(topic, []).append(index)
+    return m.TransactionListing(
+        entry.transactional_id,
+        entry.producer_id,
+        entry.producer_epoch,
+        entry.state,
+        entry.started_ms,
+        entry.timeout_ms,
+        [m.TxnTopicPartitions(t, ps) for t, ps in by_topic.items()],
+    )
