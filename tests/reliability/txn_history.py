@@ -371,8 +371,13 @@ class ConfluentTxnWriter:
 
     def close(self) -> None:
         # Nothing waits for what it left: its successor's init_transactions() ends it.
-        self.producer.purge()
-        self.producer.flush(0)
+        try:
+            self.producer.purge()
+            self.producer.flush(0)
+        except KafkaException as exc:
+            # A producer left fatal (librdkafka's INVALID_TXN_STATE on an abort whose
+            # transaction the coordinator never saw begin) raises its error again here.
+            logging.warning("closing producer instance %d: %r", self.attempt, exc)
 
     def run(self, plan: list[Record], abort: bool, pause_s: float) -> dict[str, Any]:
         """One transaction of `plan`; what librdkafka reported, as the ledger's end entry."""
