@@ -61,7 +61,9 @@ soak: $(STAMP)
 
 # Transactions under a kill -9 every few seconds, each read back against what the SDK
 # reported (a Jepsen-style history check); writes txn-history-out/. The other settings
-# (TXN_HISTORY_BACKENDS, _PRODUCERS, _KILL_SECONDS, _SEED, ...) are read from the environment.
+# (TXN_HISTORY_BACKENDS, _PRODUCERS, _KILL_SECONDS, _SEED, ...) are read from the environment;
+# TXN_HISTORY_CLIENT=confluent runs confluent-kafka's producers and consumers through a
+# kafka listener instead of the SDK.
 TXN_HISTORY_TRANSACTIONS ?= 50000
 txn-history: $(STAMP)
 	TXN_HISTORY_TRANSACTIONS=$(TXN_HISTORY_TRANSACTIONS) $(PY) -m tests.reliability.txn_history

@@ -12,6 +12,11 @@ Two measurements, rounds of the two sides interleaved (ABBA) in one run:
   batches, the same records per batch, the same window of requests in flight), each
   round's ratio kafka/minibroker.
 
+- transactions: confluent-kafka's transactional producer writing the same records in
+  transactions of 1,000 (begin, produce, commit) against its idempotent rate above,
+  interleaved with it (target: at least 0.8x); and the commit latency of a small
+  transaction (10 records), commit_transaction()'s own time, p50 and p99.
+
 Ratios are medians with a bootstrap 95% interval, judged by it (bench.__main__'s costs).
 
     PYTHONPATH=$PWD .venv/bin/python -m bench.bench_kafka --scale 0.1
@@ -62,6 +67,10 @@ CONFIG = (
 )
 BACKENDS = ("trio", "asyncio")
 CONFLUENT = "confluent-kafka Producer, idempotent acks=all, linger.ms 5"
+TXN_RECORDS = 1_000  # per transaction of the throughput rounds
+CONFLUENT_TXN = f"confluent-kafka Producer, transactions of {TXN_RECORDS:,} records, linger.ms 5"
+SMALL_TXN_RECORDS = 10  # per transaction of the commit latency
+COMMITS = 300  # small transactions timed at scale 1
 SDK = "minibroker Producer.send(), idempotent acks=all, 256 KiB batches, linger_ms 5"
 
 # Kafka's wire protocol, as much of it as the load needs.
@@ -126,6 +135,71 @@ def confluent_round(broker: BrokerProcess, topic: str, records: int) -> tuple[fl
     if _end_offset(broker.bootstrap, topic) != records + 1:
         raise RuntimeError(f"{topic} does not hold the {records} records sent")
     return seconds, cpu / records * 1e6
+
+
+def _transactional(broker: BrokerProcess, topic: str) -> confluent_kafka.Producer:
+    """A confluent-kafka transactional producer, its transactions initialized and one
+    transaction of one record committed (its partition's first add out of the way)."""
+    producer = confluent_kafka.Producer(
+        {
+            "bootstrap.servers": broker.address("kafka"),
+            **CONFLUENT_CONFIG,
+            "transactional.id": f"bench-{topic}",
+        }
+    )
+    producer.init_transactions(ACK_WAIT_S)
+    producer.begin_transaction()
+    producer.produce(topic, b"first", partition=0)
+    producer.commit_transaction(ACK_WAIT_S)
+    return producer
+
+
+def confluent_txn_round(broker: BrokerProcess, topic: str, records: int) -> tuple[float, float]:
+    """(seconds, broker CPU µs per record) of `records` sends in transactions of
+    TXN_RECORDS through the kafka listener, from the first begin_transaction() until the
+    last commit_transaction() returned; every record is committed by then."""
+    create_topic(broker.bootstrap, topic, partitions=1)
+    values = _values()
+    producer = _transactional(broker, topic)
+    produce = producer.produce
+    cpu = _cpu_s(broker.pid)
+    started = time.perf_counter()
+    for first in range(0, records, TXN_RECORDS):
+        producer.begin_transaction()
+        for i in range(first, min(first + TXN_RECORDS, records)):
+            while True:
+                try:
+                    produce(topic, values[i & 255], partition=0)
+                    break
+                except BufferError:
+                    producer.poll(0.001)
+        producer.commit_transaction(ACK_WAIT_S)
+    seconds = time.perf_counter() - started
+    cpu = _cpu_s(broker.pid) - cpu
+    transactions = -(-records // TXN_RECORDS) + 1
+    # The records, and a COMMIT marker per transaction.
+    if _end_offset(broker.bootstrap, topic) != records + 1 + transactions:
+        raise RuntimeError(f"{topic} does not hold the {records} records sent")
+    return seconds, cpu / records * 1e6
+
+
+def commit_latencies_ms(broker: BrokerProcess, topic: str, commits: int) -> list[float]:
+    """commit_transaction()'s time, in ms, of `commits` transactions of SMALL_TXN_RECORDS,
+    each produced and flushed first so that the commit is timed alone (EndTxn, the
+    markers and their fsync)."""
+    create_topic(broker.bootstrap, topic, partitions=1)
+    producer = _transactional(broker, topic)
+    latencies = []
+    for _ in range(commits):
+        producer.begin_transaction()
+        for _ in range(SMALL_TXN_RECORDS):
+            producer.produce(topic, b"x" * RECORD_BYTES, partition=0)
+        if producer.flush(ACK_WAIT_S):
+            raise RuntimeError("confluent-kafka: a small transaction's records unsent")
+        started = time.perf_counter()
+        producer.commit_transaction(ACK_WAIT_S)
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
 
 
 def sdk_round(broker: BrokerProcess, topic: str, records: int) -> tuple[float, float]:
@@ -295,7 +369,24 @@ def _throughput_rows(
     rows.append(
         _ratio_row(f"produce {backend}, confluent-kafka / minibroker", figures, SDK, CONFLUENT, 0)
     )
+    # Of seconds again: the idempotent rounds' over the transactional ones' is the ratio
+    # of the transactional rate to the idempotent one.
+    name = f"produce {backend}, confluent-kafka transactions / idempotent"
+    rows.append(_ratio_row(name, figures, CONFLUENT, CONFLUENT_TXN, 0))
     return rows
+
+
+def _commit_row(backend: str, latencies: list[float]) -> dict[str, Any]:
+    ordered = sorted(latencies)
+    return {
+        "benchmark": f"commit latency {backend}: confluent-kafka, {SMALL_TXN_RECORDS}-record "
+        "transaction",
+        "value": statistics.median(ordered),
+        "unit": "ms",
+        "min_max": min_max(ordered, 2),
+        "p99_ms": ordered[min(len(ordered) - 1, round(len(ordered) * 0.99))],
+        "rounds": len(ordered),
+    }
 
 
 def _ratio_row(
@@ -373,8 +464,12 @@ def run(scale: float = 1.0) -> list[dict[str, Any]]:
                     {
                         CONFLUENT: partial(_topic_round, confluent_round, broker, "conf", records),
                         SDK: partial(_topic_round, sdk_round, broker, "sdk", records),
+                        CONFLUENT_TXN: partial(
+                            _topic_round, confluent_txn_round, broker, "txn", records
+                        ),
                     },
                 )
+                commits = commit_latencies_ms(broker, "commits", max(50, round(COMMITS * scale)))
                 cpu = _interleaved(
                     CPU_ROUNDS,
                     f"broker CPU per batch, {backend}",
@@ -386,6 +481,7 @@ def run(scale: float = 1.0) -> list[dict[str, Any]]:
             finally:
                 broker.kill()
             rows += _throughput_rows(backend, throughput, records)
+            rows.append(_commit_row(backend, commits))
             rows += _cpu_rows(backend, cpu)
     return rows
 
@@ -426,6 +522,19 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             f"{ratio['value']:.2f}x minibroker's listener, median of {ratio['rounds']} paired "
             f"rounds, 95% CI {ratio['ci95_low']:.2f}-{ratio['ci95_high']:.2f} (at most 1.5x "
             f"wanted): {_judged(ratio, at_most=1.5)}.",
+        ]
+        txn = _value(rows, f"produce {backend}, confluent-kafka transactions / idempotent")
+        commit = _value(
+            rows,
+            f"commit latency {backend}: confluent-kafka, {SMALL_TXN_RECORDS}-record transaction",
+        )
+        out += [
+            f"- {backend}: confluent-kafka in transactions of {TXN_RECORDS:,} records against its "
+            f"idempotent rate: {txn['value']:.2f}x, median of {txn['rounds']} paired rounds, "
+            f"95% CI {txn['ci95_low']:.2f}-{txn['ci95_high']:.2f} (at least 0.8x wanted): "
+            f"{_judged(txn, at_least=0.8)}; a {SMALL_TXN_RECORDS}-record transaction's commit "
+            f"takes {commit['value']:.1f} ms at p50 ({commit['p99_ms']:.1f} ms at p99, "
+            f"{commit['rounds']} commits).",
         ]
     return out
 

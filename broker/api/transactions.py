@@ -1,7 +1,8 @@
 """The producer and transaction APIs: InitProducerId, EndTxn, PrepareTxn, CommitTxns,
 ListTransactions and DescribeTxnApps (docs/transactions.md), and a Kafka client's
-InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn and
-DescribeProducers (Kafka-only requests, broker/kafka/apis/transactions.py).
+InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn,
+DescribeTransactions and DescribeProducers (Kafka-only requests,
+broker/kafka/apis/transactions.py).
 
 An InitProducerId without a transactional id is answered from the producer ids; the
 rest goes to the transaction coordinator, which owns the transactions' state.
@@ -53,6 +54,9 @@ class TransactionApi:
             "KafkaAddPartitionsToTxn": self.add_partitions_to_txn,
             "KafkaAddOffsetsToTxn": self.add_offsets_to_txn,
             "KafkaDescribeProducers": self.describe_producers,
+            "KafkaDescribeTransactions": lambda req, _session: req.answered(
+                coordinator.describe_transactions(req.transactional_ids)
+            ),
             "EndTxn": lambda req, session: coordinator.end_txn(req, session.principal),
             "PrepareTxn": lambda req, session: coordinator.prepare_txn(req, session.principal),
             "CommitTxns": lambda req, _session: coordinator.commit_txns(req),

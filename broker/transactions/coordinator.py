@@ -69,6 +69,7 @@ from broker.transactions.state import (
     not_added,
     prepared,
     reinit_refusal,
+    repeated_init,
     with_group,
     with_partitions,
 )
@@ -289,7 +290,8 @@ class TransactionCoordinator:
     ) -> tuple[int, int]:
         """InitProducerId for `transactional_id` by `principal` (allowed to write it), whose
         producer the id's becomes; `classic` from a Kafka client (`TxnEntry.classic`),
-        which may name the producer it had (`reinit_refusal`)."""
+        which may name the producer it had (`reinit_refusal`); the retry of such a request
+        whose answer was lost is answered the same (`repeated_init`)."""
         timeout = DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms
         limit = self.config.transaction_max_timeout_ms
         if not 1 <= timeout <= limit:
@@ -300,6 +302,10 @@ class TransactionCoordinator:
             )
         async with self._locked([transactional_id]):
             entry = self.entries.get(transactional_id)
+            if classic:
+                again = repeated_init(entry, producer_id, producer_epoch, principal)
+                if again is not None:
+                    return again
             refused = reinit_refusal(entry, producer_id, producer_epoch) if classic else None
             if refused is not None:
                 raise CoordinatorError(refused.code, refused.message)
@@ -313,8 +319,17 @@ class TransactionCoordinator:
                 pid, epoch = self.producer_ids.allocate(principal), 0
             else:
                 pid, epoch = self._next_ids(entry, principal)
+            named = (producer_id, producer_epoch) if classic and producer_id >= 0 else None
             new = initialized(
-                entry, transactional_id, pid, epoch, timeout, now_ms(), principal, classic=classic
+                entry,
+                transactional_id,
+                pid,
+                epoch,
+                timeout,
+                now_ms(),
+                principal,
+                classic=classic,
+                named=named,
             )
             await self.persist([new], removed=removed)
             return pid, epoch
@@ -989,21 +1004,12 @@ class TransactionCoordinator:
             entry = self.entries[tid]
             if not tid.startswith(prefix) or (states is not None and entry.state not in states):
                 continue
-            by_topic: dict[str, list[int]] = {}
-            for topic, index in sorted(entry.partitions):
-                by_topic.setdefault(topic, []).append(index)
-            out.append(
-                m.TransactionListing(
-                    tid,
-                    entry.producer_id,
-                    entry.producer_epoch,
-                    entry.state,
-                    entry.started_ms,
-                    entry.timeout_ms,
-                    [m.TxnTopicPartitions(t, ps) for t, ps in by_topic.items()],
-                )
-            )
+            out.append(_listing(entry))
         return m.ListTransactionsResponse(transactions=out)
+
+    def describe_transactions(self, ids: Iterable[str]) -> list[m.TransactionListing | None]:
+        """Each id's transaction as ListTransactions lists it (None: an unknown id)."""
+        return [None if (e := self.entries.get(tid)) is None else _listing(e) for tid in ids]
 
     def describe_apps(self, req: m.DescribeTxnAppsRequest) -> m.DescribeTxnAppsResponse:
         names = sorted(self.apps) if req.txn_app_ids is None else req.txn_app_ids
@@ -1036,3 +1042,18 @@ class TransactionCoordinator:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _listing(entry: TxnEntry) -> m.TransactionListing:
+    by_topic: dict[str, list[int]] = {}
+    for topic, index in sorted(entry.partitions):
+        by_topic.setdefault(topic, []).append(index)
+    return m.TransactionListing(
+        entry.transactional_id,
+        entry.producer_id,
+        entry.producer_epoch,
+        entry.state,
+        entry.started_ms,
+        entry.timeout_ms,
+        [m.TxnTopicPartitions(t, ps) for t, ps in by_topic.items()],
+    )

@@ -106,9 +106,15 @@ class TxnEntry:
     Kafka's before KIP-890: the producer keeps its epoch across the transactions it ends
     itself, and adds each partition (AddPartitionsToTxn) before it writes there; a batch
     for a partition not added is refused (docs/transactions.md, "Kafka's clients")."""
+    reinit: tuple[int, int, int, int] | None = None
+    """The last classic InitProducerId that named its producer (KIP-360) and was granted:
+    the (pid, epoch) it named and the (pid, epoch) it was given, so that its retry after
+    a lost answer gets the same answer (`repeated_init`), as Kafka's coordinator keeps
+    the previous epoch to recognise it."""
 
     def __post_init__(self) -> None:
         assert self.state in STATES, self.state
+        assert self.reinit is None or self.classic, self
         assert (self.state in ENDED) == (not self.holds_anything) or self.state in OPEN, self
         assert self.state not in DECIDED or self.last_ended is not None, self
 
@@ -158,19 +164,28 @@ class TxnEntry:
             # listener alone the records stay as they were.
             *([] if self.principal == ANONYMOUS and not self.classic else [self.principal]),
             *([True] if self.classic else []),
+            *([list(self.reinit)] if self.reinit is not None else []),
         ]
 
     @classmethod
     def decode(cls, item: Any) -> TxnEntry:
         try:
             # Entries written before TxnOffsetCommit have no groups; anonymous ones no
-            # principal; native ones no classic flag.
+            # principal; native ones no classic flag; classic ones never re-initialized
+            # naming their producer no reinit.
             (tid, pid, epoch, state, timeout, updated, started, deadline, parts, last, *rest) = item
-            if len(rest) > 3:
+            if len(rest) > 4:
                 raise ValueError("too many fields")
             groups: Any = rest[0] if rest else []
             principal: Any = rest[1] if len(rest) > 1 else ANONYMOUS
             classic: Any = rest[2] if len(rest) > 2 else False
+            reinit: Any = rest[3] if len(rest) > 3 else None
+            if reinit is not None and not (
+                isinstance(reinit, list)
+                and len(reinit) == 4
+                and all(type(v) is int for v in reinit)
+            ):
+                raise ValueError(f"reinit {reinit!r} is not four integers")
             entry = cls(
                 transactional_id=tid,
                 producer_id=pid,
@@ -185,6 +200,7 @@ class TxnEntry:
                 groups=frozenset(groups),
                 principal=principal,
                 classic=classic,
+                reinit=None if reinit is None else tuple(reinit),
             )
         except (TypeError, ValueError, AssertionError) as exc:
             raise TxnStateError(f"transaction entry {item!r}: {exc}") from exc
@@ -391,10 +407,13 @@ def initialized(
     principal: str = ANONYMOUS,
     *,
     classic: bool = False,
+    named: tuple[int, int] | None = None,
 ) -> TxnEntry:
     """The entry after `principal`'s InitProducerId, once any open transaction was aborted;
-    `classic` when a Kafka client sent it (`TxnEntry.classic`)."""
+    `classic` when a Kafka client sent it (`TxnEntry.classic`), `named` the producer it
+    named (KIP-360), kept so that a retry is answered the same (`repeated_init`)."""
     assert entry is None or entry.state in ENDED, entry
+    assert named is None or classic, named
     return TxnEntry(
         transactional_id,
         producer_id,
@@ -405,7 +424,30 @@ def initialized(
         last_ended=None if entry is None else entry.last_ended,
         principal=principal,
         classic=classic,
+        reinit=None if named is None else (*named, producer_id, producer_epoch),
     )
+
+
+def repeated_init(
+    entry: TxnEntry | None, producer_id: int, producer_epoch: int, principal: str
+) -> tuple[int, int] | None:
+    """The (pid, epoch) to answer again when a classic InitProducerId repeats the last one
+    that named its producer (KIP-360) and whose answer was lost (kafka-python and
+    librdkafka resend it as it was): Kafka's coordinator answers the current pid and
+    epoch, unbumped, when the named epoch is its previous one. Only while what that
+    request was given is still current, no transaction has opened since and the same
+    principal asks; otherwise None, and the request is judged as a new one."""
+    if entry is None or entry.reinit is None or producer_id < 0:
+        return None
+    asked_pid, asked_epoch, given_pid, given_epoch = entry.reinit
+    if (
+        (producer_id, producer_epoch) == (asked_pid, asked_epoch)
+        and (given_pid, given_epoch) == (entry.producer_id, entry.producer_epoch)
+        and entry.state in ENDED
+        and entry.principal == principal
+    ):
+        return given_pid, given_epoch
+    return None
 
 
 def reinit_refusal(entry: TxnEntry | None, producer_id: int, producer_epoch: int) -> Refused | None:

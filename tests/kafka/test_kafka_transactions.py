@@ -24,8 +24,10 @@ import kafka.structs
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AIOTopicPartition
+from kafka.protocol.admin import DescribeTransactionsRequest, DescribeTransactionsResponse
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer import FetchResponse, OffsetFetchRequest, OffsetFetchResponse
+from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.protocol.producer import (
     AddOffsetsToTxnRequest,
     AddOffsetsToTxnResponse,
@@ -38,6 +40,12 @@ from kafka.protocol.producer import (
     ProduceResponse,
     TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
+)
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
 )
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
@@ -58,6 +66,8 @@ PRODUCER_FENCED = 90
 UNKNOWN_TOPIC_OR_PARTITION = 3
 OPERATION_NOT_ATTEMPTED = 55
 UNSTABLE_OFFSET_COMMIT = 88
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+TRANSACTIONAL_ID_NOT_FOUND = 105
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -572,6 +582,28 @@ class Raw:
         stable: int = answer.responses[0].partitions[0].last_stable_offset
         return stable
 
+    def login(self, user: str) -> None:
+        """SASL PLAIN as `user` (password `<user>-pw`)."""
+        handshake = self.call(SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse, 1)
+        assert handshake.error_code == 0
+        token = f"\0{user}\0{user}-pw".encode()
+        answer = self.call(
+            SaslAuthenticateRequest[1](auth_bytes=token), SaslAuthenticateResponse, 1
+        )
+        assert answer.error_code == 0, answer
+
+    def coordinator(self, tid: str) -> tuple[int, int]:
+        """FindCoordinator for transactional id `tid`: (error, port)."""
+        request = FindCoordinatorRequest[3](key=tid, key_type=1)
+        answer = self.call(request, FindCoordinatorResponse, 3)
+        return answer.error_code, answer.port
+
+    def describe(self, *tids: str) -> list[Any]:
+        """DescribeTransactions of `tids`: each id's state, in order."""
+        request = DescribeTransactionsRequest[0](transactional_ids=list(tids))
+        states: list[Any] = self.call(request, DescribeTransactionsResponse, 0).transaction_states
+        return states
+
     def close(self) -> None:
         self.sock.close()
 
@@ -608,11 +640,47 @@ def test_a_classic_producer_writes_only_to_partitions_it_added(stack: KafkaStack
         assert raw.add(tid, pid, epoch, topic, [0]) == [0]
         assert raw.produce(tid, pid, epoch, 1, topic, b"next") == 0
         assert raw.end(tid, pid, epoch, commit=False) == 0
-        # A zombie naming its old producer may not bump it (KIP-360): fenced.
+        # Naming its producer bumps it (KIP-360), and fences the epoch it named.
         newer = raw.init(tid, pid, epoch)
         assert (newer.error_code, newer.producer_id, newer.producer_epoch) == (0, pid, epoch + 1)
-        assert raw.init(tid, pid, epoch).error_code == PRODUCER_FENCED
         assert raw.add(tid, pid, epoch, topic, [0]) == [PRODUCER_FENCED]
+    finally:
+        raw.close()
+
+
+def ids(answer: Any) -> tuple[int, int, int]:
+    """An InitProducerId answer's (error, producer id, epoch)."""
+    return answer.error_code, answer.producer_id, answer.producer_epoch
+
+
+def test_a_classic_init_sent_again_after_its_answer_was_lost(stack: KafkaStack) -> None:
+    """kafka-python and librdkafka send an InitProducerId again as it was when its answer
+    is lost. One naming the producer it had (KIP-360) gets the answer it was given, as
+    Kafka's coordinator gives it, even after a kill -9 (txn.wal keeps what it named):
+    it was fenced before. A -1/-1 one is a new instance, bumped again; after it, the old
+    request is a zombie's and fenced."""
+    topic = stack.new_topic("raw-reinit", partitions=1)
+    tid = f"raw-reinit-{uuid.uuid4().hex[:8]}"
+    raw = Raw(stack.kafka)
+    try:
+        code, pid, epoch = ids(raw.init(tid))
+        assert code == 0
+        assert ids(raw.init(tid)) == (0, pid, epoch + 1)  # -1/-1 again: bumped again
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+    finally:
+        raw.close()
+    stack.broker.restart()
+    raw = Raw(stack.kafka)
+    try:
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+        assert raw.add(tid, pid, epoch + 2, topic, [0]) == [0]
+        assert raw.produce(tid, pid, epoch + 2, 0, topic, b"after") == 0
+        assert raw.end(tid, pid, epoch + 2, commit=True) == 0
+        assert ids(raw.init(tid, pid, epoch + 1)) == (0, pid, epoch + 2)
+        assert ids(raw.init(tid)) == (0, pid, epoch + 3)  # a new instance takes over
+        assert raw.init(tid, pid, epoch + 1).error_code == PRODUCER_FENCED
+        assert raw.init(tid, pid, epoch + 2).error_code == PRODUCER_FENCED
     finally:
         raw.close()
 
@@ -871,3 +939,96 @@ def test_a_transactional_id_and_its_topics_need_write(tmp_path: Path, backend: s
     assert error.txn_requires_abort()
     assert isinstance(id_refused.value, kafka.errors.TransactionalIdAuthorizationFailedError)
     assert (0, b"paid") in paid and audit == []
+
+
+def test_finding_and_describing_a_transactional_id_need_describe(
+    tmp_path: Path, backend: str
+) -> None:
+    """As Kafka asks: FindCoordinator for a transactional id and DescribeTransactions need
+    DESCRIBE on the id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, for an unknown id too, so
+    a denial does not tell which ids exist), and DescribeTransactions leaves out the
+    topics the caller may not describe. Each denial changes nothing: alice's open
+    transaction is the same after them, and she commits it."""
+    users = "admin:admin-pw,alice:alice-pw,bob:bob-pw,carol:carol-pw"
+    env = {"MINIBROKER_BOOTSTRAP_USERS": users}
+    broker = BrokerProcess(tmp_path / "data", backend=backend, config=SECURED, env=env).start()
+    try:
+        with WireClient(broker.address("minibroker")) as admin:
+            admin.authenticate("admin", "admin-pw")
+            assert admin.create_topic("payments", 1) == 0
+            grants = [
+                ("topic", "payments", "User:alice", "write"),
+                ("transactional_id", "tx-alice", "User:alice", "write"),  # implies describe
+                ("topic", "payments", "User:bob", "describe"),
+                ("transactional_id", "tx-alice", "User:carol", "describe"),
+            ]
+            creations = [
+                {
+                    "resource_type": rtype,
+                    "resource_name": name,
+                    "pattern_type": "literal",
+                    "principal": principal,
+                    "host": "*",
+                    "operation": operation,
+                    "permission": "allow",
+                }
+                for rtype, name, principal, operation in grants
+            ]
+            results = admin.call("CreateAcls", creations=creations)["results"]
+            assert [r["error"] for r in results] == [0, 0, 0, 0]
+        address = broker.address("kafka")
+        port = int(address.rsplit(":", 1)[1])
+        alice, bob, carol = Raw(address), Raw(address), Raw(address)
+        try:
+            for raw, user in ((alice, "alice"), (bob, "bob"), (carol, "carol")):
+                raw.login(user)
+            assert alice.coordinator("tx-alice") == (0, port)
+            code, pid, epoch = ids(alice.init("tx-alice"))
+            assert code == 0
+            assert alice.add("tx-alice", pid, epoch, "payments", [0]) == [0]
+            assert alice.produce("tx-alice", pid, epoch, 0, "payments", b"paid") == 0
+
+            def seen_by_alice() -> tuple[int, str, int, int, list[tuple[str, list[int]]]]:
+                (state,) = alice.describe("tx-alice")
+                topics = [(t.topic, list(t.partitions)) for t in state.topics]
+                return (
+                    state.error_code,
+                    state.transaction_state,
+                    state.producer_id,
+                    state.producer_epoch,
+                    topics,
+                )
+
+            before = seen_by_alice()
+            assert before == (0, "Ongoing", pid, epoch, [("payments", [0])])
+            assert bob.coordinator("tx-alice")[0] == TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            assert bob.coordinator("tx-unknown")[0] == TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            denied = bob.describe("tx-alice", "tx-unknown")
+            assert [(d.transactional_id, d.error_code) for d in denied] == [
+                ("tx-alice", TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+                ("tx-unknown", TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+            ]
+            assert denied[0].producer_id == -1 and list(denied[0].topics) == []
+            # carol may describe the id but not the topic: the topic is left out.
+            (hers,) = carol.describe("tx-alice")
+            assert (hers.error_code, hers.transaction_state, hers.producer_id) == (
+                0,
+                "Ongoing",
+                pid,
+            )
+            assert list(hers.topics) == []
+            # Asked by one who may describe any id, an unknown one is not found.
+            admin_raw = Raw(address)
+            try:
+                admin_raw.login("admin")
+                assert admin_raw.describe("tx-unknown")[0].error_code == TRANSACTIONAL_ID_NOT_FOUND
+            finally:
+                admin_raw.close()
+            assert seen_by_alice() == before
+            assert alice.end("tx-alice", pid, epoch, commit=True) == 0
+            assert seen_by_alice()[:2] == (0, "CompleteCommit")
+        finally:
+            for raw in (alice, bob, carol):
+                raw.close()
+    finally:
+        broker.kill()

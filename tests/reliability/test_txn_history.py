@@ -1,7 +1,8 @@
 """The transactional history check (tests/reliability/txn_history.py) at a quick size:
 150 transactions from 2 producer processes against a broker killed every ~2 s and
 down for up to 3.5 s (longer, at times, than the producers' delivery_timeout_ms), on
-each backend, read back with no anomaly.
+each backend, read back with no anomaly; then the same with confluent-kafka's producers
+and consumers through a kafka listener.
 
 Pauses of up to 0.6 s before 1 commit in 5 stretch the 150 transactions over a few
 kills; `make txn-history` runs the full size. The classification itself is checked
@@ -27,6 +28,31 @@ def test_transactions_under_kills_read_back_as_reported(
         pause_max_s=0.6,
         max_seconds=120.0,
         seed=seed,
+    )
+    result = check_backend(settings, backend, tmp_path / "out")
+    report = summary(settings, [result])
+    assert not result.failures, report
+    assert not result.anomalies, report
+    assert result.kills >= 1, report
+    assert result.outcomes["committed"] > 0 and result.outcomes["aborted"] > 0, report
+    assert result.records_committed > 0, report
+
+
+def test_confluent_kafka_transactions_under_kills_read_back_as_reported(
+    tmp_path: Path, backend: str, seed: int
+) -> None:
+    """The same check with confluent-kafka's transactional producers and read_committed
+    consumers through the broker's kafka listener (`--client confluent`)."""
+    settings = Settings(
+        transactions=150,
+        backends=(backend,),
+        producers=2,
+        kill_interval_s=2.0,
+        downtime_max_s=3.5,
+        pause_max_s=0.6,
+        max_seconds=120.0,
+        seed=seed,
+        client="confluent",
     )
     result = check_backend(settings, backend, tmp_path / "out")
     report = summary(settings, [result])

@@ -20,6 +20,9 @@ Settings (environment):
   TXN_HISTORY_MAX_SECONDS    bound on each backend's run; producers are stopped then (3600)
   TXN_HISTORY_SEED           the random seed (printed; random when unset)
   TXN_HISTORY_OUT            where the report goes (txn-history-out)
+  TXN_HISTORY_CLIENT         sdk, or confluent: confluent-kafka's transactional producers
+                             and read_committed consumers through a kafka listener of
+                             the same broker (`--client confluent` says the same) (sdk)
 
 Each producer process (`client.Producer` with a transactional_id of its own) sends
 1-5 records to 1-3 of 4 partitions per transaction, then aborts 15% of them and
@@ -35,6 +38,12 @@ After the last three the producer is replaced: its successor's init_transactions
 fences it and ends what it left open. A read_committed reader runs throughout,
 re-creating its consumer and seeking back now and then; at the end every partition
 is read whole at both isolation levels.
+
+With `--client confluent` the producers are confluent-kafka's (librdkafka), following
+its contract: commit_transaction() and abort_transaction() are called again after a
+retriable error, an error that needs an abort is `abortable`, and a fatal one leaves
+the outcome `unknown` (committing) or `failed`; the in-run reader and the final reads
+are confluent-kafka consumers too, through the broker's kafka listener.
 
 Anomalies: an aborted read (a record of a transaction reported aborted, abortable,
 abort_failed or failed is visible at read_committed), a lost write (one of a
@@ -53,6 +62,7 @@ when there is any anomaly or the run did not complete.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import faulthandler
 import json
@@ -73,6 +83,9 @@ from multiprocessing.synchronize import Event as ProcessEvent
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
+from confluent_kafka import KafkaException
+
 from client import (
     Consumer,
     MinibrokerError,
@@ -83,6 +96,7 @@ from client import (
 )
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
+from tests.kafka.kafka_support import listeners_config
 
 TOPIC = "history"
 PARTITIONS = 4
@@ -118,6 +132,29 @@ CONSUMER_CONFIG: dict[str, Any] = {
     "reconnect_backoff_max_ms": 200,
 }
 _MAX_BLOCK_S = PRODUCER_CONFIG["max_block_ms"] / 1000
+CLIENTS = ("sdk", "confluent")
+# confluent-kafka's counterparts of the SDK's settings above: each call bounded by the
+# same 3 s, a batch's delivery too; reconnect at once after a restart, and no
+# re-bootstrap (KIP-899) when the one broker is down (docs/kafka-compatibility.md).
+CONFLUENT_PRODUCER: dict[str, Any] = {
+    "message.timeout.ms": 3000,
+    "socket.timeout.ms": 1500,
+    "retry.backoff.ms": 20,
+    "retry.backoff.max.ms": 200,
+    "reconnect.backoff.ms": 20,
+    "reconnect.backoff.max.ms": 200,
+    "metadata.recovery.strategy": "none",
+    "linger.ms": 5,
+}
+CONFLUENT_CONSUMER: dict[str, Any] = {
+    "enable.auto.commit": False,
+    "enable.partition.eof": True,
+    "fetch.wait.max.ms": 100,
+    "socket.timeout.ms": 5000,
+    "reconnect.backoff.ms": 20,
+    "reconnect.backoff.max.ms": 200,
+    "metadata.recovery.strategy": "none",
+}
 # A producer stopped mid-commit may retry it COMMIT_TRIES times, then close.
 PRODUCER_JOIN_S = COMMIT_TRIES * _MAX_BLOCK_S + 30.0
 # The longest a producer may go without a ledger line: a commit's retries, then an
@@ -155,6 +192,7 @@ class Settings:
     pause_max_s: float = 0.02
     max_seconds: float = 3600.0
     seed: int = 0
+    client: str = "sdk"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -173,6 +211,7 @@ class Settings:
             pause_max_s=float(env("TXN_HISTORY_PAUSE_MS", "20")) / 1000,
             max_seconds=float(env("TXN_HISTORY_MAX_SECONDS", "3600")),
             seed=int(seed) if seed else random.SystemRandom().randrange(1 << 32),
+            client=env("TXN_HISTORY_CLIENT", "sdk"),
         )
 
 
@@ -190,6 +229,7 @@ class ProducerJob:
     pause_max_s: float
     ledger: Path
     log: Path
+    client: str = "sdk"
 
 
 class TxnWriter:
@@ -294,6 +334,124 @@ class TxnWriter:
         return {**entry, "outcome": "abort_failed", "abort_of": reported, "abort_error": failure}
 
 
+class ConfluentTxnWriter:
+    """TxnWriter's counterpart with confluent-kafka's transactional producer, through the
+    kafka listener: the same ledger outcomes, by librdkafka's contract (module
+    docstring)."""
+
+    def __init__(self, job: ProducerJob) -> None:
+        self.job = job
+        self.attempt = 0
+        self.producer = self._open()
+
+    def _open(self) -> confluent_kafka.Producer:
+        config = {
+            "bootstrap.servers": self.job.bootstrap,
+            "transactional.id": f"hist-{self.job.number}",
+            **CONFLUENT_PRODUCER,
+        }
+        deadline = time.monotonic() + INIT_LIMIT_S
+        while True:
+            producer = confluent_kafka.Producer(config)
+            try:
+                producer.init_transactions(_MAX_BLOCK_S)
+                return producer
+            except KafkaException as exc:
+                # A new instance each time: after a fatal error init_transactions() may
+                # not be called again on the same one.
+                error = exc.args[0]
+                if not (error.retriable() or error.fatal()) or time.monotonic() > deadline:
+                    raise
+                time.sleep(INIT_BACKOFF_S)
+
+    def replace(self) -> None:
+        self.close()
+        self.attempt += 1
+        self.producer = self._open()
+
+    def close(self) -> None:
+        # Nothing waits for what it left: its successor's init_transactions() ends it.
+        try:
+            self.producer.purge()
+            self.producer.flush(0)
+        except KafkaException as exc:
+            # A producer left fatal (librdkafka's INVALID_TXN_STATE on an abort whose
+            # transaction the coordinator never saw begin) raises its error again here.
+            logging.warning("closing producer instance %d: %r", self.attempt, exc)
+
+    def run(self, plan: list[Record], abort: bool, pause_s: float) -> dict[str, Any]:
+        """One transaction of `plan`; what librdkafka reported, as the ledger's end entry."""
+        p = self.producer
+        sent = commit_timeouts = 0
+        committing = False
+        try:
+            p.begin_transaction()
+            for partition, value in plan:
+                p.produce(TOPIC, value, partition=partition)
+                sent += 1
+            time.sleep(pause_s)
+            if abort:
+                return self._abort("aborted", sent, commit_timeouts)
+            committing = True
+            for _ in range(COMMIT_TRIES):
+                try:
+                    p.commit_transaction(_MAX_BLOCK_S)
+                    return {
+                        "outcome": "committed",
+                        "sent": sent,
+                        "commit_timeouts": commit_timeouts,
+                    }
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if error.txn_requires_abort():
+                        return self._abort("abortable", sent, commit_timeouts, repr(error))
+                    if error.fatal() or not error.retriable():
+                        raise
+                    commit_timeouts += 1
+            return {
+                "outcome": "unknown",
+                "sent": sent,
+                "commit_timeouts": commit_timeouts,
+                "error": f"commit_transaction() failed retriably {COMMIT_TRIES} times",
+            }
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not committing and error.txn_requires_abort():
+                return self._abort("abortable", sent, commit_timeouts, repr(error))
+            return {
+                "outcome": "unknown" if committing else "failed",
+                "sent": sent,
+                "commit_timeouts": commit_timeouts,
+                "error": repr(error),
+            }
+
+    def _abort(
+        self, reported: str, sent: int, commit_timeouts: int, error: str | None = None
+    ) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "outcome": reported,
+            "sent": sent,
+            "commit_timeouts": commit_timeouts,
+            "error": error,
+            "abort_timeouts": 0,
+        }
+        failure = f"abort_transaction() failed retriably {ABORT_TRIES} times"
+        for _ in range(ABORT_TRIES):
+            try:
+                self.producer.abort_transaction(_MAX_BLOCK_S)
+                return entry
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or exc.args[0].fatal():
+                    failure = repr(exc.args[0])
+                    break
+                entry["abort_timeouts"] += 1
+        return {**entry, "outcome": "abort_failed", "abort_of": reported, "abort_error": failure}
+
+
+def writer_of(job: ProducerJob) -> TxnWriter | ConfluentTxnWriter:
+    return TxnWriter(job) if job.client == "sdk" else ConfluentTxnWriter(job)
+
+
 def producer_main(
     job: ProducerJob, ready: multiprocessing.connection.Connection, stop: ProcessEvent
 ) -> None:
@@ -307,7 +465,7 @@ def producer_main(
     faulthandler.enable(stacks, all_threads=True)
     rng = random.Random(job.seed * 1000 + job.number)
     try:
-        writer = TxnWriter(job)
+        writer = writer_of(job)
         ready.send(True)
         with job.ledger.open("a") as ledger:
             for number in range(job.transactions):
@@ -395,6 +553,49 @@ class InRunReader(threading.Thread):
                     next_offsets[p] = self.rng.choice(offsets)
 
 
+class ConfluentInRunReader(InRunReader):
+    """InRunReader with confluent-kafka's read_committed consumer, through the kafka
+    listener: re-created as often, going on or seeking back the same way."""
+
+    def _read(self) -> None:
+        next_offsets = dict.fromkeys(range(PARTITIONS), 0)
+        read: dict[int, list[int]] = {p: [] for p in range(PARTITIONS)}
+        while not self.stop.is_set():
+            consumer = confluent_kafka.Consumer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": "txn-history-reader",  # librdkafka wants one; none joins
+                    "isolation.level": "read_committed",
+                    **CONFLUENT_CONSUMER,
+                }
+            )
+            try:
+                consumer.assign(
+                    [
+                        confluent_kafka.TopicPartition(TOPIC, p, next_offsets[p])
+                        for p in range(PARTITIONS)
+                    ]
+                )
+                until = time.monotonic() + self.rng.uniform(0.3, 2.0)
+                while time.monotonic() < until and not self.stop.is_set():
+                    for m in consumer.consume(num_messages=500, timeout=0.2):
+                        error = m.error()
+                        if error is not None:
+                            if error.code() != confluent_kafka.KafkaError._PARTITION_EOF:
+                                self.errors.append(str(error))
+                            continue
+                        partition, offset = m.partition(), m.offset()
+                        self.seen[(partition, offset)].add(m.value() or b"")
+                        read[partition].append(offset)
+                        next_offsets[partition] = offset + 1
+            finally:
+                consumer.close()
+            self.restarts += 1
+            for p, offsets in read.items():
+                if offsets and self.rng.random() < 0.5:
+                    next_offsets[p] = self.rng.choice(offsets)
+
+
 def wait_stable(bootstrap: str, limit_s: float) -> dict[int, tuple[int, int]]:
     """(last stable offset, log end) of the partitions whose LSO is still short of the
     end after `limit_s`: every transaction should be over once the producers stopped."""
@@ -429,6 +630,42 @@ def read_log(bootstrap: str, isolation_level: str, limit_s: float) -> Log:
                 raise RuntimeError(f"{isolation_level} read did not reach {ends} in {limit_s} s")
             for tp, records in consumer.poll(timeout_ms=200, max_records=100_000).items():
                 out[tp.partition] += [(r.offset, r.value or b"") for r in records]
+    return out
+
+
+def read_log_confluent(bootstrap: str, isolation_level: str, limit_s: float) -> Log:
+    """read_log with confluent-kafka's consumer: every partition from its beginning to
+    the end librdkafka reports (the last stable offset at read_committed, which
+    wait_stable saw at the log end)."""
+    out: Log = {p: [] for p in range(PARTITIONS)}
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "txn-history-final",
+            "isolation.level": isolation_level,
+            **CONFLUENT_CONSUMER,
+        }
+    )
+    try:
+        consumer.assign(
+            [
+                confluent_kafka.TopicPartition(TOPIC, p, confluent_kafka.OFFSET_BEGINNING)
+                for p in range(PARTITIONS)
+            ]
+        )
+        at_end: set[int] = set()
+        deadline = time.monotonic() + limit_s
+        while len(at_end) < PARTITIONS:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{isolation_level} read did not end in {limit_s} s")
+            for m in consumer.consume(num_messages=10_000, timeout=0.2):
+                error = m.error()
+                if error is None:
+                    out[m.partition()].append((m.offset(), m.value() or b""))
+                elif error.code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                    at_end.add(m.partition())
+    finally:
+        consumer.close()
     return out
 
 
@@ -601,6 +838,7 @@ class ProducerFleet:
                 settings.pause_max_s,
                 out / f"ledger-p{n}.jsonl",
                 out / f"producer-p{n}.log",
+                settings.client,
             )
             for n in range(settings.producers)
         ]
@@ -677,8 +915,8 @@ class ProducerFleet:
             if proc.exitcode != 0:
                 failures.append(f"producer {proc.name} exited with {proc.exitcode}")
                 try:
-                    TxnWriter(job).close()
-                except MinibrokerError as exc:
+                    writer_of(job).close()
+                except (MinibrokerError, KafkaException) as exc:
                     failures.append(f"producer {proc.name} could not be fenced: {exc!r}")
         return failures
 
@@ -702,12 +940,22 @@ def check_backend(settings: Settings, backend: str, out: Path) -> BackendResult:
     result = BackendResult(backend)
     rng = random.Random(settings.seed)
     root = Path(tempfile.mkdtemp(prefix="txn-history-"))
-    broker = BrokerProcess(root / "data", backend=backend).start()
-    fleet = ProducerFleet(settings, broker.bootstrap, out)
-    reader = InRunReader(broker.bootstrap, settings.seed)
+    confluent = settings.client == "confluent"
+    broker = BrokerProcess(
+        root / "data", backend=backend, config=listeners_config() if confluent else None
+    ).start()
+    if confluent:
+        # Restarts keep both listeners' ports.
+        ports = broker.listener_ports
+        broker.config = listeners_config(mb_port=ports["mb"], kafka_port=ports["kafka"])
+    sdk = broker.address("mb") if confluent else broker.bootstrap
+    clients = broker.address("kafka") if confluent else sdk
+    fleet = ProducerFleet(settings, clients, out)
+    reader = (ConfluentInRunReader if confluent else InRunReader)(clients, settings.seed)
+    read = read_log_confluent if confluent else read_log
     started = time.monotonic()
     try:
-        create_topic(broker.bootstrap, TOPIC, partitions=PARTITIONS)
+        create_topic(sdk, TOPIC, partitions=PARTITIONS)
         fleet.start()
         reader.start()
         deadline = time.monotonic() + settings.max_seconds
@@ -736,9 +984,9 @@ def check_backend(settings: Settings, backend: str, out: Path) -> BackendResult:
         reader.join(READER_JOIN_S)
         if reader.is_alive() or reader.crash:
             result.failures.append(f"the in-run reader did not stop or crashed: {reader.crash}")
-        stuck = wait_stable(broker.bootstrap, LSO_LIMIT_S)
-        committed = read_log(broker.bootstrap, "read_committed", READ_LIMIT_S)
-        uncommitted = read_log(broker.bootstrap, "read_uncommitted", READ_LIMIT_S)
+        stuck = wait_stable(sdk, LSO_LIMIT_S)
+        committed = read(clients, "read_committed", READ_LIMIT_S)
+        uncommitted = read(clients, "read_uncommitted", READ_LIMIT_S)
     finally:
         reader.stop.set()
         fleet.kill()
@@ -797,7 +1045,8 @@ def summary(settings: Settings, results: list[BackendResult]) -> str:
     ]
     lines = [
         f"txn-history: seed {settings.seed}, {settings.transactions} transactions per backend, "
-        f"{settings.producers} producers, a kill every ~{settings.kill_interval_s:g} s, "
+        f"{settings.producers} {settings.client} producers, a kill every "
+        f"~{settings.kill_interval_s:g} s, "
         f"down for up to {settings.downtime_max_s:g} s",
         f"{'':26}" + "".join(f"{r.backend:>12}" for r in results),
     ]
@@ -820,7 +1069,16 @@ def summary(settings: Settings, results: list[BackendResult]) -> str:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--client", choices=CLIENTS, help="the producers' and readers' client (TXN_HISTORY_CLIENT)"
+    )
+    args = parser.parse_args()
     settings = Settings.from_env()
+    if args.client is not None:
+        settings = dataclasses.replace(settings, client=args.client)
+    if settings.client not in CLIENTS:
+        parser.error(f"TXN_HISTORY_CLIENT={settings.client!r} is not one of {CLIENTS}")
     out = Path(os.environ.get("TXN_HISTORY_OUT", "txn-history-out"))
     print(
         f"txn-history: seed {settings.seed} (TXN_HISTORY_SEED), backends "

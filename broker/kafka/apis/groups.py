@@ -491,11 +491,31 @@ def answer_delete_groups(r: DeleteGroupsResponse, _version: int, _asked: None) -
     return {"results": [{"group_id": g.group_id, "error_code": g.error} for g in r.results]}
 
 
+TRANSACTION_KEY = 1
+"""FindCoordinator's key type of a transactional id (0: a group)."""
+
+
+class FindTxnCoordinatorRequest(KafkaOnlyRequest, tag="KafkaFindTxnCoordinator"):
+    """FindCoordinator for a transactional id: answered as a Metadata request without
+    topics, for a caller that may DESCRIBE the id, as Kafka asks
+    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED otherwise)."""
+
+    response = m.MetadataResponse
+    requirements = Requirements(
+        (RequestNeed(Op.DESCRIBE, Res.TRANSACTIONAL_ID, Path("transactional_id")),)
+    )
+    transactional_id: str
+
+
 def translate_find_coordinator(req: Any, _version: int, _ex: Exchange) -> m.Request | Reply:
     """The group coordinator (key type 0) and the transaction coordinator (1) are this
     broker: a Metadata request without topics answers where it is (and passes
-    authentication like any other request)."""
-    if getattr(req, "key_type", 0) not in (0, 1):
+    authentication like any other request); for a transactional id, one that also
+    needs DESCRIBE on it."""
+    key_type = getattr(req, "key_type", 0)
+    if key_type == TRANSACTION_KEY:
+        return FindTxnCoordinatorRequest(transactional_id=req.key)
+    if key_type != 0:
         return Reply(
             {
                 "error_code": ErrorCode.INVALID_REQUEST,
@@ -507,6 +527,10 @@ def translate_find_coordinator(req: Any, _version: int, _ex: Exchange) -> m.Requ
 
 
 def answer_find_coordinator(r: m.MetadataResponse, _version: int, _asked: None) -> Values:
+    """Where the coordinator is; a refusal (DESCRIBE on the transactional id denied)
+    names no node."""
+    if r.error:
+        return {"error_code": r.error, "error_message": r.message, "node_id": -1}
     broker = r.brokers[0]
     return {"error_code": 0, "node_id": broker.id, "host": broker.host, "port": broker.port}
 

@@ -27,7 +27,7 @@ from broker.kafka.api import Exchange, KafkaApi, Reply, Translated, Values, ms
 from broker.kafka.apis.groups import commit_topics, committed_topics
 from broker.kafka.kafka_only import KafkaOnlyRequest
 from protocol import messages as m
-from protocol.authorization import Entries, EntryNeed, Path, RequestNeed, Requirements
+from protocol.authorization import Entries, EntryNeed, Omission, Path, RequestNeed, Requirements
 from protocol.authorization import Operation as Op
 from protocol.authorization import ResourceType as Res
 from protocol.errors import ErrorCode
@@ -335,29 +335,69 @@ def answer_list_transactions(
     }
 
 
-def translate_describe_transactions(
-    req: Any, _version: int, _ex: Exchange
-) -> Translated[list[str]]:
-    """The coordinator's ListTransactions, which leaves out the ids the principal may not
-    DESCRIBE; the answer keeps the ids asked."""
-    return Translated(m.ListTransactionsRequest(), list(req.transactional_ids))
+class DescribedTxn(msgspec.Struct):
+    """One transactional id's answer: its transaction, or why there is none."""
+
+    transactional_id: str
+    error: int = ErrorCode.NONE
+    message: str | None = None
+    listing: m.TransactionListing | None = None
+    partitions: list[m.TxnTopicPartitions] = msgspec.field(default_factory=list)
+    """The transaction's partitions: the listing's, without the topics the caller may
+    not describe (the judge cuts them here, as Kafka does)."""
+
+
+class DescribeTransactionsResponse(m.Response):
+    transactions: list[DescribedTxn] = msgspec.field(default_factory=list)
+
+
+def _txn_refused(transactional_id: str, code: ErrorCode, why: str) -> DescribedTxn:
+    return DescribedTxn(transactional_id, code, why)
+
+
+class DescribeTransactionsRequest(KafkaOnlyRequest, tag="KafkaDescribeTransactions"):
+    """Kafka's DescribeTransactions (KIP-664): each id's transaction, as Kafka answers it:
+    an id the caller may not DESCRIBE is TRANSACTIONAL_ID_AUTHORIZATION_FAILED, an
+    unknown one TRANSACTIONAL_ID_NOT_FOUND, and the topics it may not DESCRIBE are left
+    out of the partitions."""
+
+    response = DescribeTransactionsResponse
+    requirements = Requirements(
+        (
+            EntryNeed(Op.DESCRIBE, Res.TRANSACTIONAL_ID, ""),
+            Omission(Op.DESCRIBE, Res.TOPIC, Path("partitions[].topic"), within=("transactions",)),
+        ),
+        Entries("transactional_ids", "transactions", _txn_refused),
+    )
+    transactional_ids: list[str]
+
+    def answered(self, found: list[m.TransactionListing | None]) -> DescribeTransactionsResponse:
+        """The answer, given each id's listing (None: no such id)."""
+        out = []
+        for tid, listing in zip(self.transactional_ids, found, strict=True):
+            if listing is None:
+                why = f"transactional id {tid!r} is unknown"
+                out.append(DescribedTxn(tid, KafkaErrorCode.transactional_id_not_found, why))
+            else:
+                out.append(DescribedTxn(tid, listing=listing, partitions=listing.partitions))
+        return DescribeTransactionsResponse(transactions=out)
+
+
+def translate_describe_transactions(req: Any, _version: int, _ex: Exchange) -> m.Request:
+    return DescribeTransactionsRequest(transactional_ids=list(req.transactional_ids))
 
 
 def answer_describe_transactions(
-    r: m.ListTransactionsResponse, _version: int, asked: list[str]
+    r: DescribeTransactionsResponse, _version: int, _asked: None
 ) -> Values:
-    """Each id asked: its transaction, or TRANSACTIONAL_ID_NOT_FOUND (also for an id the
-    principal may not describe, which the coordinator's answer left out: its existence
-    is not told)."""
-    found = {t.transactional_id: t for t in r.transactions}
     states = []
-    for tid in asked:
-        t = found.get(tid)
+    for d in r.transactions:
+        t = d.listing
         if t is None:
             states.append(
                 {
-                    "error_code": KafkaErrorCode.transactional_id_not_found,
-                    "transactional_id": tid,
+                    "error_code": d.error,
+                    "transactional_id": d.transactional_id,
                     "transaction_state": "",
                     "producer_id": -1,
                     "producer_epoch": -1,
@@ -366,14 +406,14 @@ def answer_describe_transactions(
             continue
         states.append(
             {
-                "error_code": r.error,
-                "transactional_id": tid,
+                "error_code": d.error,
+                "transactional_id": d.transactional_id,
                 "transaction_state": KAFKA_STATES[t.state],
                 "transaction_timeout": t.timeout_ms,
                 "transaction_start_time": t.started_ms,
                 "producer_id": t.producer_id,
                 "producer_epoch": t.producer_epoch,
-                "topics": [{"topic": p.topic, "partitions": p.partitions} for p in t.partitions],
+                "topics": [{"topic": p.topic, "partitions": p.partitions} for p in d.partitions],
             }
         )
     return {"transaction_states": states}

@@ -19,6 +19,7 @@ from broker.transactions.state import (
     not_added,
     prepared,
     reinit_refusal,
+    repeated_init,
     with_partitions,
 )
 from protocol.errors import ErrorCode
@@ -153,3 +154,25 @@ def test_a_classic_reinit_may_bump_only_the_current_or_a_timed_out_producer() ->
     newer = initialized(timed_out, "ktx", 7, 5, 1000, 4, classic=True)
     refused = reinit_refusal(newer, 7, 3)
     assert refused is not None and refused.code == ErrorCode.PRODUCER_FENCED
+
+
+def test_a_classic_reinit_repeated_after_its_answer_was_lost_gets_the_same_answer() -> None:
+    """Kafka's coordinator keeps the epoch a KIP-360 InitProducerId named: the request
+    sent again (its answer lost) gets the pid and epoch it was given, unbumped; a new
+    instance's init (-1/-1), a timeout's bump or an open transaction since make it a
+    new request again, judged by `reinit_refusal`."""
+    bumped = initialized(CLASSIC_COMMITTED, "ktx", 7, 4, 1000, 4, classic=True, named=(7, 3))
+    assert TxnEntry.decode(bumped.encode()) == bumped
+    assert repeated_init(bumped, 7, 3, "User:ANONYMOUS") == (7, 4)
+    assert repeated_init(bumped, 7, 4, "User:ANONYMOUS") is None  # the current: a bump
+    assert repeated_init(bumped, -1, -1, "User:ANONYMOUS") is None  # a new instance
+    assert repeated_init(bumped, 7, 3, "User:mallory") is None
+    assert repeated_init(with_partitions(bumped, {("t", 0)}, 5), 7, 3, "User:ANONYMOUS") is None
+    timed_out = completed(
+        decided(with_partitions(bumped, {("t", 0)}, 5), False, (7, 5), 6, by_client=False), 7
+    )
+    assert repeated_init(timed_out, 7, 3, "User:ANONYMOUS") is None
+    newer = initialized(bumped, "ktx", 7, 5, 1000, 5, classic=True)
+    assert newer.reinit is None and repeated_init(newer, 7, 3, "User:ANONYMOUS") is None
+    with pytest.raises(TxnStateError):
+        TxnEntry.decode([*bumped.encode()[:13], [7, 3, 7]])
