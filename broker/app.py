@@ -40,7 +40,7 @@ from broker.api import (
 from broker.clock import now_ms
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
-from broker.kafka import ClassicGroupApi
+from broker.kafka import ClassicGroupApi, GroupOffsetApi
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import Listeners, Server
 from broker.partitions import GroupCommitter, ProducerIdManager, TopicRegistry
@@ -243,6 +243,7 @@ class Running:
                 TransactionApi(topics, producer_ids, coordinator, metrics),
                 GroupApi(groups, offsets, coordinator),
                 ClassicGroupApi(groups, offsets),
+                GroupOffsetApi(offsets),
                 authentication,
             ],
             acls,

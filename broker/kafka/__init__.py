@@ -4,7 +4,8 @@ requests to the broker's own handlers, topics, producer state and security
 
 from broker.kafka.api import KafkaApi
 from broker.kafka.apis import NEXT_STEP, SERVED
+from broker.kafka.apis.group_offsets import GroupOffsetApi
 from broker.kafka.apis.groups import ClassicGroupApi
 from broker.kafka.codec import KafkaCodec
 
-__all__ = ["NEXT_STEP", "SERVED", "ClassicGroupApi", "KafkaApi", "KafkaCodec"]
+__all__ = ["NEXT_STEP", "SERVED", "ClassicGroupApi", "GroupOffsetApi", "KafkaApi", "KafkaCodec"]

@@ -16,7 +16,16 @@ from __future__ import annotations
 from typing import Any
 
 from broker.kafka.api import Exchange, KafkaApi, Values
-from broker.kafka.apis import admin, fetch, groups, metadata, produce, sasl, transactions
+from broker.kafka.apis import (
+    admin,
+    fetch,
+    group_offsets,
+    groups,
+    metadata,
+    produce,
+    sasl,
+    transactions,
+)
 from protocol import messages as m
 
 
@@ -30,7 +39,7 @@ def answer_api_versions(_r: m.ApiVersionsResponse, _version: int, _asked: None) 
 
 API_VERSIONS = KafkaApi(18, "ApiVersions", 0, 3, translate_api_versions, answer_api_versions)
 
-_FAMILIES = (produce, transactions, fetch, metadata, groups, admin, sasl)
+_FAMILIES = (produce, transactions, fetch, metadata, groups, group_offsets, admin, sasl)
 SERVED: tuple[KafkaApi[Any], ...] = tuple(
     sorted((API_VERSIONS, *(api for f in _FAMILIES for api in f.APIS)), key=lambda a: a.key)
 )
@@ -39,7 +48,6 @@ assert len(BY_KEY) == len(SERVED), "two modules declare one API key"
 
 NEXT_STEP: dict[str, str] = {
     "ConsumerGroupHeartbeat": "consumer groups (KIP-848)",
-    "OffsetDelete": "consumer groups (admin)",
 }
 """APIs not in ApiVersions yet, answered UNSUPPORTED_VERSION in their own response,
 and the step that brings them (docs/kafka-compatibility.md)."""
