@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.protocol.consumer.group import OffsetDeleteRequest as KDelete
 from kafka.protocol.consumer.group import OffsetDeleteResponse as KDeleteResponse
 from kafka.protocol.consumer.group import OffsetFetchRequest as KFetch
@@ -48,6 +50,28 @@ def delete_v0(group: str, topics: list[tuple[str, list[int]]]) -> Any:
             for t, ps in topics
         ],
     )
+
+
+names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=300)
+topics = st.lists(
+    st.tuples(names, st.lists(st.integers(-(2**31), 2**31 - 1), max_size=4)), max_size=4
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(groups=st.lists(st.tuples(names, st.none() | topics), max_size=4), group=names, asked=topics)
+def test_any_offset_fetch_v8_or_offset_delete_is_a_request_or_a_clean_refusal(
+    groups: list[tuple[str, list[tuple[str, list[int]]] | None]],
+    group: str,
+    asked: list[tuple[str, list[int]]],
+) -> None:
+    """Whatever names and numbers kafka-python encodes, the codec hands the broker a
+    bounded request or answers a refusal itself; nothing else escapes."""
+    for message in (fetch_v8(groups), delete_v0(group, asked)):
+        out = codec().decode(request_bytes(message))
+        assert isinstance(out, (bytes, go.KafkaOffsetFetchGroupsRequest, go.OffsetDeleteRequest))
+        if not isinstance(out, bytes):
+            assert out.entry_count() <= 4 * (1 + 4 * 5)
 
 
 def test_offset_fetch_v8_asks_each_group_and_answers_each() -> None:
