@@ -21,7 +21,7 @@ import kafka.errors
 import pytest
 from kafka.structs import OffsetAndMetadata
 
-from client import Consumer
+from client import Consumer, TopicPartition
 from client.admin import alter_group_offsets, list_group_offsets
 from tests.kafka.test_kafka_groups import (
     DEADLINE_S,
@@ -182,3 +182,28 @@ def test_the_sdk_and_a_kafka_client_share_a_groups_offsets(
     c = members.new()
     reads = read_all(later, c)[0]
     assert sorted(v for _, _, v in reads) == sorted(later)
+
+
+def test_offset_delete_refuses_a_topic_a_kip848_member_subscribes_to(
+    stack: Stack, admin: kafka.admin.KafkaAdminClient
+) -> None:
+    """Our SDK's group member (a KIP-848 group, on the minibroker listener) subscribes to
+    one topic: Kafka's OffsetDelete keeps that topic's offsets and deletes another's."""
+    read, other = stack.new_topic("subscribed"), stack.new_topic("unsubscribed")
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    mb = stack.broker.address("mb")
+    alter_group_offsets(mb, group, {(other, 0): 3})
+    with Consumer(
+        topics=[read], group_id=group, bootstrap_servers=mb, enable_auto_commit=False
+    ) as sdk:
+        deadline = time.monotonic() + DEADLINE_S
+        while not sdk.assignment():
+            assert time.monotonic() < deadline, "the SDK's member got no partitions"
+            sdk.poll(timeout_ms=100)
+        sdk.commit({TopicPartition(read, 0): 0})
+        subscribed, unsubscribed = kafka.TopicPartition(read, 0), kafka.TopicPartition(other, 0)
+        assert admin.delete_group_offsets(group, [subscribed, unsubscribed]) == {
+            subscribed: kafka.errors.GroupSubscribedToTopicError,
+            unsubscribed: kafka.errors.NoError,
+        }
+    assert committed_by_sdk(stack, group) == {(read, 0): 0}
