@@ -24,12 +24,14 @@ from tests.kafka.kafka_support import BEHIND_PROXY, KafkaFaultProxy, listeners_c
 from tests.kafka.test_kafka_groups import (
     DEADLINE_S,
     GROUP_SETTINGS,
-    HEARTBEAT_MS,
     PARTITIONS,
     SESSION_MS,
     Read,
 )
 
+HEARTBEAT_MS = 1_000
+"""Members learn of a rebalance at their next heartbeat: this long, the rebalance a
+new member starts lasts long enough for the test to kill the broker in it."""
 GROUP_APIS = {
     8: "OffsetCommit",
     9: "OffsetFetch",
