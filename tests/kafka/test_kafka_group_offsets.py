@@ -9,9 +9,12 @@ deletion through the kafka listener is one through the minibroker listener too.
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import confluent_kafka
 import confluent_kafka.admin
@@ -19,10 +22,14 @@ import kafka
 import kafka.admin
 import kafka.errors
 import pytest
+from kafka.protocol.consumer.group import OffsetFetchRequest as KFetch
+from kafka.protocol.consumer.group import OffsetFetchResponse as KFetchResponse
 from kafka.structs import OffsetAndMetadata
 
 from client import Consumer, TopicPartition
 from client.admin import alter_group_offsets, list_group_offsets
+from protocol.errors import ErrorCode
+from protocol.framing import frame
 from tests.kafka.test_kafka_groups import (
     DEADLINE_S,
     PARTITIONS,
@@ -35,6 +42,7 @@ from tests.kafka.test_kafka_groups import (
     settle,
     stack,
 )
+from tests.kafka.test_kafka_wire import request_bytes, response_of
 
 __all__ = ["group_of", "stack"]  # the fixtures, shared with test_kafka_groups.py
 
@@ -207,3 +215,72 @@ def test_offset_delete_refuses_a_topic_a_kip848_member_subscribes_to(
             unsubscribed: kafka.errors.NoError,
         }
     assert committed_by_sdk(stack, group) == {(read, 0): 0}
+
+
+def kafka_call(stack: Stack, request: Any, response_cls: Any, version: int) -> Any:
+    """One request on a connection of its own, as kafka-python encodes it; the answer
+    read back in kafka-python's classes."""
+    host, port = stack.kafka.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as s:
+        s.sendall(frame(request_bytes(request)))
+        head = s.recv(4, socket.MSG_WAITALL)
+        (length,) = struct.unpack(">i", head)
+        body = s.recv(length, socket.MSG_WAITALL)
+    _, answer = response_of(head + body, response_cls, version)
+    return answer
+
+
+def test_offset_fetch_v8_answers_each_group_stable_or_not(stack: Stack) -> None:
+    """KIP-447 per group: an open transaction's offsets make its group's partition
+    UNSTABLE_OFFSET_COMMIT under require_stable, while the other group's committed
+    offsets are answered in the same response."""
+    topic = stack.new_topic("stable")
+    pending, committed = f"g-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    alter_group_offsets(stack.broker.address("mb"), committed, {(topic, 0): 7})
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": stack.kafka, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"}
+    )
+    producer.init_transactions(DEADLINE_S)
+    producer.begin_transaction()
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": stack.kafka, "group.id": pending})
+    try:
+        producer.send_offsets_to_transaction(
+            [confluent_kafka.TopicPartition(topic, 0, 5)],
+            consumer.consumer_group_metadata(),
+            DEADLINE_S,
+        )
+
+        def fetch(stable: bool) -> dict[str, list[tuple[int, int, int]]]:
+            request = KFetch[8](
+                groups=[
+                    KFetch.OffsetFetchRequestGroup(
+                        group_id=g,
+                        topics=[
+                            KFetch.OffsetFetchRequestGroup.OffsetFetchRequestTopics(
+                                name=topic, partition_indexes=[0]
+                            )
+                        ],
+                    )
+                    for g in (pending, committed)
+                ],
+                require_stable=stable,
+            )
+            answer = kafka_call(stack, request, KFetchResponse, 8)
+            return {
+                g.group_id: [
+                    (p.partition_index, p.committed_offset, p.error_code)
+                    for t in g.topics
+                    for p in t.partitions
+                ]
+                for g in answer.groups
+            }
+
+        assert fetch(True) == {
+            pending: [(0, -1, ErrorCode.UNSTABLE_OFFSET_COMMIT)],
+            committed: [(0, 7, 0)],
+        }
+        assert fetch(False) == {pending: [(0, -1, 0)], committed: [(0, 7, 0)]}
+        producer.commit_transaction(DEADLINE_S)
+        assert fetch(True) == {pending: [(0, 5, 0)], committed: [(0, 7, 0)]}
+    finally:
+        consumer.close()
