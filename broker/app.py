@@ -40,7 +40,7 @@ from broker.api import (
 from broker.clock import now_ms
 from broker.config import RELOADABLE, BrokerConfig, ConfigError
 from broker.groups import GroupCoordinator, NoMembers, OffsetLog, OffsetStore, PartitionCounts
-from broker.kafka import ClassicGroupApi, ConsumerGroupApi
+from broker.kafka import ClassicGroupApi, ConsumerGroupApi, GroupOffsetApi
 from broker.metrics import BrokerMetrics, PartitionStats
 from broker.network import Listeners, Server
 from broker.partitions import GroupCommitter, ProducerIdManager, TopicRegistry
@@ -244,6 +244,7 @@ class Running:
                 GroupApi(groups, offsets, coordinator),
                 ClassicGroupApi(groups, offsets),
                 ConsumerGroupApi(groups, topics),
+                GroupOffsetApi(offsets),
                 authentication,
             ],
             acls,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
@@ -674,6 +674,36 @@ def consumer_topics(metadata: bytes) -> list[str] | None:
         return [reader.string() for _ in range(reader.count())]
     except (struct.error, UnicodeDecodeError, ValueError):
         return None
+
+
+class EveryTopic:
+    """The topics of a subscription that does not read: every one (Kafka's
+    isSubscribedToTopic when a member's subscription is unknown)."""
+
+    def __contains__(self, topic: object) -> bool:
+        return True
+
+
+def subscribed_topics(group: ClassicGroup) -> Container[str] | None:
+    """The topics the group's members subscribe to, as OffsetDelete asks (KIP-496):
+    none for a group with no members; `EveryTopic` when a member's subscription does not
+    read; None for members of another protocol type than "consumer", whose offsets
+    Kafka does not let go while they are in the group (NON_EMPTY_GROUP). A member's
+    subscription is its metadata for the chosen protocol, or its first one before any
+    is chosen (a consumer sends the same topics with every protocol)."""
+    if not group.members:
+        return frozenset()
+    if group.protocol_type != "consumer":
+        return None
+    topics: set[str] = set()
+    for member in group.members.values():
+        offered = dict(member.protocols)
+        metadata = offered.get(group.protocol_name or "", next(iter(offered.values()), b""))
+        subscribed = consumer_topics(metadata)
+        if subscribed is None:
+            return EveryTopic()
+        topics.update(subscribed)
+    return frozenset(topics)
 
 
 def consumer_assignment(assignment: bytes) -> list[tuple[str, list[int]]] | None:

@@ -25,7 +25,15 @@ from __future__ import annotations
 import heapq
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Container,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -386,6 +394,17 @@ class GroupCoordinator:
         if group_id in self.classic:
             return classic.commit_error(self.classic[group_id], member_id, member_epoch)
         return group_state.commit_error(self.groups.get(group_id), member_id, member_epoch)
+
+    def subscribed_topics(self, group_id: str) -> Container[str] | None:
+        """The topics the group's members subscribe to, for OffsetDelete; None when its
+        members are not consumers (`classic.subscribed_topics`)."""
+        cgroup = self.classic.get(group_id)
+        if cgroup is not None:
+            return classic.subscribed_topics(cgroup)
+        group = self.groups.get(group_id)
+        if group is None:
+            return frozenset()
+        return frozenset().union(*(mb.subscribed_topics for mb in group.members.values()))
 
     def has_members(self, group_id: str) -> bool:
         return group_id in self.groups or bool(

@@ -82,6 +82,11 @@ class MemberCheck(Protocol):
 
     def has_members(self, group_id: str) -> bool: ...
 
+    def subscribed_topics(self, group_id: str) -> Container[str] | None:
+        """The topics the group's members subscribe to (none without members), or None
+        when its members are not consumers."""
+        ...
+
 
 class NoMembers:
     """Membership while no group coordinator runs: every group is empty, so only a commit
@@ -98,6 +103,9 @@ class NoMembers:
 
     def has_members(self, group_id: str) -> bool:
         return False
+
+    def subscribed_topics(self, group_id: str) -> Container[str] | None:
+        return frozenset()
 
 
 class TxnJoin(Protocol):
@@ -119,6 +127,14 @@ class TxnJoin(Protocol):
     async def durable(self, end: int) -> None:
         """Return once the transaction log is on disk up to `end`; OSError if not."""
         ...
+
+
+class OffsetDeletion(NamedTuple):
+    """An OffsetDelete's answer: the group's error, or each partition's."""
+
+    error: ErrorCode
+    message: str | None
+    topics: list[m.TopicPartitionErrors]
 
 
 class Verdicts(NamedTuple):
@@ -469,6 +485,62 @@ class OffsetStore:
                 return ErrorCode.KAFKA_STORAGE_ERROR, f"offsets log: {exc}"
             log.info("event=group_deleted group=%r offsets=%d", group_id, len(group.committed))
             return ErrorCode.NONE, None
+
+    # ------------------------------------------------------------------ OffsetDelete
+
+    async def delete_offsets(
+        self, group_id: str, topics: list[m.GroupTopicPartitions]
+    ) -> OffsetDeletion:
+        """Kafka's OffsetDelete (KIP-496): the committed offsets of the named partitions
+        go, durably, in one "expire" record (as DeleteGroups'), so both listeners' next
+        OffsetFetch finds none. GROUP_ID_NOT_FOUND for a group with neither members nor
+        offsets; NON_EMPTY_GROUP while members of another protocol than "consumer" are
+        in it; per partition, GROUP_SUBSCRIBED_TO_TOPIC where a member subscribes to the
+        topic and UNKNOWN_TOPIC_OR_PARTITION where the partition does not exist. A
+        partition with no committed offset is answered NONE; an open transaction's
+        pending offset is left to its transaction's end."""
+        async with self.members.locked(group_id), self._locked([group_id]):
+            subscribed = self.members.subscribed_topics(group_id)
+            group = self.state.group(group_id)
+            if subscribed is None:
+                why = f"group {group_id!r} has members of another protocol than consumer"
+                return OffsetDeletion(ErrorCode.NON_EMPTY_GROUP, why, [])
+            if group is None and not self.members.has_members(group_id):
+                why = f"group {group_id!r} has no members and holds no offsets"
+                return OffsetDeletion(ErrorCode.GROUP_ID_NOT_FOUND, why, [])
+            errors: dict[tuple[str, int], ErrorCode] = {}
+            doomed: list[tuple[str, int]] = []
+            for t in topics:
+                for index in t.partitions:
+                    key = (t.topic, index)
+                    if self.topics.partition(*key) is None:
+                        errors[key] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    elif t.topic in subscribed:
+                        errors[key] = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+                    elif group is not None and key in group.committed:
+                        doomed.append(key)
+            message = None
+            if doomed:
+                try:
+                    await self._write_durably(
+                        expire_record(group_id, doomed), durable_point="offset_delete_durable"
+                    )
+                except OSError as exc:
+                    errors.update(dict.fromkeys(doomed, ErrorCode.KAFKA_STORAGE_ERROR))
+                    message = f"offsets log: {exc}"
+                else:
+                    log.info("event=offsets_deleted group=%r offsets=%d", group_id, len(doomed))
+            answer = [
+                m.TopicPartitionErrors(
+                    t.topic,
+                    [
+                        m.PartitionError(p, errors.get((t.topic, p), ErrorCode.NONE))
+                        for p in t.partitions
+                    ],
+                )
+                for t in topics
+            ]
+            return OffsetDeletion(ErrorCode.NONE, message, answer)
 
     # ------------------------------------------------------------------ housekeeping
 

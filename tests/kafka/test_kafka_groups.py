@@ -113,7 +113,14 @@ class Member(Protocol):
 
 
 class KafkaPythonMember:
-    def __init__(self, bootstrap: str, topic: str, group: str, instance: str | None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        instance: str | None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.consumer = kafka.KafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group,
@@ -122,6 +129,7 @@ class KafkaPythonMember:
             enable_auto_commit=False,
             session_timeout_ms=SESSION_MS,
             heartbeat_interval_ms=HEARTBEAT_MS,
+            **(settings or {}),
         )
         # Subscribed, then the topic's metadata fetched, before the first join: the
         # metadata answer gives the coordinator its view of the topic's partitions. A
@@ -200,6 +208,11 @@ class Threaded:
     def commit(self) -> None:
         self._call(lambda member: member.commit())
 
+    def stall(self, release: threading.Event) -> None:
+        """Stop polling until `release` is set, as an application stuck in its own work:
+        the thread waits in a call instead of its next poll."""
+        self._calls.put((lambda _member: release.wait(), Future()))
+
     def close(self) -> None:
         def close(member: Member) -> None:
             self._stopped = True
@@ -271,6 +284,7 @@ class ConfluentMember:
         group: str,
         instance: str | None,
         strategy: str = "range,roundrobin",
+        settings: dict[str, Any] | None = None,
     ) -> None:
         config: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
@@ -284,7 +298,7 @@ class ConfluentMember:
         }
         if instance is not None:
             config["group.instance.id"] = instance
-        self.consumer = confluent_kafka.Consumer(config)
+        self.consumer = confluent_kafka.Consumer({**config, **(settings or {})})
         self.consumer.subscribe([topic])
 
     def poll(self) -> list[Read]:
@@ -313,16 +327,22 @@ class Members:
         self.loop = Loop() if client == "aiokafka" else None
         self.made: list[Member] = []
 
-    def new(self, instance: str | None = None, **kwargs: Any) -> Member:
+    def new(
+        self, instance: str | None = None, settings: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Member:
+        """A member; `settings` are the client's own (kafka-python's keyword arguments,
+        librdkafka's properties)."""
         bootstrap, topic, group = self.stack.kafka, self.topic, self.group
         member: Member
         if self.client == "kafka-python":
-            member = Threaded(lambda: KafkaPythonMember(bootstrap, topic, group, instance))
+            member = Threaded(
+                lambda: KafkaPythonMember(bootstrap, topic, group, instance, settings)
+            )
         elif self.client == "aiokafka":
             assert self.loop is not None
             member = AioKafkaMember(self.loop, bootstrap, topic, group, instance)
         else:
-            member = ConfluentMember(bootstrap, topic, group, instance, **kwargs)
+            member = ConfluentMember(bootstrap, topic, group, instance, settings=settings, **kwargs)
         self.made.append(member)
         return member
 

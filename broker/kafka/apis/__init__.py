@@ -20,6 +20,7 @@ from broker.kafka.apis import (
     admin,
     consumer_groups,
     fetch,
+    group_offsets,
     groups,
     metadata,
     produce,
@@ -39,18 +40,22 @@ def answer_api_versions(_r: m.ApiVersionsResponse, _version: int, _asked: None) 
 
 API_VERSIONS = KafkaApi(18, "ApiVersions", 0, 3, translate_api_versions, answer_api_versions)
 
-_FAMILIES = (produce, transactions, fetch, metadata, groups, consumer_groups, admin, sasl)
+_FAMILIES = (
+    produce,
+    transactions,
+    fetch,
+    metadata,
+    groups,
+    group_offsets,
+    consumer_groups,
+    admin,
+    sasl,
+)
 SERVED: tuple[KafkaApi[Any], ...] = tuple(
     sorted((API_VERSIONS, *(api for f in _FAMILIES for api in f.APIS)), key=lambda a: a.key)
 )
 BY_KEY: dict[int, KafkaApi[Any]] = {api.key: api for api in SERVED}
 assert len(BY_KEY) == len(SERVED), "two modules declare one API key"
-
-NEXT_STEP: dict[str, str] = {
-    "OffsetDelete": "consumer groups (admin)",
-}
-"""APIs not in ApiVersions yet, answered UNSUPPORTED_VERSION in their own response,
-and the step that brings them (docs/kafka-compatibility.md)."""
 
 
 def supported_ranges() -> list[Values]:

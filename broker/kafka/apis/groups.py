@@ -1,7 +1,7 @@
 """A consumer group's APIs: FindCoordinator (v0-3), Kafka's classic group protocol
 (JoinGroup v0-7, SyncGroup v0-5, Heartbeat v0-4, LeaveGroup v0-4), OffsetCommit (v2-8),
-OffsetFetch (v1-7), DescribeGroups (v0-5), ListGroups (v0-4) and DeleteGroups (v0-2)
-(docs/kafka-compatibility.md).
+DescribeGroups (v0-5), ListGroups (v0-4) and DeleteGroups (v0-2) (docs/kafka-compatibility.md);
+OffsetFetch and OffsetDelete are group_offsets.py's.
 
 The group coordinator is this broker. The classic protocol runs in
 broker/groups/classic.py beside the KIP-848 groups; its requests are Kafka-only
@@ -577,40 +577,7 @@ def answer_offset_commit(r: m.OffsetCommitResponse, _version: int, _asked: None)
     return {"topics": committed_topics(r.topics)}
 
 
-def translate_offset_fetch(req: Any, _version: int, _ex: Exchange) -> m.Request:
-    return m.OffsetFetchRequest(
-        group_id=req.group_id,
-        topics=None
-        if req.topics is None
-        else [m.GroupTopicPartitions(t.name, list(t.partition_indexes)) for t in req.topics],
-        require_stable=getattr(req, "require_stable", False),
-    )
-
-
-def answer_offset_fetch(r: m.OffsetFetchResponse, _version: int, _asked: None) -> Values:
-    return {
-        "error_code": r.error,
-        "topics": [
-            {
-                "name": t.topic,
-                "partitions": [
-                    {
-                        "partition_index": p.partition,
-                        "committed_offset": p.offset,
-                        "committed_leader_epoch": -1,
-                        "metadata": p.metadata,
-                        "error_code": p.error,
-                    }
-                    for p in t.partitions
-                ],
-            }
-            for t in r.topics
-        ],
-    }
-
-
 OFFSET_COMMIT = KafkaApi(8, "OffsetCommit", 2, 8, translate_offset_commit, answer_offset_commit)
-OFFSET_FETCH = KafkaApi(9, "OffsetFetch", 1, 7, translate_offset_fetch, answer_offset_fetch)
 FIND_COORDINATOR = KafkaApi(
     10, "FindCoordinator", 0, 3, translate_find_coordinator, answer_find_coordinator
 )
@@ -625,7 +592,6 @@ LIST_GROUPS = KafkaApi(16, "ListGroups", 0, 4, translate_list_groups, answer_lis
 DELETE_GROUPS = KafkaApi(42, "DeleteGroups", 0, 2, translate_delete_groups, answer_delete_groups)
 APIS = (
     OFFSET_COMMIT,
-    OFFSET_FETCH,
     FIND_COORDINATOR,
     JOIN_GROUP,
     HEARTBEAT,
