@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import queue
 import threading
@@ -52,6 +53,8 @@ class PortalThread:
         self._loop: asyncio.AbstractEventLoop = self.portal.call(asyncio.get_running_loop)
         self._loop_thread: int = self.portal.call(threading.get_ident)
         self._running = True
+        self._context = contextvars.Context()
+        self._context.run(sniffio.current_async_library_cvar.set, "asyncio")
 
     @overload
     def call(self, func: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T: ...
@@ -116,7 +119,10 @@ class PortalThread:
                 outcome.error = exc
             finished()
 
-        self._loop.call_soon_threadsafe(begin)
+        # In a context of its own that says asyncio runs here, as the portal's tasks: the
+        # caller's (a trio program's, say) must not reach the loop, and a constructor run
+        # outside any task must make its AnyIO locks and events for this loop.
+        self._loop.call_soon_threadsafe(begin, context=self._context.copy())
         return outcome
 
     async def on_caller(self, func: Callable[..., T], *args: Any) -> T:
