@@ -19,6 +19,12 @@ against a broker of each backend (trio, asyncio), and compared within the backen
   median and min-max over the rounds.
 - Memory: broker RSS before and after 100,000 transactional ids have each had
   InitProducerId (pipelined over 16 connections, so fsync rounds are shared).
+- Round trip (issue 40, target 1): a Metadata request for every topic from a
+  blocking socket (pre-encoded, the frame the SDK sends) against the same request
+  through the sync SDK (`Consumer.topics()`: the caller's thread, the event loop's
+  thread, the connection and back), `RT_CALLS` calls per case and round, cases
+  interleaved; the median of every call with p10-p90, and the median of each
+  round's ratio.
 
     .venv/bin/python -m bench.bench_txn [--records N]
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import tempfile
 import threading
@@ -40,11 +47,14 @@ from client import Consumer, Producer
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
+from protocol.framing import LENGTH
+from protocol.messages import MetadataRequest, encode_request
 
 RECORD = b"x" * 100
 ROUNDS = 3
 TXN_SIZES = (100, 1_000, 10_000)
 LOOP_BATCHES = (5, 500)
+RT_CALLS = 1_000
 BACKENDS = ("trio", "asyncio")
 CONFIG: dict[str, Any] = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}
 
@@ -125,6 +135,71 @@ def _loop(bootstrap: str, topic: str, batch: int, records: int, tag: str) -> flo
             producer.commit_transaction()
             done += sum(len(items) for items in polled.values())
         return done / (time.perf_counter() - started)
+
+
+def _raw_round_trips_s(bootstrap: str, calls: int) -> list[float]:
+    """Times of `calls` Metadata round trips (every topic) from a blocking socket."""
+    host, port = bootstrap.rsplit(":", 1)
+    frame = encode_request(MetadataRequest(topics=None), 1, None)
+    frame = LENGTH.pack(len(frame)) + frame
+    times = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(calls):
+            started = time.perf_counter()
+            sock.sendall(frame)
+            answer = sock.recv(65536)
+            (length,) = LENGTH.unpack_from(answer)
+            while len(answer) < LENGTH.size + length:
+                answer += sock.recv(65536)
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _sdk_round_trips_s(consumer: Consumer, calls: int) -> list[float]:
+    """Times of `calls` Metadata round trips through the sync SDK (`Consumer.topics()`)."""
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        consumer.topics()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def round_trips(broker: BrokerProcess, calls: int = RT_CALLS) -> list[dict[str, Any]]:
+    """Issue 40's target 1: a request's round trip through the sync SDK beside a raw
+    socket's, interleaved in rounds (ABBA)."""
+    backend = broker.backend
+    raw: list[float] = []
+    sdk: list[float] = []
+    ratios: list[float] = []
+    with Consumer(("bench", 0), bootstrap_servers=broker.bootstrap) as consumer:
+        consumer.topics()  # connected
+        for round_ in range(2 * ROUNDS):
+            if round_ % 2 == 0:
+                a = _raw_round_trips_s(broker.bootstrap, calls)
+                b = _sdk_round_trips_s(consumer, calls)
+            else:
+                b = _sdk_round_trips_s(consumer, calls)
+                a = _raw_round_trips_s(broker.bootstrap, calls)
+            raw += a
+            sdk += b
+            ratios.append(statistics.median(b) / statistics.median(a))
+    rows = []
+    for name, times in (("raw socket", raw), ("sync SDK, Consumer.topics()", sdk)):
+        ordered = sorted(times)
+        rows.append(
+            {
+                "benchmark": f"round trip, Metadata, {name} ({backend})",
+                "p50_us": statistics.median(ordered) * 1e6,
+                "p10_p90_us": f"{ordered[len(ordered) // 10] * 1e6:.0f}-"
+                f"{ordered[len(ordered) * 9 // 10] * 1e6:.0f}",
+                "vs_raw": ""
+                if name == "raw socket"
+                else f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+            }
+        )
+    return rows
 
 
 def throughput(broker: BrokerProcess, records: int) -> list[dict[str, Any]]:
@@ -230,6 +305,7 @@ def run(records: int = 20_000) -> list[dict[str, Any]]:
             broker = BrokerProcess(Path(tmp) / "data", backend=backend).start()
             try:
                 create_topic(broker.bootstrap, "bench", 1)
+                rows += round_trips(broker)
                 rows += throughput(broker, records)
                 if backend == BACKENDS[0]:
                     rows.append(rss_with_transactional_ids(broker))
