@@ -22,9 +22,10 @@ against a broker of each backend (trio, asyncio), and compared within the backen
 - Round trip (issue 40, target 1): a Metadata request for every topic from a
   blocking socket (pre-encoded, the frame the SDK sends) against the same request
   through the sync SDK (`Consumer.topics()`: the caller's thread, the event loop's
-  thread, the connection and back), `RT_CALLS` calls per case and round, cases
-  interleaved; the median of every call with p10-p90, and the median of each
-  round's ratio.
+  thread, the connection and back), and through the crossing the SDK used before
+  (`BlockingPortal.call` into the same core), `RT_CALLS` calls per case and round in
+  rotating order; the median of every call with p10-p90, and the median of each
+  round's ratio to the raw socket's, with its range.
 
     .venv/bin/python -m bench.bench_txn [--records N]
 """
@@ -38,6 +39,8 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,47 +159,53 @@ def _raw_round_trips_s(bootstrap: str, calls: int) -> list[float]:
     return times
 
 
-def _sdk_round_trips_s(consumer: Consumer, calls: int) -> list[float]:
-    """Times of `calls` Metadata round trips through the sync SDK (`Consumer.topics()`)."""
+def _sdk_round_trips_s(call: Callable[[], object], calls: int) -> list[float]:
+    """Times of `calls` Metadata round trips through the sync SDK (`call()`)."""
     times = []
     for _ in range(calls):
         started = time.perf_counter()
-        consumer.topics()
+        call()
         times.append(time.perf_counter() - started)
     return times
 
 
 def round_trips(broker: BrokerProcess, calls: int = RT_CALLS) -> list[dict[str, Any]]:
     """Issue 40's target 1: a request's round trip through the sync SDK beside a raw
-    socket's, interleaved in rounds (ABBA)."""
+    socket's, and beside the same call crossing threads as before issue 40
+    (`BlockingPortal.call` into the core), in rotating order per round."""
     backend = broker.backend
-    raw: list[float] = []
-    sdk: list[float] = []
-    ratios: list[float] = []
     with Consumer(("bench", 0), bootstrap_servers=broker.bootstrap) as consumer:
         consumer.topics()  # connected
+        cases: dict[str, Callable[[], list[float]]] = {
+            "raw socket": partial(_raw_round_trips_s, broker.bootstrap, calls),
+            "sync SDK, Consumer.topics()": partial(_sdk_round_trips_s, consumer.topics, calls),
+            "sync SDK through BlockingPortal.call (before issue 40)": partial(
+                _sdk_round_trips_s,
+                # The old crossing into the same core: the A/B of the same run.
+                partial(consumer._portal.call, consumer._core.topics),
+                calls,
+            ),
+        }
+        names = list(cases)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        medians: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(2 * ROUNDS):
-            if round_ % 2 == 0:
-                a = _raw_round_trips_s(broker.bootstrap, calls)
-                b = _sdk_round_trips_s(consumer, calls)
-            else:
-                b = _sdk_round_trips_s(consumer, calls)
-                a = _raw_round_trips_s(broker.bootstrap, calls)
-            raw += a
-            sdk += b
-            ratios.append(statistics.median(b) / statistics.median(a))
+            order = names[round_ % 3 :] + names[: round_ % 3]
+            for name in order[::-1] if round_ % 2 else order:
+                got = cases[name]()
+                times[name] += got
+                medians[name].append(statistics.median(got))
     rows = []
-    for name, times in (("raw socket", raw), ("sync SDK, Consumer.topics()", sdk)):
-        ordered = sorted(times)
+    for name in names:
+        ordered = sorted(times[name])
+        ratios = [a / b for a, b in zip(medians[name], medians["raw socket"], strict=True)]
         rows.append(
             {
                 "benchmark": f"round trip, Metadata, {name} ({backend})",
                 "p50_us": statistics.median(ordered) * 1e6,
                 "p10_p90_us": f"{ordered[len(ordered) // 10] * 1e6:.0f}-"
                 f"{ordered[len(ordered) * 9 // 10] * 1e6:.0f}",
-                "vs_raw": ""
-                if name == "raw socket"
-                else f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+                "vs_raw": f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
             }
         )
     return rows
