@@ -5,7 +5,7 @@ metadata, poll, a transaction's steps) cross over with `PortalThread.call`: one
 `call_soon_threadsafe` there and one lock release back, where
 `BlockingPortal.call` waited twice (for its task to be spawned, then for the
 answer) and cost about 60-90 µs per call against about 20 (docs/benchmark-notes.md,
-"client"); the producer's hot path never crosses at all (it appends to the
+"The sync SDK's round trip"); the producer's hot path never crosses at all (it appends to the
 thread-safe accumulator) and only nudges the sender with `call_soon_threadsafe`,
 which does not wait. A call that may run the application's callbacks (the
 consumer's rebalance listener) crosses with `call_serving`, so that they run on
