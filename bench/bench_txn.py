@@ -19,6 +19,13 @@ against a broker of each backend (trio, asyncio), and compared within the backen
   median and min-max over the rounds.
 - Memory: broker RSS before and after 100,000 transactional ids have each had
   InitProducerId (pipelined over 16 connections, so fsync rounds are shared).
+- Round trip (issue 40, target 1): a Metadata request for every topic from a
+  blocking socket (pre-encoded, the frame the SDK sends) against the same request
+  through the sync SDK (`Consumer.topics()`: the caller's thread, the event loop's
+  thread, the connection and back), and through the crossing the SDK used before
+  (`BlockingPortal.call` into the same core), `RT_CALLS` calls per case and round in
+  rotating order; the median of every call with p10-p90, and the median of each
+  round's ratio to the raw socket's, with its range.
 
     .venv/bin/python -m bench.bench_txn [--records N]
 """
@@ -27,10 +34,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +50,14 @@ from client import Consumer, Producer
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient
+from protocol.framing import LENGTH
+from protocol.messages import MetadataRequest, encode_request
 
 RECORD = b"x" * 100
 ROUNDS = 3
 TXN_SIZES = (100, 1_000, 10_000)
 LOOP_BATCHES = (5, 500)
+RT_CALLS = 1_000
 BACKENDS = ("trio", "asyncio")
 CONFIG: dict[str, Any] = {"acks": "all", "linger_ms": 5, "batch_size": 256 * 1024}
 
@@ -125,6 +138,77 @@ def _loop(bootstrap: str, topic: str, batch: int, records: int, tag: str) -> flo
             producer.commit_transaction()
             done += sum(len(items) for items in polled.values())
         return done / (time.perf_counter() - started)
+
+
+def _raw_round_trips_s(bootstrap: str, calls: int) -> list[float]:
+    """Times of `calls` Metadata round trips (every topic) from a blocking socket."""
+    host, port = bootstrap.rsplit(":", 1)
+    frame = encode_request(MetadataRequest(topics=None), 1, None)
+    frame = LENGTH.pack(len(frame)) + frame
+    times = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(calls):
+            started = time.perf_counter()
+            sock.sendall(frame)
+            answer = sock.recv(65536)
+            (length,) = LENGTH.unpack_from(answer)
+            while len(answer) < LENGTH.size + length:
+                answer += sock.recv(65536)
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _sdk_round_trips_s(call: Callable[[], object], calls: int) -> list[float]:
+    """Times of `calls` Metadata round trips through the sync SDK (`call()`)."""
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def round_trips(broker: BrokerProcess, calls: int = RT_CALLS) -> list[dict[str, Any]]:
+    """Issue 40's target 1: a request's round trip through the sync SDK beside a raw
+    socket's, and beside the same call crossing threads as before issue 40
+    (`BlockingPortal.call` into the core), in rotating order per round."""
+    backend = broker.backend
+    with Consumer(("bench", 0), bootstrap_servers=broker.bootstrap) as consumer:
+        consumer.topics()  # connected
+        cases: dict[str, Callable[[], list[float]]] = {
+            "raw socket": partial(_raw_round_trips_s, broker.bootstrap, calls),
+            "sync SDK, Consumer.topics()": partial(_sdk_round_trips_s, consumer.topics, calls),
+            "sync SDK through BlockingPortal.call (before issue 40)": partial(
+                _sdk_round_trips_s,
+                # The old crossing into the same core: the A/B of the same run.
+                partial(consumer._portal.call, consumer._core.topics),
+                calls,
+            ),
+        }
+        names = list(cases)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        medians: dict[str, list[float]] = {name: [] for name in names}
+        for round_ in range(2 * ROUNDS):
+            order = names[round_ % 3 :] + names[: round_ % 3]
+            for name in order[::-1] if round_ % 2 else order:
+                got = cases[name]()
+                times[name] += got
+                medians[name].append(statistics.median(got))
+    rows = []
+    for name in names:
+        ordered = sorted(times[name])
+        ratios = [a / b for a, b in zip(medians[name], medians["raw socket"], strict=True)]
+        rows.append(
+            {
+                "benchmark": f"round trip, Metadata, {name} ({backend})",
+                "p50_us": statistics.median(ordered) * 1e6,
+                "p10_p90_us": f"{ordered[len(ordered) // 10] * 1e6:.0f}-"
+                f"{ordered[len(ordered) * 9 // 10] * 1e6:.0f}",
+                "vs_raw": f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})",
+            }
+        )
+    return rows
 
 
 def throughput(broker: BrokerProcess, records: int) -> list[dict[str, Any]]:
@@ -230,6 +314,7 @@ def run(records: int = 20_000) -> list[dict[str, Any]]:
             broker = BrokerProcess(Path(tmp) / "data", backend=backend).start()
             try:
                 create_topic(broker.bootstrap, "bench", 1)
+                rows += round_trips(broker)
                 rows += throughput(broker, records)
                 if backend == BACKENDS[0]:
                     rows.append(rss_with_transactional_ids(broker))

@@ -118,7 +118,7 @@ class Connection:
         self._decoder = FrameDecoder(max_response_bytes)
         self._pending: deque[_Pending] = deque()
         self._next_cid = 0
-        self._send_lock = anyio.Lock()
+        self._send_lock = anyio.Lock(fast_acquire=True)
         self._recv_scope: anyio.CancelScope | None = None
         self._run_scope = anyio.CancelScope()
         self._close_reason = "closed"

@@ -1069,7 +1069,7 @@ class Consumer:
         try:
             # Built on the I/O thread, so that its AnyIO locks and events belong to that
             # thread's event loop even when the caller runs inside another one (trio).
-            self._core = core = self._portal.call(
+            self._core = core = self._thread.call(
                 partial(
                     AsyncConsumer,
                     *assigned,
@@ -1115,30 +1115,30 @@ class Consumer:
         self, topics: Iterable[str], listener: ConsumerRebalanceListener | None = None
     ) -> None:
         """See AsyncConsumer.subscribe; the listener's methods are plain functions here."""
-        self._portal.call(self._core.subscribe, list(topics), self._on_polling_thread(listener))
+        self._thread.call(self._core.subscribe, list(topics), self._on_polling_thread(listener))
 
     def unsubscribe(self) -> None:
         """Give up every partition (auto-commit, then on_partitions_revoked) and leave."""
         self._thread.call_serving(self._core.unsubscribe)
 
     def subscription(self) -> set[str]:
-        return self._portal.call(self._core.subscription)
+        return self._thread.call(self._core.subscription)
 
     def group_metadata(self) -> ConsumerGroupMetadata:
-        return self._portal.call(self._core.group_metadata)
+        return self._thread.call(self._core.group_metadata)
 
     def commit(self, offsets: Offsets | None = None) -> None:
         """See AsyncConsumer.commit: by default the positions of the records returned so far."""
-        self._portal.call(self._core.commit, offsets)
+        self._thread.call(self._core.commit, offsets)
 
     def commit_async(
         self, offsets: Offsets | None = None, callback: CommitCallback | None = None
     ) -> None:
         """Start a commit and return; `callback(offsets, error or None)` runs on the I/O thread."""
-        self._portal.call(self._core.commit_async, offsets, callback)
+        self._thread.call(self._core.commit_async, offsets, callback)
 
     def committed(self, partition: TopicPartition | tuple[str, int]) -> int | None:
-        return self._portal.call(self._core.committed, partition)
+        return self._thread.call(self._core.committed, partition)
 
     def _group_work(self) -> None:
         """What Kafka's poll does for the group: rebalance callbacks and auto-commit."""
@@ -1149,54 +1149,54 @@ class Consumer:
         and commits count only what the application received."""
         rewind = self._held.give_back()
         if rewind:
-            self._portal.call(_seek_back, self._core, rewind)
+            self._thread.call(_seek_back, self._core, rewind)
 
     # ------------------------------------------------------------------ assignment
 
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         self._drop_pending()
-        self._portal.call(self._core.assign, list(partitions))
+        self._thread.call(self._core.assign, list(partitions))
 
     def assignment(self) -> set[TopicPartition]:
-        return self._portal.call(self._core.assignment)
+        return self._thread.call(self._core.assignment)
 
     def seek(self, partition: TopicPartition | tuple[str, int], offset: int) -> None:
         self._drop_pending()
-        self._portal.call(self._core.seek, partition, offset)
+        self._thread.call(self._core.seek, partition, offset)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         self._drop_pending()
-        self._portal.call(self._core.seek_to_beginning, *partitions)
+        self._thread.call(self._core.seek_to_beginning, *partitions)
 
     def seek_to_end(self, *partitions: TopicPartition) -> None:
         self._drop_pending()
-        self._portal.call(self._core.seek_to_end, *partitions)
+        self._thread.call(self._core.seek_to_end, *partitions)
 
     def position(self, partition: TopicPartition | tuple[str, int]) -> int:
         tp = TopicPartition(*partition)
         for entry in self._local:
             if entry[0] == tp:
                 return entry[1][entry[2]].offset
-        return self._portal.call(self._core.position, tp)
+        return self._thread.call(self._core.position, tp)
 
     def end_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]]
     ) -> dict[TopicPartition, int]:
-        return self._portal.call(self._core.end_offsets, list(partitions))
+        return self._thread.call(self._core.end_offsets, list(partitions))
 
     def beginning_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]]
     ) -> dict[TopicPartition, int]:
-        return self._portal.call(self._core.beginning_offsets, list(partitions))
+        return self._thread.call(self._core.beginning_offsets, list(partitions))
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        return self._portal.call(self._core.offsets_for_times, timestamps)
+        return self._thread.call(self._core.offsets_for_times, timestamps)
 
     def partitions_for_topic(self, topic: str) -> set[int]:
-        return self._portal.call(self._core.partitions_for_topic, topic)
+        return self._thread.call(self._core.partitions_for_topic, topic)
 
     def topics(self) -> set[str]:
-        return self._portal.call(self._core.topics)
+        return self._thread.call(self._core.topics)
 
     def poll(
         self, timeout_ms: float = 0, max_records: int | None = None

@@ -751,7 +751,7 @@ class Producer:
         try:
             # Built on the I/O thread, so that its AnyIO locks and events belong to that
             # thread's event loop even when the caller runs inside another one (trio).
-            core = self._portal.call(partial(AsyncProducer, bootstrap_servers, **config))
+            core = self._thread.call(partial(AsyncProducer, bootstrap_servers, **config))
             self._core = core
             self.config = core.config
             self._lifetime, self._close_requested = self._portal.start_task(
@@ -818,7 +818,7 @@ class Producer:
                     return core._send_nowait(*args)
                 except _WouldBlock:
                     pass
-        return self._portal.call(core.send, *args)
+        return self._thread.call(core.send, *args)
 
     def send_batch(
         self,
@@ -835,14 +835,14 @@ class Producer:
         max_request_size bytes; `get()` returns one BatchMetadata per wire
         batch, and `on_delivery(error, metadata list or None)` runs once, on
         the I/O thread, when all of them finished."""
-        return self._portal.call(
+        return self._thread.call(
             self._core.send_batch, topic, values, keys, partition, headers, on_delivery
         )
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now and block until all of it is acknowledged or failed;
         see AsyncProducer.flush for the bounds and errors."""
-        self._portal.call(self._core.flush, timeout)
+        self._thread.call(self._core.flush, timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is buffered (up to `timeout` s), then stop the I/O thread."""
@@ -852,14 +852,14 @@ class Producer:
         atexit.unregister(self._close_at_exit_hook)
         self._close_timeout = timeout
         try:
-            self._portal.call(self._close_requested.set)
+            self._thread.call(self._close_requested.set)
             self._lifetime.result()
         finally:
             self._thread.close()
 
     def init_transactions(self) -> None:
         """See AsyncProducer.init_transactions: fence older instances of the transactional id."""
-        self._portal.call(self._core.init_transactions)
+        self._thread.call(self._core.init_transactions)
 
     def begin_transaction(self) -> None:
         """See AsyncProducer.begin_transaction."""
@@ -870,10 +870,10 @@ class Producer:
 
     def commit_transaction(self) -> None:
         """Flush, then commit; TransactionAbortableError if any record of it failed."""
-        self._portal.call(self._core.commit_transaction)
+        self._thread.call(self._core.commit_transaction)
 
     def abort_transaction(self) -> None:
-        self._portal.call(self._core.abort_transaction)
+        self._thread.call(self._core.abort_transaction)
 
     def prepare_transaction(
         self, *, app_id: str | None = None, app_version: int | None = None
@@ -881,7 +881,7 @@ class Producer:
         """Flush, then PrepareTxn; the handle lets any process commit or abort it.
 
         See AsyncProducer.prepare_transaction for `app_id`/`app_version`."""
-        return self._portal.call(
+        return self._thread.call(
             partial(self._core.prepare_transaction, app_id=app_id, app_version=app_version)
         )
 
@@ -892,7 +892,7 @@ class Producer:
     ) -> None:
         """See AsyncProducer.send_offsets_to_transaction: the consumer's offsets commit with
         the transaction, or not at all."""
-        self._portal.call(self._core.send_offsets_to_transaction, offsets, group_metadata)
+        self._thread.call(self._core.send_offsets_to_transaction, offsets, group_metadata)
 
     def transaction(self) -> AbstractContextManager[None]:
         """`with producer.transaction():` commits on normal exit, aborts on an exception."""
@@ -902,7 +902,7 @@ class Producer:
         return self._core.metrics()
 
     def partitions_for(self, topic: str) -> set[int]:
-        return self._portal.call(self._core.partitions_for, topic)
+        return self._thread.call(self._core.partitions_for, topic)
 
     def __enter__(self) -> Producer:
         return self
