@@ -393,6 +393,36 @@ class OffsetStore:
             )
             self._commits["TxnOffsetCommit"] += committed_offsets
 
+    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+        """`write_markers`, in force at once and written, not synced: return the size the
+        log must reach on disk for them to be (0: nothing written), for `durable`.
+
+        Only for transactions whose decision is durable in `txn.wal`: that decision, not
+        this record, is what recovery ends their groups by should this one be lost, so
+        memory may show the offsets committed before the disk does. OSError when the
+        record could not be written: nothing changed."""
+        wanted = [(g, pid, committed) for pid, groups, committed in markers for g in sorted(groups)]
+        async with self._locked(g for g, _, _ in wanted):
+            due = [w for w in wanted if self.state.holds_pending(w[0], w[1])]
+            if not due:
+                return 0
+            committed_offsets = sum(
+                len(group.pending[pid])
+                for g, pid, committed in due
+                if committed and (group := self.state.group(g)) is not None
+            )
+            record = markers_record(now_ms(), due)
+            end = self.log.write(record)
+            crash_point("txn_group_markers_written")
+            self.state.apply(record)
+            self._commits["TxnOffsetCommit"] += committed_offsets
+            return end
+
+    async def durable(self, end: int) -> None:
+        """Return once the log is on disk up to `end` (`write_markers_now`); OSError if
+        not, after which the log refuses writes."""
+        await self.log.durable_or_refuse(end)
+
     # ------------------------------------------------------------------ deleted topics
 
     def pending_in(self, topic: str) -> list[tuple[str, int]]:
