@@ -546,6 +546,10 @@ class TransactionCoordinator:
         """Return once `txn.wal` is on disk up to `end` (a change `_write` wrote)."""
         await self.log.durable(end)
 
+    def is_durable(self, end: int) -> bool:
+        """Whether `txn.wal` is on disk up to `end` already (0: nothing was written)."""
+        return self.log.is_durable(end)
+
     # ------------------------------------------------------------------ ending
 
     async def end_txn(self, req: m.EndTxnRequest, principal: str) -> m.EndTxnResponse:
