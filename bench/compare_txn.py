@@ -1,12 +1,12 @@
 """A transaction's commit on two code trees, side by side in interleaved rounds.
 
-Both brokers run at once; each round times, on one then the other (order
-alternating), `commit_transaction()` of small transactions through the sync SDK
-(the last Produce and EndTxn in one write) and the consume-transform-produce
-loop of bench/bench_txn.py with batches of 5. The client is this tree's for
-both, so only the broker differs. Reported per tree: commit p50 (median of the
-rounds' p50s, with their min-max) and loop records/s, and the per-round ratio
-new/base. The base tree is any checkout:
+Both brokers run at once. Each round times `commit_transaction()` of small
+transactions through the sync SDK (the last Produce and EndTxn in one write), the
+trees' transactions alternating one by one, then the consume-transform-produce
+loop of bench/bench_txn.py with batches of 5 on one tree then the other (order
+alternating). The client is this tree's for both, so only the broker differs.
+Reported per tree: commit p50 (median of the rounds' p50s, with their min-max) and
+loop records/s, and the per-round ratio new/base. The base tree is any checkout:
 
     git archive <commit> | tar -x -C /tmp/base
     python -m bench.compare_txn --base /tmp/base --backend trio
@@ -15,6 +15,7 @@ new/base. The base tree is any checkout:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import statistics
@@ -28,19 +29,32 @@ from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 
 
-def commit_p50_ms(bootstrap: str, transactions: int, records: int, tag: str) -> float:
-    """The median `commit_transaction()` time of `transactions` of `records` records."""
-    times = []
-    with Producer(bootstrap, transactional_id=f"cmp-{tag}", acks="all", linger_ms=5) as producer:
-        producer.init_transactions()
-        for _ in range(transactions):
-            producer.begin_transaction()
-            for _ in range(records):
-                producer.send("cmp", RECORD, partition=0)
-            started = time.perf_counter()
-            producer.commit_transaction()
-            times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+def commit_p50_ms(
+    bootstraps: dict[str, str], transactions: int, records: int, tag: str
+) -> dict[str, float]:
+    """Per tree, the median `commit_transaction()` time of `transactions` of `records`
+    records, the trees' transactions alternating one by one, so that a neighbour's
+    burst of load lands on both."""
+    times: dict[str, list[float]] = {name: [] for name in bootstraps}
+    with contextlib.ExitStack() as stack:
+        producers = {
+            name: stack.enter_context(
+                Producer(bootstrap, transactional_id=f"cmp-{tag}", acks="all", linger_ms=5)
+            )
+            for name, bootstrap in bootstraps.items()
+        }
+        for producer in producers.values():
+            producer.init_transactions()
+        for i in range(transactions):
+            for name in list(producers) if i % 2 == 0 else list(producers)[::-1]:
+                producer = producers[name]
+                producer.begin_transaction()
+                for _ in range(records):
+                    producer.send("cmp", RECORD, partition=0)
+                started = time.perf_counter()
+                producer.commit_transaction()
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) * 1000 for name, values in times.items()}
 
 
 def loop_records_per_s(broker: BrokerProcess, count: int, tag: str) -> float:
@@ -84,14 +98,13 @@ def main() -> None:
         try:
             for broker in brokers.values():
                 create_topic(broker.bootstrap, "cmp", 1)
+            bootstraps = {name: broker.bootstrap for name, broker in brokers.items()}
             for round_ in range(args.rounds):
+                p50s = commit_p50_ms(bootstraps, args.transactions, args.records, f"{round_}")
+                for name in trees:
+                    commits[name].append(p50s[name])
                 for name in ("base", "new") if round_ % 2 == 0 else ("new", "base"):
                     broker = brokers[name]
-                    commits[name].append(
-                        commit_p50_ms(
-                            broker.bootstrap, args.transactions, args.records, f"{round_}"
-                        )
-                    )
                     loops[name].append(loop_records_per_s(broker, args.loop_records, f"{round_}"))
         finally:
             for broker in brokers.values():
