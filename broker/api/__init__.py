@@ -20,6 +20,7 @@ from broker.api.outcomes import (
     NoAnswer,
     Outcome,
     SplicedReply,
+    SyncedReply,
 )
 from broker.api.produce import ProduceApi
 from broker.api.security import Authentication
@@ -40,6 +41,7 @@ __all__ = [
     "Outcome",
     "ProduceApi",
     "SplicedReply",
+    "SyncedReply",
     "TopicApi",
     "TransactionApi",
 ]

@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from broker.api.outcomes import SyncedReply
 from broker.groups import GroupCoordinator, OffsetStore
 from broker.security import Session
 from broker.transactions import TransactionCoordinator
+from protocol import messages as m
 
 
 class GroupApi:
@@ -26,7 +28,7 @@ class GroupApi:
         self.coordinator = coordinator
 
     def apis(self) -> dict[str, Callable[[Any, Session], Any]]:
-        groups, offsets, coordinator = self.groups, self.offsets, self.coordinator
+        groups, offsets = self.groups, self.offsets
         return {
             "ConsumerGroupHeartbeat": lambda req, session: groups.heartbeat(
                 req, client_host=session.peer_host
@@ -35,7 +37,15 @@ class GroupApi:
             "DescribeGroups": lambda req, _session: groups.describe_groups(req),
             "OffsetCommit": lambda req, _session: offsets.offset_commit(req),
             "OffsetFetch": lambda req, _session: offsets.offset_fetch(req),
-            "TxnOffsetCommit": lambda req, session: offsets.txn_offset_commit(
-                req, coordinator, session.principal
-            ),
+            "TxnOffsetCommit": self.txn_offset_commit,
         }
+
+    async def txn_offset_commit(
+        self, req: m.TxnOffsetCommitRequest, session: Session
+    ) -> m.TxnOffsetCommitResponse | SyncedReply:
+        """Judged and written by the offset store; answered once synced, while the
+        connection runs what comes behind it."""
+        result = await self.offsets.txn_offset_commit(req, self.coordinator, session.principal)
+        if isinstance(result, m.TxnOffsetCommitResponse):
+            return result
+        return SyncedReply(result.response, result.is_durable, result.durable)

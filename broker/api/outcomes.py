@@ -2,14 +2,18 @@
 
 An API returns a response or one of these: an `Answer` to send now, a `DurableReply`
 (a Produce with acks=-1, appended at once) to send when the group commit has made its
-batches durable, a `SplicedReply` (a Fetch whose records go out with sendfile), or
-`NoAnswer` (acks=0). The network and the Kafka codec know the APIs only by these
-types, so they live apart from the APIs that make them.
+batches durable, a `SyncedReply` (a change written and in force, a TxnOffsetCommit's
+say) to send once its records are synced, a `SplicedReply` (a Fetch whose records go
+out with sendfile), or `NoAnswer` (acks=0). The connection runs the requests behind a
+`DurableReply` or a `SyncedReply` while it waits, and sends the answers in order. The
+network and the Kafka codec know the APIs only by these types, so they live apart
+from the APIs that make them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -115,6 +119,34 @@ class DurableReply:
         return self.response
 
 
+class SyncedReply:
+    """A response to a change already written and in force, which may only be sent once
+    the records it rests on are durable: `durable` syncs them (filling in the
+    response's errors itself should a sync fail), `is_durable` says whether it would
+    wait. Until then the connection goes on with the requests behind it."""
+
+    __slots__ = ("_durable", "_is_durable", "response")
+
+    def __init__(
+        self,
+        response: m.Response,
+        is_durable: Callable[[], bool],
+        durable: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.response = response
+        self._is_durable = is_durable
+        self._durable = durable
+
+    def ready(self) -> bool:
+        """True when completing would not wait: lets the writer batch sends."""
+        return self._is_durable()
+
+    async def complete(self) -> m.Response:
+        if not self._is_durable():
+            await self._durable()
+        return self.response
+
+
 def storage_failed(response: m.ProduceResponse, message: str) -> None:
     """Answer KAFKA_STORAGE_ERROR for every batch of `response` appended: what they rest
     on (a transaction's partition add) could not be made durable."""
@@ -149,7 +181,7 @@ class SplicedReply:
         self.spans = []
 
 
-Outcome = Answer | DurableReply | SplicedReply | NoAnswer
+Outcome = Answer | DurableReply | SyncedReply | SplicedReply | NoAnswer
 """What a request comes to: answer now, answer once durable, answer from the
 log files, or no answer."""
 
@@ -160,5 +192,5 @@ def as_outcome(result: Any) -> Outcome:
         return NoAnswer()
     if isinstance(result, m.Response):
         return Answer(result)
-    assert isinstance(result, DurableReply | SplicedReply | NoAnswer), type(result)
+    assert isinstance(result, DurableReply | SyncedReply | SplicedReply | NoAnswer), type(result)
     return result

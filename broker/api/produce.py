@@ -11,10 +11,12 @@ the transaction coordinator under its id's lock. acks=-1 answers with a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from broker.api.outcomes import DurableReply, storage_failed
+from broker.api.outcomes import DurableReply, SyncedReply, storage_failed
 from broker.api.transactions import owner_of
 from broker.clock import now_ms
 from broker.config import BrokerConfig
@@ -83,7 +85,10 @@ class ProduceApi:
     def produce(
         self, req: m.ProduceRequest, session: Session
     ) -> (
-        m.ProduceResponse | DurableReply | Awaitable[m.ProduceResponse | DurableReply | None] | None
+        m.ProduceResponse
+        | DurableReply
+        | Awaitable[m.ProduceResponse | DurableReply | SyncedReply | None]
+        | None
     ):
         acks = req.acks
         if acks not in (-1, 0, 1):
@@ -134,7 +139,7 @@ class ProduceApi:
 
     async def _produce_transactional(
         self, req: m.ProduceRequest, transactional_id: str, checked: list[list[Checked]]
-    ) -> m.ProduceResponse | DurableReply | None:
+    ) -> m.ProduceResponse | DurableReply | SyncedReply | None:
         """The coordinator admits the batches (the transaction durably holds their
         partitions) and, under the same lock, they are appended."""
         async with self.coordinator.locked(transactional_id):
@@ -185,13 +190,26 @@ class ProduceApi:
                 # The partition add was written, not synced: it shares this reply's round.
                 reply.also_durable(self.coordinator.log, txn_log_end)
                 return reply
-            # acks=0 or 1: the batch is not waited for, but the add is, before any answer.
-            try:
+            if reply is not None:
+                # acks=1: the batch is not waited for, but the add is, before the answer;
+                # what the connection sends next runs meanwhile.
+                return self._add_synced(reply, txn_log_end)
+            # acks=0: no answer, but the add is synced before the next request, as ever.
+            with contextlib.suppress(OSError):
                 await self.coordinator.durable(txn_log_end)
+            return None
+
+    def _add_synced(self, reply: m.ProduceResponse, txn_log_end: int) -> SyncedReply:
+        """`reply`, sent once the partition add written up to `txn_log_end` is durable."""
+        coordinator = self.coordinator
+
+        async def durable() -> None:
+            try:
+                await coordinator.durable(txn_log_end)
             except OSError as exc:
-                if reply is not None:
-                    storage_failed(reply, f"transaction log: {exc}")
-            return reply
+                storage_failed(reply, f"transaction log: {exc}")
+
+        return SyncedReply(reply, functools.partial(coordinator.is_durable, txn_log_end), durable)
 
     async def _repeat_of_ended(
         self, partition: Partition, header: BatchHeader, acks: int

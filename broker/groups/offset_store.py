@@ -4,9 +4,12 @@ of transactions that hold offsets, retention, and `<data_dir>/groups/offsets.wal
 
 The state and its records are pure (broker/groups/offset_state.py); this module orders
 the IO around them. Every change that is answered is written to the log and
-fdatasynced (broker/storage/record_log.py, shared rounds) before it is installed in memory
-and answered. Changes of one group are serialised by a lock per group, from the
-write to the install, so memory always holds what replaying the file gives.
+fdatasynced (broker/storage/record_log.py, shared rounds) before it is answered, and
+most before they are installed in memory. Two are in force once written: a
+TxnOffsetCommit's pending offsets, whose answer waits for the round while its
+connection runs the requests behind it, and a transaction's markers written behind
+its durable decision. Changes of one group are serialised by a lock per group, from
+the write to the install, so memory always holds what replaying the file gives.
 
 Who may commit is the group membership's business: the store asks a `MemberCheck`
 (the group coordinator once the listener opens; `NoMembers` during recovery). Which
@@ -18,6 +21,7 @@ transaction ends.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Sequence
@@ -128,6 +132,20 @@ class TxnJoin(Protocol):
         """Return once the transaction log is on disk up to `end`; OSError if not."""
         ...
 
+    def is_durable(self, end: int) -> bool:
+        """Whether the transaction log is on disk up to `end` already."""
+        ...
+
+
+class WrittenCommit(NamedTuple):
+    """A TxnOffsetCommit written and in force, to be answered once `durable` has returned
+    (which fills in `response`'s errors itself should a sync fail); `is_durable` says
+    whether it would wait. Meanwhile its connection runs the requests behind it."""
+
+    response: m.TxnOffsetCommitResponse
+    is_durable: Callable[[], bool]
+    durable: Callable[[], Awaitable[None]]
+
 
 class OffsetDeletion(NamedTuple):
     """An OffsetDelete's answer: the group's error, or each partition's."""
@@ -199,18 +217,14 @@ class OffsetStore:
         *,
         written_point: str | None = None,
         durable_point: str | None = None,
-        on_written: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Write `record`, wait until it is durable, install it. OSError when it could not
         be: then nothing is installed. A failed write leaves the file as it was; after a
         failed fdatasync the file's state is unknown, so the log takes no more writes
-        until a restart reads it again (RecordLog.failure_event). `on_written` runs once
-        the record is written."""
+        until a restart reads it again (RecordLog.failure_event)."""
         end = self.log.write(record)
         if written_point is not None:
             crash_point(written_point)
-        if on_written is not None:
-            await on_written()
         await self.log.durable_or_refuse(end)
         if durable_point is not None:
             crash_point(durable_point)
@@ -283,13 +297,12 @@ class OffsetStore:
         record: list[object],
         verdicts: Verdicts,
         point: str,
-        on_written: Callable[[], Awaitable[None]] | None = None,
     ) -> str | None:
         """Write a judged commit durably; on failure every accepted partition is answered
         KAFKA_STORAGE_ERROR and the reason returned."""
         self._reserved += verdicts.new_keys
         try:
-            await self._write_durably(record, durable_point=point, on_written=on_written)
+            await self._write_durably(record, durable_point=point)
             return None
         except OSError as exc:
             for key, _ in verdicts.accepted:
@@ -302,17 +315,15 @@ class OffsetStore:
 
     async def txn_offset_commit(
         self, req: m.TxnOffsetCommitRequest, txn: TxnJoin, principal: str
-    ) -> m.TxnOffsetCommitResponse:
+    ) -> m.TxnOffsetCommitResponse | WrittenCommit:
         """`principal`'s producer is judged, then the member, then the partitions; the group
-        joins the transaction (written) before the pending offsets are written, and both
-        are synced in one round before the answer.
-
-        The transactional id's lock is let go once both are written, so the producer's
-        batches are appended and synced while the offsets are; the group's lock is kept
-        until the pending offsets are installed, and ending the transaction takes it
-        before its groups' marker, so that marker still comes after them."""
-        async with AsyncExitStack() as txn_lock:
-            await txn_lock.enter_async_context(txn.locked(req.transactional_id))
+        joins the transaction (written) and the pending offsets are written and in force,
+        under the id's, the member's and the group's locks; both are synced in one round
+        after they are let go, before the answer (`WrittenCommit`): the producer's
+        batches, and whatever its connection sends next, run meanwhile. Ending the
+        transaction waits for that round (`settled`), so its groups' marker comes after
+        the offsets on disk too."""
+        async with txn.locked(req.transactional_id):
             try:
                 txn.judge_offsets(
                     req.transactional_id, req.producer_id, req.producer_epoch, principal
@@ -324,57 +335,78 @@ class OffsetStore:
                 if refused:
                     why = _member_message(refused, req.group_id, req.member_id, req.member_epoch)
                     return _txn_refused(req, refused, why)
-                return await self._add_pending(req, txn, txn_lock.aclose)
+                return await self._add_pending(req, txn)
 
     async def _add_pending(
-        self,
-        req: m.TxnOffsetCommitRequest,
-        txn: TxnJoin,
-        unlock_txn: Callable[[], Awaitable[None]],
-    ) -> m.TxnOffsetCommitResponse:
+        self, req: m.TxnOffsetCommitRequest, txn: TxnJoin
+    ) -> m.TxnOffsetCommitResponse | WrittenCommit:
         """The producer and the member passed: judge the partitions, add the group to the
-        transaction, write the pending offsets; `unlock_txn` once both are written."""
+        transaction, write the pending offsets and put them in force."""
         async with self._locked([req.group_id]):
             verdicts = self._judge(req.group_id, req.topics, req.producer_id)
-            message: str | None = None
-            if verdicts.accepted:
-                try:
-                    added = txn.add_group(req.transactional_id, req.group_id)
-                except ProtocolError as exc:
-                    return _txn_refused(req, exc.code, exc.message)
-                since = empty_since(
-                    self.state.group(req.group_id),
-                    self.members.has_members(req.group_id),
-                    now_ms(),
+            if not verdicts.accepted:
+                return m.TxnOffsetCommitResponse(
+                    message=_partition_message(verdicts),
+                    topics=_answer(req.topics, verdicts.errors),
                 )
-                record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
-                # The group's add and the pending offsets share one fsync round: either
-                # alone on disk after a crash is harmless (pending offsets no entry holds
-                # the group for are dropped by recovery; a group holding none gets no
-                # marker), and the client was answered neither.
-                add_failed: list[OSError] = []
-
-                async def add_durable() -> None:
-                    try:
-                        await txn.durable(added)
-                    except OSError as exc:
-                        add_failed.append(exc)
-
-                async with anyio.create_task_group() as tg:
-                    if added:
-                        tg.start_soon(add_durable)
-                    message = await self._write(
-                        record, verdicts, "txn_offsets_pending_durable", unlock_txn
-                    )
-                if add_failed and message is None:
-                    for key, _ in verdicts.accepted:
-                        verdicts.errors[key] = ErrorCode.KAFKA_STORAGE_ERROR
-                    message = f"transaction log: {add_failed[0]}"
-        return m.TxnOffsetCommitResponse(
-            error=ErrorCode.KAFKA_STORAGE_ERROR if message else ErrorCode.NONE,
-            message=message or _partition_message(verdicts),
-            topics=_answer(req.topics, verdicts.errors),
+            try:
+                added = txn.add_group(req.transactional_id, req.group_id)
+            except ProtocolError as exc:
+                return _txn_refused(req, exc.code, exc.message)
+            since = empty_since(
+                self.state.group(req.group_id), self.members.has_members(req.group_id), now_ms()
+            )
+            record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
+            try:
+                end = self.log.write(record)
+            except OSError as exc:
+                for key, _ in verdicts.accepted:
+                    verdicts.errors[key] = ErrorCode.KAFKA_STORAGE_ERROR
+                return m.TxnOffsetCommitResponse(
+                    error=ErrorCode.KAFKA_STORAGE_ERROR,
+                    message=f"offsets log: {exc}",
+                    topics=_answer(req.topics, verdicts.errors),
+                )
+            # In force before it is durable, as a Produce's batch is: what runs next (its
+            # transaction's end, an OffsetFetch) sees it; nothing is answered on it
+            # before the round. Pending offsets are no one's committed offsets yet.
+            self.state.apply(record)
+        response = m.TxnOffsetCommitResponse(
+            message=_partition_message(verdicts), topics=_answer(req.topics, verdicts.errors)
         )
+        accepted = {key for key, _ in verdicts.accepted}
+
+        def is_durable() -> bool:
+            return self.log.is_durable(end) and txn.is_durable(added)
+
+        async def durable() -> None:
+            # The group's add and the pending offsets share one fsync round: either alone
+            # on disk after a crash is harmless (pending offsets no entry holds the group
+            # for are dropped by recovery; a group holding none gets no marker), and the
+            # client was answered neither.
+            failures: list[str] = []
+
+            async def sync(what: str, wait: Callable[[], Awaitable[None]]) -> None:
+                try:
+                    await wait()
+                except OSError as exc:
+                    failures.append(f"{what}: {exc}")
+
+            async with anyio.create_task_group() as tg:
+                if added:
+                    tg.start_soon(sync, "transaction log", functools.partial(txn.durable, added))
+                await sync("offsets log", functools.partial(self.log.durable_or_refuse, end))
+            if failures:
+                response.error = ErrorCode.KAFKA_STORAGE_ERROR
+                response.message = failures[0]
+                for t in response.topics:
+                    for p in t.partitions:
+                        if (t.topic, p.partition) in accepted:
+                            p.error = ErrorCode.KAFKA_STORAGE_ERROR
+                return
+            crash_point("txn_offsets_pending_durable")
+
+        return WrittenCommit(response, is_durable, durable)
 
     # ------------------------------------------------------------------ markers
 
@@ -383,10 +415,12 @@ class OffsetStore:
         return self.state.pending_owners()
 
     async def settled(self, group_ids: Iterable[str]) -> None:
-        """Return once no TxnOffsetCommit is still writing offsets of these groups: one
-        holds its group's lock until its pending offsets are durable and installed."""
+        """Return once every TxnOffsetCommit of these groups written so far is durable: one
+        being judged holds its group's lock until its pending offsets are written, and a
+        round then syncs everything written. OSError when that round fails."""
         async with self._locked(group_ids):
             pass
+        await self.log.durable_or_refuse(self.log.size_bytes)
 
     async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
         """End transactions in their groups: for each (producer_id, groups, committed),
@@ -408,6 +442,36 @@ class OffsetStore:
                 written_point="txn_group_markers_written",
             )
             self._commits["TxnOffsetCommit"] += committed_offsets
+
+    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+        """`write_markers`, in force at once and written, not synced: return the size the
+        log must reach on disk for them to be (0: nothing written), for `durable`.
+
+        Only for transactions whose decision is durable in `txn.wal`: that decision, not
+        this record, is what recovery ends their groups by should this one be lost, so
+        memory may show the offsets committed before the disk does. OSError when the
+        record could not be written: nothing changed."""
+        wanted = [(g, pid, committed) for pid, groups, committed in markers for g in sorted(groups)]
+        async with self._locked(g for g, _, _ in wanted):
+            due = [w for w in wanted if self.state.holds_pending(w[0], w[1])]
+            if not due:
+                return 0
+            committed_offsets = sum(
+                len(group.pending[pid])
+                for g, pid, committed in due
+                if committed and (group := self.state.group(g)) is not None
+            )
+            record = markers_record(now_ms(), due)
+            end = self.log.write(record)
+            crash_point("txn_group_markers_written")
+            self.state.apply(record)
+            self._commits["TxnOffsetCommit"] += committed_offsets
+            return end
+
+    async def durable(self, end: int) -> None:
+        """Return once the log is on disk up to `end` (`write_markers_now`); OSError if
+        not, after which the log refuses writes."""
+        await self.log.durable_or_refuse(end)
 
     # ------------------------------------------------------------------ deleted topics
 

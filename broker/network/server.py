@@ -1,7 +1,10 @@
 """The connections on AnyIO: accepted on every listener, read, run in order, answered.
 
 Each connection has a reader that decodes frames and runs requests strictly
-in order, and a writer that sends replies in that same order. The reader may
+in order, and a writer that sends replies in that same order. A request whose
+answer waits only for the disk (an acks=-1 Produce's batches, a TxnOffsetCommit
+written and in force: `DurableReply`, `SyncedReply`) holds up no request behind
+it: the reader goes on while the writer waits for that answer's turn. The reader may
 run ahead of the writer (pipelining) by up to
 `max_inflight_requests_per_connection` requests and
 `queued_max_response_bytes` bytes of answers; past either it
@@ -47,7 +50,15 @@ from anyio.abc import ByteStream, SocketListener, SocketStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from anyio.streams.tls import TLSStream
 
-from broker.api import DISK_FAILURES, Answer, DurableReply, NoAnswer, Outcome, SplicedReply
+from broker.api import (
+    DISK_FAILURES,
+    Answer,
+    DurableReply,
+    NoAnswer,
+    Outcome,
+    SplicedReply,
+    SyncedReply,
+)
 from broker.clock import monotonic_ms
 from broker.config import BrokerConfig, Listener
 from broker.kafka import KafkaCodec
@@ -99,12 +110,13 @@ RUN_ENTRIES_MAX = 512
 
 @dataclass(frozen=True, slots=True)
 class AwaitingDurability:
-    """An acks=-1 Produce answer the writer sends once its batches are on disk."""
+    """An answer the writer sends once what it rests on is on disk: an acks=-1 Produce's
+    batches, or the records of a change already in force (`SyncedReply`)."""
 
     cid: int
     started_s: float
     api: str
-    reply: DurableReply
+    reply: DurableReply | SyncedReply
 
 
 @dataclass(frozen=True, slots=True)
@@ -748,7 +760,7 @@ class Server:
         """What the writer sends for a request's outcome."""
         cid = request.cid
         api = request.api
-        if isinstance(result, DurableReply):
+        if isinstance(result, (DurableReply, SyncedReply)):  # a tuple: the faster test
             return AwaitingDurability(cid, started, api, result)
         if isinstance(result, Answer):
             self.metrics.observe_request(api, result.response.error, time.perf_counter() - started)

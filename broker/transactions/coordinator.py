@@ -102,6 +102,15 @@ class GroupMarkers(Protocol):
         those groups become committed, or are dropped; durable on return."""
         ...
 
+    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+        """`write_markers`, in force at once and written, not synced: return the size the
+        offsets log must reach on disk for them to be (0: nothing written), for `durable`."""
+        ...
+
+    async def durable(self, end: int) -> None:
+        """Return once the offsets log is on disk up to `end`; OSError if not."""
+        ...
+
 
 @dataclass(slots=True)
 class TxnCounters:
@@ -136,6 +145,11 @@ class TransactionCoordinator:
         self.on_markers: Callable[[], None] = lambda: None
         self._locks: dict[tuple[str, str], anyio.Lock] = {}
         self._pids: dict[int, str] = {}  # producer id -> its transactional id
+        # Transactions answered whose markers are still being synced (`_settle`), by id:
+        # set once COMPLETE is recorded, or the round failed (the sweep completes them).
+        self._settling: dict[str, anyio.Event] = {}
+        # Where `_settle` runs: `run`'s task group, while it runs.
+        self._settlers: anyio.abc.TaskGroup | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -201,22 +215,14 @@ class TransactionCoordinator:
         apps: Iterable[AppVersion] = (),
         removed: Iterable[str] = (),
         removed_apps: Iterable[str] = (),
-        *,
-        durable: bool = True,
     ) -> None:
-        """Make the changes durable, then install them; OSError leaves memory unchanged.
-
-        `durable=False` only writes them: for a change that recovery redoes when it is
-        lost (COMPLETE after durable markers), so it costs no fsync of its own."""
+        """Make the changes durable, then install them; OSError leaves memory unchanged."""
         entries, apps, removed = list(entries), list(apps), list(removed)
         body: list[Any] = [[e.encode() for e in entries], [a.encode() for a in apps], removed]
         removed_apps = list(removed_apps)
         if removed_apps:
             body.append(removed_apps)
-        if durable:
-            await self.log.append(body)
-        else:
-            self.log.write(body)
+        await self.log.append(body)
         self._apply(entries, apps, removed, removed_apps)
 
     def _write(self, entries: Iterable[TxnEntry], apps: Iterable[AppVersion] = ()) -> int:
@@ -227,7 +233,8 @@ class TransactionCoordinator:
         For the changes section 5 lets share an fsync round with what they allow (a
         partition add with its batch, a decision with its markers): the caller answers
         nothing that rests on them before `log.durable(end)` returns, and recovery copes
-        with either side of the round lost (`recover`)."""
+        with either side of the round lost (`recover`). And for COMPLETE, which is never
+        synced for its own sake: recovery redoes it when it is lost."""
         entries, apps = list(entries), list(apps)
         end = self.log.write([[e.encode() for e in entries], [a.encode() for a in apps], []])
         self._apply(entries, apps, [], [])
@@ -261,6 +268,9 @@ class TransactionCoordinator:
                 lock = self._locks.setdefault(key, anyio.Lock(fast_acquire=True))
                 await stack.enter_async_context(lock)
                 stack.callback(self._release, key, lock)
+            # An id's end answered before its markers were synced is COMPLETE in memory
+            # only: what comes next of the id is written after its COMPLETE record.
+            await self._settled(i for kind, i in keys if kind == "txn")
             yield
 
     def _release(self, key: tuple[str, str], lock: anyio.Lock) -> None:
@@ -315,7 +325,7 @@ class TransactionCoordinator:
                 entry = (await self.end_transactions([entry], False, "fenced"))[0]
             removed: list[str] = []
             if entry is None:
-                removed = self._make_room()
+                removed = await self._make_room()
                 pid, epoch = self.producer_ids.allocate(principal), 0
             else:
                 pid, epoch = self._next_ids(entry, principal)
@@ -334,12 +344,17 @@ class TransactionCoordinator:
             await self.persist([new], removed=removed)
             return pid, epoch
 
-    def _make_room(self) -> list[str]:
+    async def _make_room(self) -> list[str]:
         """Ids to forget so that one more fits under max_transactional_ids: the least
-        recently used ended ones; CoordinatorError when every id held is open."""
+        recently used ended ones; CoordinatorError when every id held is open. An id
+        whose end is still being settled is waited for: forgotten first, its decision
+        would be gone from `txn.wal` before its markers are durable."""
         excess = len(self.entries) + 1 - self.config.max_transactional_ids
         if excess <= 0:
             return []
+        if self._settling:
+            await self._settled(list(self._settling))
+            excess = len(self.entries) + 1 - self.config.max_transactional_ids
         victims = [tid for tid, e in self.entries.items() if e.state in ENDED][:excess]
         if len(victims) < excess:
             raise CoordinatorError(
@@ -546,6 +561,10 @@ class TransactionCoordinator:
         """Return once `txn.wal` is on disk up to `end` (a change `_write` wrote)."""
         await self.log.durable(end)
 
+    def is_durable(self, end: int) -> bool:
+        """Whether `txn.wal` is on disk up to `end` already (0: nothing was written)."""
+        return self.log.is_durable(end)
+
     # ------------------------------------------------------------------ ending
 
     async def end_txn(self, req: m.EndTxnRequest, principal: str) -> m.EndTxnResponse:
@@ -583,7 +602,9 @@ class TransactionCoordinator:
                 missing = self._batches_missing(entry, req.last_sequences)
                 if missing is not None:
                     raise CoordinatorError(ErrorCode.CONCURRENT_TRANSACTIONS, missing)
-            ended = (await self.end_transactions([entry], req.committed, "client"))[0]
+            ended = (
+                await self.end_transactions([entry], req.committed, "client", settle_later=True)
+            )[0]
             return m.EndTxnResponse(
                 producer_id=ended.producer_id, producer_epoch=ended.producer_epoch
             )
@@ -755,9 +776,16 @@ class TransactionCoordinator:
         )
 
     async def end_transactions(
-        self, entries: list[TxnEntry], committed: bool, cause: str, app: AppVersion | None = None
+        self,
+        entries: list[TxnEntry],
+        committed: bool,
+        cause: str,
+        app: AppVersion | None = None,
+        *,
+        settle_later: bool = False,
     ) -> list[TxnEntry]:
-        """Decide `entries` in one durable record (with `app`), then complete them."""
+        """Decide `entries` in one durable record (with `app`), then complete them
+        (`complete`, which `settle_later` lets return before their markers are synced)."""
         if committed:
             await self._contents_durable(entries)
             crash_point("txn_contents_durable")
@@ -795,7 +823,7 @@ class TransactionCoordinator:
                     cause,
                     len(before.partitions),
                 )
-        return await self.complete(decisions)
+        return await self.complete(decisions, settle_later=settle_later)
 
     async def _contents_durable(self, entries: list[TxnEntry]) -> None:
         """Return once every batch and pending offset of the open `entries` is on disk;
@@ -827,7 +855,9 @@ class TransactionCoordinator:
         if groups:
             await self.offsets.settled(groups)
 
-    async def complete(self, entries: list[TxnEntry]) -> list[TxnEntry]:
+    async def complete(
+        self, entries: list[TxnEntry], *, settle_later: bool = False
+    ) -> list[TxnEntry]:
         """Write the markers of the decided `entries`, wait until they and every change
         written to `txn.wal` before them (the decisions) are durable, in one fsync round,
         then record the entries COMPLETE. Raises OSError or StorageError (the entries stay
@@ -837,7 +867,14 @@ class TransactionCoordinator:
         transaction: should a marker reach the disk and its decision not, recovery finds
         the marker and decides the transaction by it (`recover`). The groups' markers in
         `groups/offsets.wal` are the exception: they wait for the decision, since nothing
-        in recovery would read an outcome from them."""
+        in recovery would read an outcome from them.
+
+        `settle_later` (EndTxn) returns once the decisions are durable and every marker
+        is written, partitions' and groups', and in force (docs/protocol.md section 5):
+        from then on recovery writes any marker a crash lost, from the decision. The
+        markers' round and COMPLETE follow in `_settle`, while the id's next request
+        waits for them in `_locked`. So the answer costs the decision's fsync alone,
+        not the markers' too nor the groups' round after it."""
         decisions_end = self.log.size_bytes
         pending = [e for e in entries if e.state in DECIDED]
         if any(e.classic for e in pending):
@@ -845,23 +882,14 @@ class TransactionCoordinator:
             # transaction's batches, so recovery could not tell which one a marker whose
             # decision was lost ends: its decision is durable before any marker is written.
             await self.log.durable(decisions_end)
-        stamp = now_ms()
-        written: list[tuple[Partition, int]] = []
-        for entry in pending:
-            pid, epoch = entry.marker_ids()
-            for topic, index in sorted(entry.partitions):
-                partition = self.topics.partition(topic, index)
-                if partition is None or not partition.producers.in_txn(pid):
-                    # No batch of the transaction landed here, or its marker did before
-                    # a crash: nothing is waiting for one.
-                    continue
-                offset = partition.append_marker(pid, epoch, entry.state == PREPARE_COMMIT, stamp)
-                crash_point("txn_marker_written")
-                written.append((partition, offset))
-                self.committer.request_flush(partition, batches=1)
+        written = self._append_markers(pending)
         groups = [
             (e.marker_ids()[0], e.groups, e.state == PREPARE_COMMIT) for e in pending if e.groups
         ]
+        if settle_later and pending and self._settlers is not None:
+            return await self._answer_then_settle(
+                entries, pending, written, groups, decisions_end, self._settlers
+            )
         # Collected rather than raised inside the task group, which would wrap them.
         failures: list[Exception] = []
 
@@ -876,48 +904,172 @@ class TransactionCoordinator:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(decisions_then_groups)
-                try:
-                    for partition, offset in written:
-                        await self.committer.wait_durable(partition, offset)
-                except FlushFailed as exc:
-                    failures.append(StorageError(str(exc)))
+                await self._markers_durable(written, failures)
         finally:
             if written:
                 self.on_markers()
         if failures:
             raise failures[0]
+        self._forget_markers(pending)
+        if not pending:
+            return entries
+        return self._completed(entries, pending)
+
+    def _append_markers(self, pending: list[TxnEntry]) -> list[tuple[Partition, int]]:
+        """Append the COMMIT or ABORT marker of each decided entry wherever its
+        transaction wrote and has no marker yet, each partition's sync requested."""
+        stamp = now_ms()
+        written: list[tuple[Partition, int]] = []
         for entry in pending:
-            # The decision is durable: txn.wal decides the transaction from now on, so
-            # its partitions no longer keep its markers (written now or before a crash
-            # or a failed round) for recovery.
+            pid, epoch = entry.marker_ids()
+            for topic, index in sorted(entry.partitions):
+                partition = self.topics.partition(topic, index)
+                if partition is None or not partition.producers.in_txn(pid):
+                    # No batch of the transaction landed here, or its marker did before
+                    # a crash: nothing is waiting for one.
+                    continue
+                offset = partition.append_marker(pid, epoch, entry.state == PREPARE_COMMIT, stamp)
+                crash_point("txn_marker_written")
+                written.append((partition, offset))
+                self.committer.request_flush(partition, batches=1)
+        return written
+
+    async def _markers_durable(
+        self, written: list[tuple[Partition, int]], failures: list[Exception]
+    ) -> None:
+        """Wait for the partitions' markers `written`; a failed round goes to `failures`."""
+        try:
+            for partition, offset in written:
+                await self.committer.wait_durable(partition, offset)
+        except FlushFailed as exc:
+            failures.append(StorageError(str(exc)))
+
+    def _forget_markers(self, pending: list[TxnEntry]) -> None:
+        """The decisions are durable: txn.wal decides the transactions from now on, so
+        their partitions no longer keep their markers (written now or before a crash or
+        a failed round) for recovery."""
+        for entry in pending:
             pid, epoch = entry.marker_ids()
             for topic, index in entry.partitions:
                 partition = self.topics.partition(topic, index)
                 if partition is not None:
                     partition.producers.forget_marker(pid, epoch)
-        if not pending:
-            return entries
+
+    def _completed(self, entries: list[TxnEntry], pending: list[TxnEntry]) -> list[TxnEntry]:
+        """Record the decided `pending` COMPLETE: every marker of theirs is durable."""
         crash_point("txn_markers_durable")
         done = {e.transactional_id: completed(e, now_ms()) for e in pending}
         # Not fsynced: lost, the entry is still decided and recovery completes it again,
         # finding its markers written (in_txn is false) and writing none twice.
-        await self.persist(done.values(), durable=False)
+        self._write(done.values())
         return [done.get(e.transactional_id, e) for e in entries]
+
+    async def _answer_then_settle(
+        self,
+        entries: list[TxnEntry],
+        pending: list[TxnEntry],
+        written: list[tuple[Partition, int]],
+        groups: list[tuple[int, frozenset[str], bool]],
+        decisions_end: int,
+        settlers: anyio.abc.TaskGroup,
+    ) -> list[TxnEntry]:
+        """`complete(settle_later=True)` up to the answer: the decisions durable, the
+        groups' markers written, the entries COMPLETE in memory (what ListTransactions
+        and the id's next request see) while `txn.wal` still holds them decided until
+        `_settle` has their markers synced. Raises as `complete` does, nothing left to
+        settle (the sweep completes the entries)."""
+        try:
+            await self.log.durable(decisions_end)
+            self._forget_markers(pending)
+            groups_end = await self.offsets.write_markers_now(groups) if groups else 0
+        finally:
+            if written:
+                self.on_markers()
+        stamp = now_ms()
+        done = {e.transactional_id: completed(e, stamp) for e in pending}
+        self._apply(list(done.values()), [], [], [])
+        settled = anyio.Event()
+        for tid in done:
+            self._settling[tid] = settled
+        settlers.start_soon(self._settle, pending, done, written, groups_end, settled)
+        return [done.get(e.transactional_id, e) for e in entries]
+
+    async def _settle(
+        self,
+        pending: list[TxnEntry],
+        done: dict[str, TxnEntry],
+        written: list[tuple[Partition, int]],
+        groups_end: int,
+        settled: anyio.Event,
+    ) -> None:
+        """The end of `_answer_then_settle`'s transactions: their markers synced (the
+        partitions' and the groups' rounds at once), then COMPLETE written. A failed
+        round puts the decided entries back in memory, for the sweep to complete, as
+        `complete` leaves them."""
+        failures: list[Exception] = []
+
+        async def groups_durable() -> None:
+            try:
+                await self.offsets.durable(groups_end)
+            except OSError as exc:
+                failures.append(exc)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                if groups_end:
+                    tg.start_soon(groups_durable)
+                await self._markers_durable(written, failures)
+            # Nothing else of these ids ran meanwhile (`_locked`, `_make_room` and the
+            # sweep wait for `settled`), so memory still holds what `done` installed.
+            if failures:
+                log.error(
+                    "event=txn_markers_sync_failed ids=%r error=%r", sorted(done), str(failures[0])
+                )
+                for entry in pending:
+                    self._install(entry)
+                return
+            crash_point("txn_markers_durable")
+            # Not fsynced, as in `_completed`.
+            self._write(done.values())
+        except Exception:
+            # A write that fails here (the log refuses after a failed sync) must not end
+            # the coordinator's tasks: the markers are durable, and recovery completes
+            # the entries still decided in `txn.wal`.
+            log.exception("event=txn_settle_failed")
+        finally:
+            for tid in done:
+                if self._settling.get(tid) is settled:
+                    del self._settling[tid]
+            settled.set()
+
+    async def _settled(self, transactional_ids: Iterable[str]) -> None:
+        """Return once none of these ids' ends is still being settled."""
+        for tid in transactional_ids:
+            settling = self._settling.get(tid)
+            if settling is not None:
+                await settling.wait()
 
     # ------------------------------------------------------------------ housekeeping
 
     async def run(self) -> None:
-        """Abort transactions past their deadline, finish decided ones, forget old ids."""
-        while True:
-            await anyio.sleep(
-                self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms / 1000
-            )
+        """Abort transactions past their deadline, finish decided ones, forget old ids;
+        and settle the ends answered before their markers were synced (`_settle`)."""
+        async with anyio.create_task_group() as settlers:
+            self._settlers = settlers
             try:
-                await self.sweep(now_ms())
-            except Exception:
-                # A disk that fails under a marker must not stop the sweeps: the
-                # decided transactions stay decided and the next sweep tries again.
-                log.exception("event=txn_sweep_failed")
+                while True:
+                    await anyio.sleep(
+                        self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms
+                        / 1000
+                    )
+                    try:
+                        await self.sweep(now_ms())
+                    except Exception:
+                        # A disk that fails under a marker must not stop the sweeps: the
+                        # decided transactions stay decided and the next sweep tries again.
+                        log.exception("event=txn_sweep_failed")
+            finally:
+                self._settlers = None
 
     async def log_summaries(self) -> None:
         """Every log_summary_interval_ms, and at shutdown, one INFO line counting the
@@ -961,7 +1113,10 @@ class TransactionCoordinator:
         expired = [
             tid
             for tid, e in self.entries.items()
-            if e.state in ENDED and e.updated_ms + expiration < stamp and tid not in busy
+            if e.state in ENDED
+            and e.updated_ms + expiration < stamp
+            and tid not in busy
+            and tid not in self._settling
         ]
         # An app version is bounded the same way: forgetting it lets a micro-batch re-run
         # after that long commit again (docs/transactions.md, Limits), but keeping every
@@ -977,7 +1132,9 @@ class TransactionCoordinator:
             log.info("event=txn_ids_expired ids=%d apps=%d", len(expired), len(expired_apps))
         # Only with no lock held: a change written and synced is installed in memory by
         # its task after the sync, and a compaction before that would drop it.
-        if not self._locks and self.log.wants_compaction():
+        # Nor while an end is being settled: the state in memory says COMPLETE before
+        # the markers are durable, which only `txn.wal`'s decision may say.
+        if not self._locks and not self._settling and self.log.wants_compaction():
             self.log.compact([self._whole_state()])
 
     def _locks_held(self) -> set[str]:

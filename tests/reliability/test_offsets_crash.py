@@ -6,7 +6,8 @@ The broker is killed (a) after an OffsetCommit is durable but before its answer,
 pending offsets were written, (c) after the pending offsets are durable but before
 the answer, and, in a transaction holding data on a partition and offsets in two
 groups, (d) after the decision, (e) after the groups' marker is written but not
-synced, (f) after every marker is durable but before COMPLETE. Points are armed with
+synced, (f) after every marker is durable but before COMPLETE (behind EndTxn's
+answer, which may be out before the kill). Points are armed with
 MINIBROKER_CRASH_AT (broker/crash_points.py). Last, (g) pending offsets whose
 transaction the coordinator lost (its last txn.wal record cut) are dropped at start,
 so OffsetFetch with require_stable does not answer UNSTABLE_OFFSET_COMMIT for ever.
@@ -23,8 +24,9 @@ from broker.crash_points import ENV
 from broker.storage.record_log import scan_records
 from harness.broker_process import BrokerProcess
 from harness.txn import Txn, assert_end_txn_retry_answered, committed_view
-from harness.wire import WireClient
+from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode
+from protocol.framing import encode_frame
 
 DROPPED = (ConnectionError, OSError, EOFError)
 UNSTABLE = ErrorCode.UNSTABLE_OFFSET_COMMIT
@@ -135,8 +137,14 @@ def test_kill_after_the_decision_shows_offsets_iff_committed(
             assert tx.send("t", 0, [b"out"])["error"] == 0
             assert txn_commit(tx, "g", {0: 20, 1: 21})["error"] == 0
             assert txn_commit(tx, "h", {1: 30})["error"] == 0
-            with pytest.raises(DROPPED):
-                tx.end(committed=committed)
+            try:
+                answer = tx.end(committed=committed)
+            except DROPPED:
+                pass
+            else:
+                # Killed at txn_markers_durable, behind the answer: EndTxn answers once
+                # the decision is durable and its markers, the groups' too, are written.
+                assert crash_at == "txn_markers_durable" and answer["error"] == 0, answer
         broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
@@ -214,6 +222,100 @@ def test_pending_offsets_without_their_group_add_are_dropped(tmp_path: Path, bac
             assert txn_commit(tx, "g", {0: 10})["error"] == 0
             assert tx.end(committed=True)["error"] == 0
             assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
+            assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"out"]
+    finally:
+        broker.kill()
+
+
+def test_requests_behind_a_txn_offset_commit_run_while_its_offsets_are_synced(
+    tmp_path: Path, backend: str
+) -> None:
+    """A TxnOffsetCommit's answer waits for its fsync round, but the requests behind it on
+    its connection do not (docs/protocol.md section 1): a Produce sent right behind it
+    is appended before that round ends. Killed once the offsets are durable and before
+    their answer, the broker holds the Produce's record; a connection that ran its
+    requests one after another would have died before it."""
+    broker = fresh(tmp_path, backend, "txn_offsets_pending_durable")
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            offsets = {
+                "transactional_id": tx.id,
+                "producer_id": tx.pid,
+                "producer_epoch": tx.epoch,
+                "group_id": "g",
+                "topics": _topics({0: 10}),
+            }
+            batch = values_batch([b"b"])
+            behind = {
+                "acks": 1,
+                "timeout_ms": 10_000,
+                "topics": [{"topic": "t", "partitions": [{"partition": 1, "records": batch}]}],
+            }
+            # One write: both requests reach the broker in one read.
+            c.send_raw(
+                encode_frame({"api": "TxnOffsetCommit", "v": 1, "cid": 1, **offsets})
+                + encode_frame({"api": "Produce", "v": 1, "cid": 2, **behind})
+            )
+            with pytest.raises(DROPPED):
+                c.recv()
+        broker.restart_after_crash_point()
+        with WireClient(broker.bootstrap) as c:
+            assert committed_view(c.fetch("t", 1, 0)) == [b"b"]
+            # Never answered, the offsets stay pending until the transaction ends.
+            assert fetch(c, "g") == {0: (-1, UNSTABLE), 1: (-1, 0)}
+    finally:
+        broker.kill()
+
+
+def test_answers_stay_in_order_behind_a_txn_offset_commit(tmp_path: Path, backend: str) -> None:
+    """Pipelined on one connection, a TxnOffsetCommit, an OffsetFetch that sees its offsets
+    pending, the transaction's EndTxn and an OffsetFetch that sees them committed are
+    answered in the order sent, each as if the ones before it had been answered."""
+    broker = fresh(tmp_path, backend, None)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            assert tx.send("t", 1, [b"out"])["error"] == 0
+            stable = {"group_id": "g", "topics": [{"topic": "t", "partitions": [0, 1]}]}
+            requests = [
+                (
+                    "TxnOffsetCommit",
+                    {
+                        "transactional_id": tx.id,
+                        "producer_id": tx.pid,
+                        "producer_epoch": tx.epoch,
+                        "group_id": "g",
+                        "topics": _topics({0: 10, 1: 11}),
+                    },
+                ),
+                ("OffsetFetch", {**stable, "require_stable": True}),
+                (
+                    "EndTxn",
+                    {
+                        "transactional_id": tx.id,
+                        "producer_id": tx.pid,
+                        "producer_epoch": tx.epoch,
+                        "committed": True,
+                    },
+                ),
+                ("OffsetFetch", {**stable, "require_stable": True}),
+            ]
+            c.send_raw(
+                b"".join(
+                    encode_frame({"api": api, "v": 1, "cid": cid, **fields})
+                    for cid, (api, fields) in enumerate(requests)
+                )
+            )
+            answers = [c.recv() for _ in requests]
+            assert [a["cid"] for a in answers] == [0, 1, 2, 3]
+            assert [a["error"] for a in answers] == [0, 0, 0, 0]
+            pending, committed = (
+                [(p["offset"], p["error"]) for p in a["topics"][0]["partitions"]]
+                for a in (answers[1], answers[3])
+            )
+            assert pending == [(-1, UNSTABLE), (-1, UNSTABLE)]
+            assert committed == [(10, 0), (11, 0)]
             assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"out"]
     finally:
         broker.kill()

@@ -1,0 +1,133 @@
+"""EndTxn answers once its decision is durable; its markers are synced behind the answer.
+
+The decision in `txn.wal` is what recovery completes a transaction by, so once it is
+durable and the markers are written (and in force in memory), the answer may go
+out while the markers' fsync rounds finish (docs/protocol.md section 5). Until
+they have, `txn.wal` must not say COMPLETE, and nothing else of the id may be
+written after the decision: the id's next request waits. Checked on the
+coordinator, with the offsets store stood in for so that its round can be held
+open: the transaction holds a group, whose marker's sync the test releases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import anyio
+import pytest
+
+from broker.config import BrokerConfig
+from broker.partitions.partition import Partition
+from broker.partitions.producer_ids import ProducerIdManager
+from broker.partitions.topics import TopicRegistry
+from broker.storage.record_log import scan_records
+from broker.transactions.coordinator import TransactionCoordinator
+from broker.transactions.log import TxnLog, TxnLogError
+from broker.transactions.state import TxnEntry
+from protocol import messages as m
+
+NOW = 10_000
+
+
+class _Committer:
+    def request_flush(self, partition: Partition, batches: int = 0) -> None:
+        pass
+
+    async def wait_durable(self, partition: Partition, last_offset: int) -> None:
+        raise AssertionError("the transaction holds no partition")
+
+
+class _OffsetsSyncedOnRelease:
+    """The offsets store, whose round for the groups' marker runs until released."""
+
+    def __init__(self) -> None:
+        self.released = anyio.Event()
+        self.pending = True
+
+    def pending_owners(self) -> set[tuple[str, int]]:
+        return set()
+
+    async def settled(self, group_ids: Iterable[str]) -> None:
+        pass
+
+    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
+        await self.released.wait()  # a synced write: the answer would wait for it
+
+    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+        self.pending = False  # in force at once
+        return 1
+
+    async def durable(self, end: int) -> None:
+        await self.released.wait()
+
+
+def _states_on_disk(path: Path, transactional_id: str) -> list[str]:
+    """The states `txn.wal` holds for the id, record by record."""
+    states = []
+    for body, _end in scan_records(path.read_bytes(), path, TxnLogError):
+        for item in body[0]:
+            entry = TxnEntry.decode(item)
+            if entry.transactional_id == transactional_id:
+                states.append(entry.state)
+    return states
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_end_txn_answers_before_its_markers_are_synced(tmp_path: Path, committed: bool) -> None:
+    config = BrokerConfig().validate()
+    registry = TopicRegistry(tmp_path, config)
+    registry.open_all(clean_shutdown=True, now_ms=NOW)
+    offsets = _OffsetsSyncedOnRelease()
+    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
+    coordinator = TransactionCoordinator(
+        config,
+        registry,
+        ProducerIdManager(tmp_path),
+        _Committer(),  # type: ignore[arg-type]
+        txn_log,
+        offsets,
+    )
+    coordinator.load()
+    decided = "PREPARE_COMMIT" if committed else "PREPARE_ABORT"
+    complete = "COMPLETE_COMMIT" if committed else "COMPLETE_ABORT"
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(coordinator.run)  # where the settling runs
+            await anyio.wait_all_tasks_blocked()
+            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            await coordinator.durable(coordinator.add_group("a", "g"))
+            request = m.EndTxnRequest(
+                transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=committed
+            )
+            with anyio.fail_after(5):
+                answer = await coordinator.end_txn(request, "User:ANONYMOUS")
+            # Answered with the groups' round still open: the outcome in force in memory,
+            # the decision (not COMPLETE) the last word on disk.
+            assert (answer.error, answer.producer_epoch) == (0, epoch + 1)
+            assert not offsets.pending
+            listing = coordinator.list_transactions(m.ListTransactionsRequest())
+            assert [t.state for t in listing.transactions] == [complete]
+            assert _states_on_disk(txn_log.path, "a")[-1] == decided
+
+            # The id's next request waits for the round; then COMPLETE comes first.
+            reinitialized: list[tuple[int, int]] = []
+
+            async def init_again() -> None:
+                reinitialized.append(await coordinator.init_producer("a", None, "User:ANONYMOUS"))
+
+            tg.start_soon(init_again)
+            await anyio.wait_all_tasks_blocked()
+            assert not reinitialized
+            assert _states_on_disk(txn_log.path, "a")[-1] == decided
+            offsets.released.set()
+            with anyio.fail_after(5):
+                while not reinitialized:
+                    await anyio.wait_all_tasks_blocked()
+            assert _states_on_disk(txn_log.path, "a")[-2:] == [complete, "EMPTY"]
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    coordinator.close()
+    registry.close()
