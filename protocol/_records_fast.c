@@ -171,6 +171,197 @@ count_plain_records(PyObject *module, PyObject *arg)
     return PyLong_FromSsize_t(n);
 }
 
+/* A msgpack int at *pos into *out; 0 when the byte there is no int, it is cut, or
+ * it is a uint64 beyond int64 (the reference then decides). */
+static int
+read_int(const unsigned char *buf, size_t end, size_t *pos, int64_t *out)
+{
+    size_t at = *pos;
+    if (at >= end) {
+        return 0;
+    }
+    unsigned char tag = buf[at];
+    if (tag <= 0x7f) {
+        *out = tag;
+        *pos = at + 1;
+        return 1;
+    }
+    if (tag >= 0xe0) {
+        *out = (int8_t)tag;
+        *pos = at + 1;
+        return 1;
+    }
+    size_t start = *pos;
+    if (!skip_int(buf, end, &start)) {
+        return 0;
+    }
+    const unsigned char *p = buf + at + 1;
+    uint64_t wide;
+    switch (tag) {
+    case 0xcc: *out = p[0]; break;
+    case 0xcd: *out = be16(p); break;
+    case 0xce: *out = be32(p); break;
+    case 0xcf:
+        wide = ((uint64_t)be32(p) << 32) | be32(p + 4);
+        if (wide > INT64_MAX) {
+            return 0;
+        }
+        *out = (int64_t)wide;
+        break;
+    case 0xd0: *out = (int8_t)p[0]; break;
+    case 0xd1: *out = (int16_t)be16(p); break;
+    case 0xd2: *out = (int32_t)be32(p); break;
+    default: *out = (int64_t)(((uint64_t)be32(p) << 32) | be32(p + 4)); break;
+    }
+    *pos = start;
+    return 1;
+}
+
+/* nil (Py_None, new reference) or a bin (a new bytes) at *pos; NULL when it is
+ * neither or cut (no exception then), or when memory ran out (exception set). */
+static PyObject *
+read_bin_or_nil(const unsigned char *buf, size_t end, size_t *pos)
+{
+    size_t at = *pos;
+    if (!skip_bin_or_nil(buf, end, pos)) {
+        return NULL;
+    }
+    if (buf[at] == 0xc0) {
+        Py_RETURN_NONE;
+    }
+    size_t head = buf[at] == 0xc4 ? 2 : buf[at] == 0xc5 ? 3 : 5;
+    return PyBytes_FromStringAndSize((const char *)buf + at + head,
+                                     (Py_ssize_t)(*pos - at - head));
+}
+
+#define PLAIN_ARGS 9
+
+/* plain_rows(records, record_count, skip, row_type, topic, partition, base_offset,
+ * base_timestamp, no_headers) -> list | None: the consumer's decode of a magic-1
+ * records array (client/fetcher.py; its reference is protocol/records.py
+ * `plain_rows_py`). When the array holds exactly record_count records of the shape
+ * [int, bin|nil, bin|nil, nil|[]], the records from index `skip` on, each a
+ * row_type 7-tuple (topic, partition, base_offset + i, base_timestamp + delta, key,
+ * value, no_headers); None for anything else, where the reference decides. A row
+ * holds only atomic objects when no_headers is one, so it is left untracked by the
+ * cyclic GC, as the collector itself would leave it after its first look. */
+static PyObject *
+plain_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != PLAIN_ARGS || !PyType_Check(args[3]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[3], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "plain_rows(records, record_count, skip, row_type, topic, partition, "
+                        "base_offset, base_timestamp, no_headers)");
+        return NULL;
+    }
+    long long record_count = PyLong_AsLongLong(args[1]);
+    long long skip = PyLong_AsLongLong(args[2]);
+    long long base_offset = PyLong_AsLongLong(args[6]);
+    long long base_timestamp = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyTypeObject *row_type = (PyTypeObject *)args[3];
+    PyObject *topic = args[4], *partition = args[5], *base_ts = args[7], *no_headers = args[8];
+    int untrack = !PyObject_GC_IsTracked(topic) && !PyObject_GC_IsTracked(partition) &&
+                  !PyObject_GC_IsTracked(no_headers);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    size_t end = (size_t)view.len, pos = 0;
+    PyObject *rows = NULL;
+    int64_t n = array_length(buf, end, &pos);
+    /* Each plain record takes at least 5 bytes: a count beyond that is a lie. */
+    if (n < 0 || n != record_count || (uint64_t)n > (end - pos) / 5) {
+        goto undecided;
+    }
+    if (skip < 0) {
+        skip = 0;
+    }
+    long long last_offset;
+    if (n > 0 && __builtin_add_overflow(base_offset, n - 1, &last_offset)) {
+        goto undecided;
+    }
+    rows = PyList_New(skip < n ? (Py_ssize_t)(n - skip) : 0);
+    if (rows == NULL) {
+        goto failed;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t delta;
+        long long timestamp_ms;
+        if (array_length(buf, end, &pos) != 4 || !read_int(buf, end, &pos, &delta) ||
+            __builtin_add_overflow(base_timestamp, delta, &timestamp_ms)) {
+            goto undecided;
+        }
+        if (i < skip) {
+            if (!skip_bin_or_nil(buf, end, &pos) || !skip_bin_or_nil(buf, end, &pos)) {
+                goto undecided;
+            }
+        }
+        else {
+            PyObject *key = read_bin_or_nil(buf, end, &pos);
+            if (key == NULL) {
+                goto key_failed;
+            }
+            PyObject *value = read_bin_or_nil(buf, end, &pos);
+            if (value == NULL) {
+                Py_DECREF(key);
+                goto key_failed;
+            }
+            PyObject *offset = PyLong_FromLongLong(base_offset + i);
+            PyObject *timestamp =
+                delta == 0 ? Py_NewRef(base_ts) : PyLong_FromLongLong(timestamp_ms);
+            PyObject *row = row_type->tp_alloc(row_type, 7);
+            if (offset == NULL || timestamp == NULL || row == NULL) {
+                Py_DECREF(key);
+                Py_DECREF(value);
+                Py_XDECREF(offset);
+                Py_XDECREF(timestamp);
+                Py_XDECREF(row);
+                goto failed;
+            }
+            PyTuple_SET_ITEM(row, 0, Py_NewRef(topic));
+            PyTuple_SET_ITEM(row, 1, Py_NewRef(partition));
+            PyTuple_SET_ITEM(row, 2, offset);
+            PyTuple_SET_ITEM(row, 3, timestamp);
+            PyTuple_SET_ITEM(row, 4, key);
+            PyTuple_SET_ITEM(row, 5, value);
+            PyTuple_SET_ITEM(row, 6, Py_NewRef(no_headers));
+            if (untrack && PyObject_GC_IsTracked(row)) {
+                PyObject_GC_UnTrack(row);
+            }
+            PyList_SET_ITEM(rows, (Py_ssize_t)(i - skip), row);
+        }
+        if (pos >= end || (buf[pos] != 0xc0 && buf[pos] != 0x90)) {
+            goto undecided;
+        }
+        pos += 1;
+        continue;
+    key_failed:
+        if (PyErr_Occurred()) {
+            goto failed;
+        }
+        goto undecided;
+    }
+    if (pos != end) {
+        goto undecided;
+    }
+    PyBuffer_Release(&view);
+    return rows;
+undecided:
+    PyBuffer_Release(&view);
+    Py_XDECREF(rows);
+    Py_RETURN_NONE;
+failed:
+    PyBuffer_Release(&view);
+    Py_XDECREF(rows);
+    return NULL;
+}
+
 /* Kafka's v2 records (protocol/batch_v2.py `parse_records_v2`, the reference):
  * a zigzag varint at *pos of at most max_bytes bytes, none at or past limit.
  * 0 when it is cut or longer. The value of a varlong longer than 9 bytes may lose
@@ -956,6 +1147,8 @@ done:
 static PyMethodDef methods[] = {
     {"count_plain_records", count_plain_records, METH_O,
      "Records in a records array of plain records, or -1 when msgspec must decide."},
+    {"plain_rows", (PyCFunction)(void (*)(void))plain_rows, METH_FASTCALL,
+     "The consumer's rows of a records array of plain records, or None for the reference."},
     {"crc32c", (PyCFunction)(void (*)(void))crc32c, METH_FASTCALL,
      "CRC-32C of a buffer, continuing from value (as the crc32c package's crc32c)."},
     {"v2_records_valid", (PyCFunction)(void (*)(void))v2_records_valid, METH_FASTCALL,

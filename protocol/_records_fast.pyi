@@ -1,4 +1,5 @@
 from collections.abc import Sequence
+from typing import Any
 
 from protocol.records import BinaryChunk
 
@@ -9,6 +10,18 @@ def encode_binary_records(
 def binary_record_bounds(
     values: Sequence[BinaryChunk], keys: Sequence[BinaryChunk] | None, limit: int, overhead: int, /
 ) -> list[tuple[int, int]]: ...
+def plain_rows(
+    records: bytes | memoryview,
+    record_count: int,
+    skip: int,
+    row_type: type[tuple[Any, ...]],
+    topic: str,
+    partition: int,
+    base_offset: int,
+    base_timestamp: int,
+    no_headers: tuple[Any, ...],
+    /,
+) -> list[Any] | None: ...
 def v2_records_parse(
     records: bytes | memoryview, record_count: int, /
 ) -> list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]] | None: ...

@@ -337,17 +337,72 @@ def _undecided(records: bytes | memoryview, /) -> int:
     return -1
 
 
+_INT64 = range(-(2**63), 2**63)
+
+
+def plain_rows_py(
+    records: bytes | memoryview,
+    record_count: int,
+    skip: int,
+    row_type: type[tuple[Any, ...]],
+    topic: str,
+    partition: int,
+    base_offset: int,
+    base_timestamp: int,
+    no_headers: tuple[Any, ...],
+    /,
+) -> list[Any] | None:
+    """The consumer's rows of a magic-1 records array, the reference of the C decode.
+
+    When the array holds exactly `record_count` records [int, bin|nil, bin|nil,
+    nil|[]] (each int, offset and timestamp within int64), the records from index
+    `skip` on as `row_type` 7-tuples (topic, partition, offset, timestamp, key,
+    value, no_headers); None for anything else, which the caller's own decode
+    judges (and refuses with its reason where it is corrupt)."""
+    try:
+        rows = msgpack.unpackb(records, use_list=False, raw=False)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if type(rows) is not tuple or len(rows) != record_count:
+        return None
+    if record_count and base_offset + record_count - 1 not in _INT64:
+        return None
+    out = []
+    for i, row in enumerate(rows):
+        if type(row) is not tuple or len(row) != 4:
+            return None
+        delta, key, value, headers = row
+        if type(delta) is not int or delta not in _INT64 or base_timestamp + delta not in _INT64:
+            return None
+        if not (key is None or type(key) is bytes) or not (value is None or type(value) is bytes):
+            return None
+        if headers is not None and headers != ():
+            return None
+        if i >= skip:
+            record = (topic, partition, base_offset + i, base_timestamp + delta, key, value)
+            out.append(tuple.__new__(row_type, (*record, no_headers)))
+    return out
+
+
+def _undecided_rows(*args: Any) -> None:
+    """plain_rows without the extension: the caller's columnar decode does every array."""
+    return None
+
+
 count_plain_records: Callable[[bytes | memoryview], int]
+plain_rows: Callable[..., list[Any] | None]
 encode_binary_records: Callable[[BinaryColumn, BinaryColumn | None, int, int], bytes]
 binary_record_bounds: Callable[[BinaryColumn, BinaryColumn | None, int, int], list[tuple[int, int]]]
 try:
     from protocol import _records_fast
 except ImportError:  # not built here (no C compiler at install): the Python paths alone
     count_plain_records = _undecided
+    plain_rows = _undecided_rows
     encode_binary_records = encode_binary_records_py
     binary_record_bounds = binary_record_bounds_py
 else:
     count_plain_records = _records_fast.count_plain_records
+    plain_rows = _records_fast.plain_rows
     encode_binary_records = _records_fast.encode_binary_records
     binary_record_bounds = _records_fast.binary_record_bounds
 
