@@ -1144,6 +1144,105 @@ done:
     return bounds;
 }
 
+/* One item of a list column: its bytes (NULL for None) and length; 0 when it is
+ * neither bytes nor None, or longer than msgpack's bin32. */
+static int
+list_item(PyObject *item, const unsigned char **data, Py_ssize_t *length)
+{
+    if (item == Py_None) {
+        *data = NULL;
+        *length = 0;
+        return 1;
+    }
+    if (!PyBytes_CheckExact(item) || PyBytes_GET_SIZE(item) > 0xffffffffLL) {
+        return 0;
+    }
+    *data = (const unsigned char *)PyBytes_AS_STRING(item);
+    *length = PyBytes_GET_SIZE(item);
+    return 1;
+}
+
+/* The records of rows [start, stop) of list columns into `out`, or only their size
+ * when out is NULL; -1 when an item is not bytes or None. */
+static Py_ssize_t
+write_list_records(unsigned char *out, PyObject *values, PyObject *keys, Py_ssize_t start,
+                   Py_ssize_t stop)
+{
+    Py_ssize_t pos = array_header(out, stop - start);
+    for (Py_ssize_t i = start; i < stop; i++) {
+        const unsigned char *key = NULL, *value;
+        Py_ssize_t klen = 0, vlen;
+        if ((keys != Py_None && !list_item(PyList_GET_ITEM(keys, i), &key, &klen)) ||
+            !list_item(PyList_GET_ITEM(values, i), &value, &vlen)) {
+            return -1;
+        }
+        if (out) {
+            out[pos] = 0x94;
+            out[pos + 1] = 0x00;
+        }
+        pos += 2;
+        pos += bin_header(out ? out + pos : NULL, key, klen);
+        if (key != NULL) {
+            if (out) {
+                memcpy(out + pos, key, (size_t)klen);
+            }
+            pos += klen;
+        }
+        pos += bin_header(out ? out + pos : NULL, value, vlen);
+        if (value != NULL) {
+            if (out) {
+                memcpy(out + pos, value, (size_t)vlen);
+            }
+            pos += vlen;
+        }
+        if (out) {
+            out[pos] = 0xc0;
+        }
+        pos += 1;
+    }
+    return pos;
+}
+
+/* encode_list_records(values, keys, start, stop) -> bytes | None: the records array
+ * of rows [start, stop) of a list of values (bytes or None) and a list of keys or
+ * None, every timestamp_delta 0 and no headers: protocol/records.py RecordColumns'
+ * encoding (its reference), in one pass to size and one to copy, with no object per
+ * row. None when an item is neither bytes nor None: the reference decides. */
+static PyObject *
+encode_list_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4 || !PyList_CheckExact(args[0]) ||
+        (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_list_records(values: list, keys: list | None, start, stop)");
+        return NULL;
+    }
+    PyObject *values = args[0], *keys = args[1];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]), stop = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (!(0 <= start && start <= stop && stop <= n) ||
+        (keys != Py_None && PyList_GET_SIZE(keys) != n)) {
+        PyErr_Format(PyExc_ValueError, "rows [%zd, %zd) of %zd values", start, stop, n);
+        return NULL;
+    }
+    /* Only bytes objects are read and nothing here runs Python code between the two
+     * passes, so the lists cannot change under them. */
+    Py_ssize_t size = write_list_records(NULL, values, keys, start, stop);
+    if (size < 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) {
+        return NULL;
+    }
+    write_list_records((unsigned char *)PyBytes_AS_STRING(out), values, keys, start, stop);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"count_plain_records", count_plain_records, METH_O,
      "Records in a records array of plain records, or -1 when msgspec must decide."},
@@ -1155,6 +1254,8 @@ static PyMethodDef methods[] = {
      "Whether bytes are exactly record_count well-formed Kafka v2 records."},
     {"v2_records_parse", (PyCFunction)(void (*)(void))v2_records_parse, METH_FASTCALL,
      "The rows of exactly record_count well-formed Kafka v2 records, or None."},
+    {"encode_list_records", (PyCFunction)(void (*)(void))encode_list_records, METH_FASTCALL,
+     "The records array of rows [start, stop) of list columns of bytes or None, or None."},
     {"encode_binary_records", encode_binary_records, METH_VARARGS,
      "The records array of rows [start, stop) of Arrow binary columns, from their buffers."},
     {"binary_record_bounds", binary_record_bounds, METH_VARARGS,

@@ -4,6 +4,9 @@ from typing import Any
 from protocol.records import BinaryChunk
 
 def count_plain_records(records: bytes | memoryview, /) -> int: ...
+def encode_list_records(
+    values: list[bytes | None], keys: list[bytes | None] | None, start: int, stop: int, /
+) -> bytes | None: ...
 def encode_binary_records(
     values: Sequence[BinaryChunk], keys: Sequence[BinaryChunk] | None, start: int, stop: int, /
 ) -> bytes: ...

@@ -189,9 +189,22 @@ class RecordColumns:
         )
 
     def encode(self, start: int = 0, stop: int | None = None) -> bytes:
-        """The records array of rows [start, stop), every timestamp_delta 0."""
+        """The records array of rows [start, stop), every timestamp_delta 0: in C
+        (`encode_list_records`) for lists without headers where the extension is built,
+        else by the joins below, its reference."""
         if stop is None:
             stop = len(self.values)
+        if self.headers is None and type(self.values) is list:
+            keys = self.keys
+            if keys is None or type(keys) is list:
+                encoded = encode_list_records(self.values, keys, start, stop)
+                if encoded is not None:
+                    return encoded
+        return self.encode_py(start, stop)
+
+    def encode_py(self, start: int, stop: int) -> bytes:
+        """encode's reference: tables of per-length prefixes joined with the data in C
+        where every item is bytes, msgpack's packing otherwise."""
         if self.headers is None and self.value_lengths is not None:
             if self.keys is None:
                 return self._join_values(start, stop)
@@ -384,6 +397,13 @@ def plain_rows_py(
     return out
 
 
+def _undecided_list(
+    values: list[bytes | None], keys: list[bytes | None] | None, start: int, stop: int, /
+) -> None:
+    """encode_list_records without the extension: RecordColumns.encode_py does every run."""
+    return None
+
+
 def _undecided_rows(*args: Any) -> None:
     """plain_rows without the extension: the caller's columnar decode does every array."""
     return None
@@ -391,6 +411,9 @@ def _undecided_rows(*args: Any) -> None:
 
 count_plain_records: Callable[[bytes | memoryview], int]
 plain_rows: Callable[..., list[Any] | None]
+encode_list_records: Callable[
+    [list[bytes | None], list[bytes | None] | None, int, int], bytes | None
+]
 encode_binary_records: Callable[[BinaryColumn, BinaryColumn | None, int, int], bytes]
 binary_record_bounds: Callable[[BinaryColumn, BinaryColumn | None, int, int], list[tuple[int, int]]]
 try:
@@ -398,11 +421,13 @@ try:
 except ImportError:  # not built here (no C compiler at install): the Python paths alone
     count_plain_records = _undecided
     plain_rows = _undecided_rows
+    encode_list_records = _undecided_list
     encode_binary_records = encode_binary_records_py
     binary_record_bounds = binary_record_bounds_py
 else:
     count_plain_records = _records_fast.count_plain_records
     plain_rows = _records_fast.plain_rows
+    encode_list_records = _records_fast.encode_list_records
     encode_binary_records = _records_fast.encode_binary_records
     binary_record_bounds = _records_fast.binary_record_bounds
 
