@@ -9,6 +9,11 @@ and timestamps at int64's edges; then the same bytes truncated, extended, with a
 byte flipped or a length field rewritten. It must also decide, not defer, for the
 arrays every producer writes.
 
+`v2_records_from_plain` against `encode_records_v2` of the decoded rows: the kafka
+listener's conversion of plain magic-1 records to v2 gives the reference's bytes,
+whole batches included (`to_v2` with and without the C path), or None for what
+the reference must convert (headers, damaged arrays).
+
 `encode_list_records` against `RecordColumns.encode_py`: the same bytes for every
 run of random lists of bytes or None, keyed or not, and None (the reference
 decides) for anything else in them.
@@ -25,6 +30,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import protocol.batch_convert
+from protocol.batch import build_batch
+from protocol.batch_convert import to_v2
+from protocol.batch_v2 import encode_records_v2, v2_records_from_plain
+from protocol.compression import Compression
 from protocol.records import RecordColumns, encode_list_records, plain_rows, plain_rows_py
 
 try:
@@ -211,3 +221,43 @@ def test_list_columns_of_other_types_are_left_to_the_reference() -> None:
 
 def test_the_extension_encodes_lists() -> None:
     assert encode_list_records is built.encode_list_records  # type: ignore[union-attr]
+
+
+def v2_reference(data: bytes, count: int) -> bytes | None:
+    """encode_records_v2 of the rows plain_rows_py decodes, or None where it defers."""
+    rows = plain_rows_py(data, count, 0, Row, TOPIC, 0, 0, 0, NO_HEADERS)
+    if rows is None:
+        return None
+    return encode_records_v2([(r[3], r[4], r[5], None) for r in rows])
+
+
+@settings(max_examples=300, deadline=None)
+@given(records, st.data())
+def test_v2_conversion_agrees_with_the_reference(
+    rows: list[tuple[Any, ...]], data: st.DataObject
+) -> None:
+    encoded = msgpack.packb(rows, use_bin_type=True)
+    assert v2_records_from_plain(encoded, len(rows)) == v2_reference(encoded, len(rows))
+    if encoded:
+        cut = data.draw(st.integers(0, len(encoded) - 1))
+        flipped = bytearray(encoded)
+        flipped[cut] ^= data.draw(st.integers(1, 255))
+        for damaged in (encoded[:cut], bytes(flipped), encoded + b"\xc0"):
+            assert v2_records_from_plain(damaged, len(rows)) == v2_reference(damaged, len(rows))
+
+
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.LZ4, Compression.ZSTD])
+def test_whole_batches_convert_as_the_reference_does(
+    codec: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = [
+        (1_000 + i % 3, None if i % 4 else b"k%d" % i, b"v" * (i % 200), None) for i in range(300)
+    ]
+    batch = build_batch(plain, compression=codec, producer_id=7, producer_epoch=2, base_sequence=5)
+    fast = to_v2(batch)
+    with monkeypatch.context() as patched:
+        patched.setattr(protocol.batch_convert, "v2_records_from_plain", lambda *args: None)
+        assert to_v2(batch) == fast
+    assert (
+        v2_records_from_plain(b"\x91\x94\x00\xc0\xc0\x91\x92\xa1n\xc4\x01v", 1) is None
+    )  # headers
