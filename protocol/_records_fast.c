@@ -1321,6 +1321,40 @@ write_list_records(unsigned char *out, PyObject *values, PyObject *keys, Py_ssiz
     return pos;
 }
 
+/* bytes_lengths(column: list) -> list[int] | None: len() of every item when every
+ * item is exactly bytes, else None (protocol/records.py `_lengths` then looks at the
+ * column itself, as it did before this): send_batch's sizes of a column in one pass
+ * without a call per item. */
+static PyObject *
+bytes_lengths(PyObject *module, PyObject *column)
+{
+    (void)module;
+    if (!PyList_CheckExact(column)) {
+        PyErr_SetString(PyExc_TypeError, "bytes_lengths(column: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_CheckExact(PyList_GET_ITEM(column, i))) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *lengths = PyList_New(n);
+    if (lengths == NULL) {
+        return NULL;
+    }
+    /* No Python code runs between the check and here: the list cannot change. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *length = PyLong_FromSsize_t(PyBytes_GET_SIZE(PyList_GET_ITEM(column, i)));
+        if (length == NULL) {
+            Py_DECREF(lengths);
+            return NULL;
+        }
+        PyList_SET_ITEM(lengths, i, length);
+    }
+    return lengths;
+}
+
 /* encode_list_records(values, keys, start, stop) -> bytes | None: the records array
  * of rows [start, stop) of a list of values (bytes or None) and a list of keys or
  * None, every timestamp_delta 0 and no headers: protocol/records.py RecordColumns'
@@ -1374,6 +1408,8 @@ static PyMethodDef methods[] = {
      "Whether bytes are exactly record_count well-formed Kafka v2 records."},
     {"v2_records_parse", (PyCFunction)(void (*)(void))v2_records_parse, METH_FASTCALL,
      "The rows of exactly record_count well-formed Kafka v2 records, or None."},
+    {"bytes_lengths", bytes_lengths, METH_O,
+     "len() of every item of a list of bytes, or None when an item is not bytes."},
     {"encode_list_records", (PyCFunction)(void (*)(void))encode_list_records, METH_FASTCALL,
      "The records array of rows [start, stop) of list columns of bytes or None, or None."},
     {"encode_binary_records", encode_binary_records, METH_VARARGS,

@@ -143,7 +143,12 @@ def join_records(parts: list[bytes], count: int) -> bytes:
 
 
 def _lengths(column: Sequence[bytes | None]) -> list[int] | None:
-    """len() of every item, or None when an item is None (no fast path then)."""
+    """len() of every item, or None when an item is None (no fast path then): in one C
+    pass (`bytes_lengths`) for a list of bytes where the extension is built."""
+    if type(column) is list:
+        lengths = bytes_lengths(column)
+        if lengths is not None:
+            return lengths
     if None in column:
         return None
     return list(map(len, cast("Sequence[bytes]", column)))
@@ -404,6 +409,19 @@ def _undecided_list(
     return None
 
 
+def bytes_lengths_py(column: list[Any], /) -> list[int] | None:
+    """len() of every item when every item is exactly bytes, else None: the reference
+    of the C pass."""
+    if not all(type(item) is bytes for item in column):
+        return None
+    return list(map(len, column))
+
+
+def _undecided_lengths(column: list[Any], /) -> None:
+    """bytes_lengths without the extension: `_lengths` looks at the column itself."""
+    return None
+
+
 def _undecided_rows(*args: Any) -> None:
     """plain_rows without the extension: the caller's columnar decode does every array."""
     return None
@@ -411,6 +429,7 @@ def _undecided_rows(*args: Any) -> None:
 
 count_plain_records: Callable[[bytes | memoryview], int]
 plain_rows: Callable[..., list[Any] | None]
+bytes_lengths: Callable[[list[Any]], list[int] | None]
 encode_list_records: Callable[
     [list[bytes | None], list[bytes | None] | None, int, int], bytes | None
 ]
@@ -421,12 +440,14 @@ try:
 except ImportError:  # not built here (no C compiler at install): the Python paths alone
     count_plain_records = _undecided
     plain_rows = _undecided_rows
+    bytes_lengths = _undecided_lengths
     encode_list_records = _undecided_list
     encode_binary_records = encode_binary_records_py
     binary_record_bounds = binary_record_bounds_py
 else:
     count_plain_records = _records_fast.count_plain_records
     plain_rows = _records_fast.plain_rows
+    bytes_lengths = _records_fast.bytes_lengths
     encode_list_records = _records_fast.encode_list_records
     encode_binary_records = _records_fast.encode_binary_records
     binary_record_bounds = _records_fast.binary_record_bounds

@@ -14,6 +14,9 @@ listener's conversion of plain magic-1 records to v2 gives the reference's bytes
 whole batches included (`to_v2` with and without the C path), or None for what
 the reference must convert (headers, damaged arrays).
 
+`bytes_lengths` against `bytes_lengths_py`: every item's length when all are bytes,
+else None.
+
 `encode_list_records` against `RecordColumns.encode_py`: the same bytes for every
 run of random lists of bytes or None, keyed or not, and None (the reference
 decides) for anything else in them.
@@ -35,7 +38,14 @@ from protocol.batch import build_batch
 from protocol.batch_convert import to_v2
 from protocol.batch_v2 import encode_records_v2, v2_records_from_plain
 from protocol.compression import Compression
-from protocol.records import RecordColumns, encode_list_records, plain_rows, plain_rows_py
+from protocol.records import (
+    RecordColumns,
+    bytes_lengths,
+    bytes_lengths_py,
+    encode_list_records,
+    plain_rows,
+    plain_rows_py,
+)
 
 try:
     import protocol._records_fast as built
@@ -261,3 +271,17 @@ def test_whole_batches_convert_as_the_reference_does(
     assert (
         v2_records_from_plain(b"\x91\x94\x00\xc0\xc0\x91\x92\xa1n\xc4\x01v", 1) is None
     )  # headers
+
+
+items = st.one_of(
+    st.binary(max_size=400), st.none(), st.text(max_size=3), st.builds(bytearray, st.binary())
+)
+
+
+@given(st.lists(items, max_size=30), st.lists(st.binary(max_size=70_000), max_size=5))
+def test_lengths_agree_with_the_reference(mixed: list[Any], blobs: list[bytes]) -> None:
+    for column in (mixed, blobs, [*blobs, None]):
+        assert bytes_lengths(column) == bytes_lengths_py(column)
+    assert bytes_lengths(blobs) == [len(b) for b in blobs]
+    with pytest.raises(TypeError):
+        bytes_lengths(tuple(blobs))  # type: ignore[arg-type]
