@@ -43,7 +43,7 @@ def _cases() -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
     produce = m.ProduceRequest(
         acks=-1,
         timeout_ms=30_000,
-        topics=[m.ProduceTopic("orders", [m.ProducePartition(0, batch)])],
+        topics=[m.ProduceTopic("orders", [m.ProducePartition(0, memoryview(batch))])],
     )
     produce_body = m.encode_request(produce, 7)
     fetch = m.FetchRequest(

@@ -56,7 +56,9 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
     produce.with_header(correlation_id=1, client_id="bench")
     produce_body = bytes(produce.encode(header=True))
     ours_produce = m.encode_request(
-        m.ProduceRequest(acks=-1, topics=[m.ProduceTopic("bench", [m.ProducePartition(0, batch)])]),
+        m.ProduceRequest(
+            acks=-1, topics=[m.ProduceTopic("bench", [m.ProducePartition(0, memoryview(batch))])]
+        ),
         1,
     )
     answer = m.ProduceResponse(

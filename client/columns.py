@@ -23,6 +23,7 @@ from protocol.records import (
     BinaryChunk,
     RecordColumns,
     binary_record_bounds,
+    bytes_lengths,
     encode_binary_records,
 )
 
@@ -52,6 +53,9 @@ def to_column(data: Any, what: str) -> list[bytes | None]:
     if is_arrow(data):
         return list(_arrow_binary(data, what).to_pylist())
     items = data if isinstance(data, list) else list(data)
+    # All bytes, the common case, in one C pass where the extension is built.
+    if type(items) is list and bytes_lengths(items) is not None:
+        return items
     if set(map(type, items)) <= {bytes, type(None)}:
         return items
     return [v if v is None or v.__class__ is bytes else to_bytes(v, what) for v in items]
@@ -90,7 +94,12 @@ class Columns(RecordColumns):
         """[start, stop) row ranges whose records add up to at most `limit` bytes each."""
         lengths = self.value_lengths
         n = len(self.values)
-        if lengths and self.keys is None and self.headers is None and min(lengths) == max(lengths):
+        if (
+            lengths
+            and self.keys is None
+            and self.headers is None
+            and lengths.count(lengths[0]) == n
+        ):
             # Fixed-size records (common in bulk loads): the cut points are arithmetic.
             per_batch = limit // (RECORD_OVERHEAD + lengths[0])
             if not per_batch:

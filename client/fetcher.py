@@ -5,11 +5,13 @@ the fetch offset, so the records below that offset are skipped here. Control
 batches are always dropped; under read_committed so are the batches of aborted
 transactions, with Kafka's algorithm over the `aborted_transactions` list.
 
-Decoding is columnar: one msgpack call per batch, then the ConsumerRecord
-tuples are built by C-level iterators (zip/map) with no Python frame per
-record, and with the cyclic GC paused while they are made (these tuples
-cannot form cycles, and letting the GC rescan them mid-poll costs a fifth of
-the consumer's time).
+A batch of plain records (no headers: what producers write) is decoded in C,
+`protocol.records.plain_rows`, straight into ConsumerRecords that the cyclic GC
+does not track (they cannot form cycles). Any other batch, or every batch where
+the extension is not built, is decoded columnar: one msgpack call per batch,
+then the ConsumerRecord tuples are built by C-level iterators (zip/map) with no
+Python frame per record, and with the cyclic GC paused while they are made
+(letting the GC rescan them mid-poll costs a fifth of the consumer's time).
 
 A partition may also hold Kafka's v2 batches (magic 2, written through the
 kafka listener), served as they lie: byte 16 of each batch says its format, and
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import gc
 import heapq
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -43,6 +44,7 @@ from protocol.batch import (
     MAGIC_V2,
     BatchHeader,
     control_type,
+    crc32,
     read_header,
 )
 from protocol.batch_v2 import (
@@ -54,6 +56,7 @@ from protocol.batch_v2 import (
 from protocol.compression import Compression, decompress
 from protocol.errors import ProtocolError
 from protocol.messages import AbortedTransaction
+from protocol.records import plain_rows
 
 _new_record = partial(tuple.__new__, ConsumerRecord)
 _NO_HEADERS: tuple[tuple[str, bytes], ...] = ()
@@ -90,6 +93,19 @@ def _decode(
     try:
         if header.compression != Compression.NONE:
             payload = decompress(header.compression, payload)
+        decoded = plain_rows(
+            payload,
+            header.record_count,
+            first - base_offset,
+            ConsumerRecord,
+            topic,
+            partition,
+            base_offset,
+            header.base_timestamp,
+            _NO_HEADERS,
+        )
+        if decoded is not None:
+            return decoded
         rows = msgpack.unpackb(payload, use_list=False, raw=False)
     except (ValueError, ProtocolError, msgpack.UnpackException) as exc:
         raise CorruptRecordError(topic, partition, base_offset, f"undecodable: {exc}") from exc
@@ -235,7 +251,7 @@ class FetchedRecords:
             elif header.magic not in (MAGIC, MAGIC_V2) or header.record_count < 1:
                 reason = f"magic {header.magic}, record_count {header.record_count}"
             elif check_crcs and header.crc != (
-                crc_v2(buf, pos, header) if v2 else zlib.crc32(buf[pos + CRC_START : pos + size])
+                crc_v2(buf, pos, header) if v2 else crc32(buf[pos + CRC_START : pos + size])
             ):
                 reason = "CRC mismatch"
             if reason is not None:

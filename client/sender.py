@@ -334,7 +334,8 @@ class Sender:
             for batch in batches:
                 by_topic.setdefault(batch.topic, []).append(
                     ProducePartition(
-                        batch.partition, batch.wire(pid, epoch, compression, transactional)
+                        batch.partition,
+                        memoryview(batch.wire(pid, epoch, compression, transactional)),
                     )
                 )
             request = ProduceRequest(

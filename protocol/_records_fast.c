@@ -171,6 +171,197 @@ count_plain_records(PyObject *module, PyObject *arg)
     return PyLong_FromSsize_t(n);
 }
 
+/* A msgpack int at *pos into *out; 0 when the byte there is no int, it is cut, or
+ * it is a uint64 beyond int64 (the reference then decides). */
+static int
+read_int(const unsigned char *buf, size_t end, size_t *pos, int64_t *out)
+{
+    size_t at = *pos;
+    if (at >= end) {
+        return 0;
+    }
+    unsigned char tag = buf[at];
+    if (tag <= 0x7f) {
+        *out = tag;
+        *pos = at + 1;
+        return 1;
+    }
+    if (tag >= 0xe0) {
+        *out = (int8_t)tag;
+        *pos = at + 1;
+        return 1;
+    }
+    size_t start = *pos;
+    if (!skip_int(buf, end, &start)) {
+        return 0;
+    }
+    const unsigned char *p = buf + at + 1;
+    uint64_t wide;
+    switch (tag) {
+    case 0xcc: *out = p[0]; break;
+    case 0xcd: *out = be16(p); break;
+    case 0xce: *out = be32(p); break;
+    case 0xcf:
+        wide = ((uint64_t)be32(p) << 32) | be32(p + 4);
+        if (wide > INT64_MAX) {
+            return 0;
+        }
+        *out = (int64_t)wide;
+        break;
+    case 0xd0: *out = (int8_t)p[0]; break;
+    case 0xd1: *out = (int16_t)be16(p); break;
+    case 0xd2: *out = (int32_t)be32(p); break;
+    default: *out = (int64_t)(((uint64_t)be32(p) << 32) | be32(p + 4)); break;
+    }
+    *pos = start;
+    return 1;
+}
+
+/* nil (Py_None, new reference) or a bin (a new bytes) at *pos; NULL when it is
+ * neither or cut (no exception then), or when memory ran out (exception set). */
+static PyObject *
+read_bin_or_nil(const unsigned char *buf, size_t end, size_t *pos)
+{
+    size_t at = *pos;
+    if (!skip_bin_or_nil(buf, end, pos)) {
+        return NULL;
+    }
+    if (buf[at] == 0xc0) {
+        Py_RETURN_NONE;
+    }
+    size_t head = buf[at] == 0xc4 ? 2 : buf[at] == 0xc5 ? 3 : 5;
+    return PyBytes_FromStringAndSize((const char *)buf + at + head,
+                                     (Py_ssize_t)(*pos - at - head));
+}
+
+#define PLAIN_ARGS 9
+
+/* plain_rows(records, record_count, skip, row_type, topic, partition, base_offset,
+ * base_timestamp, no_headers) -> list | None: the consumer's decode of a magic-1
+ * records array (client/fetcher.py; its reference is protocol/records.py
+ * `plain_rows_py`). When the array holds exactly record_count records of the shape
+ * [int, bin|nil, bin|nil, nil|[]], the records from index `skip` on, each a
+ * row_type 7-tuple (topic, partition, base_offset + i, base_timestamp + delta, key,
+ * value, no_headers); None for anything else, where the reference decides. A row
+ * holds only atomic objects when no_headers is one, so it is left untracked by the
+ * cyclic GC, as the collector itself would leave it after its first look. */
+static PyObject *
+plain_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != PLAIN_ARGS || !PyType_Check(args[3]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[3], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "plain_rows(records, record_count, skip, row_type, topic, partition, "
+                        "base_offset, base_timestamp, no_headers)");
+        return NULL;
+    }
+    long long record_count = PyLong_AsLongLong(args[1]);
+    long long skip = PyLong_AsLongLong(args[2]);
+    long long base_offset = PyLong_AsLongLong(args[6]);
+    long long base_timestamp = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyTypeObject *row_type = (PyTypeObject *)args[3];
+    PyObject *topic = args[4], *partition = args[5], *base_ts = args[7], *no_headers = args[8];
+    int untrack = !PyObject_GC_IsTracked(topic) && !PyObject_GC_IsTracked(partition) &&
+                  !PyObject_GC_IsTracked(no_headers);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    size_t end = (size_t)view.len, pos = 0;
+    PyObject *rows = NULL;
+    int64_t n = array_length(buf, end, &pos);
+    /* Each plain record takes at least 5 bytes: a count beyond that is a lie. */
+    if (n < 0 || n != record_count || (uint64_t)n > (end - pos) / 5) {
+        goto undecided;
+    }
+    if (skip < 0) {
+        skip = 0;
+    }
+    long long last_offset;
+    if (n > 0 && __builtin_add_overflow(base_offset, n - 1, &last_offset)) {
+        goto undecided;
+    }
+    rows = PyList_New(skip < n ? (Py_ssize_t)(n - skip) : 0);
+    if (rows == NULL) {
+        goto failed;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t delta;
+        long long timestamp_ms;
+        if (array_length(buf, end, &pos) != 4 || !read_int(buf, end, &pos, &delta) ||
+            __builtin_add_overflow(base_timestamp, delta, &timestamp_ms)) {
+            goto undecided;
+        }
+        if (i < skip) {
+            if (!skip_bin_or_nil(buf, end, &pos) || !skip_bin_or_nil(buf, end, &pos)) {
+                goto undecided;
+            }
+        }
+        else {
+            PyObject *key = read_bin_or_nil(buf, end, &pos);
+            if (key == NULL) {
+                goto key_failed;
+            }
+            PyObject *value = read_bin_or_nil(buf, end, &pos);
+            if (value == NULL) {
+                Py_DECREF(key);
+                goto key_failed;
+            }
+            PyObject *offset = PyLong_FromLongLong(base_offset + i);
+            PyObject *timestamp =
+                delta == 0 ? Py_NewRef(base_ts) : PyLong_FromLongLong(timestamp_ms);
+            PyObject *row = row_type->tp_alloc(row_type, 7);
+            if (offset == NULL || timestamp == NULL || row == NULL) {
+                Py_DECREF(key);
+                Py_DECREF(value);
+                Py_XDECREF(offset);
+                Py_XDECREF(timestamp);
+                Py_XDECREF(row);
+                goto failed;
+            }
+            PyTuple_SET_ITEM(row, 0, Py_NewRef(topic));
+            PyTuple_SET_ITEM(row, 1, Py_NewRef(partition));
+            PyTuple_SET_ITEM(row, 2, offset);
+            PyTuple_SET_ITEM(row, 3, timestamp);
+            PyTuple_SET_ITEM(row, 4, key);
+            PyTuple_SET_ITEM(row, 5, value);
+            PyTuple_SET_ITEM(row, 6, Py_NewRef(no_headers));
+            if (untrack && PyObject_GC_IsTracked(row)) {
+                PyObject_GC_UnTrack(row);
+            }
+            PyList_SET_ITEM(rows, (Py_ssize_t)(i - skip), row);
+        }
+        if (pos >= end || (buf[pos] != 0xc0 && buf[pos] != 0x90)) {
+            goto undecided;
+        }
+        pos += 1;
+        continue;
+    key_failed:
+        if (PyErr_Occurred()) {
+            goto failed;
+        }
+        goto undecided;
+    }
+    if (pos != end) {
+        goto undecided;
+    }
+    PyBuffer_Release(&view);
+    return rows;
+undecided:
+    PyBuffer_Release(&view);
+    Py_XDECREF(rows);
+    Py_RETURN_NONE;
+failed:
+    PyBuffer_Release(&view);
+    Py_XDECREF(rows);
+    return NULL;
+}
+
 /* Kafka's v2 records (protocol/batch_v2.py `parse_records_v2`, the reference):
  * a zigzag varint at *pos of at most max_bytes bytes, none at or past limit.
  * 0 when it is cut or longer. The value of a varlong longer than 9 bytes may lose
@@ -410,6 +601,124 @@ v2_records_parse(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* Bytes of Kafka's zigzag varint of v, and the varint at out when out is not NULL. */
+static size_t
+zigzag_put(unsigned char *out, int64_t v)
+{
+    uint64_t n = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    size_t i = 0;
+    while (n >= 0x80) {
+        if (out) {
+            out[i] = (unsigned char)((n & 0x7f) | 0x80);
+        }
+        n >>= 7;
+        i++;
+    }
+    if (out) {
+        out[i] = (unsigned char)n;
+    }
+    return i + 1;
+}
+
+/* A bin or nil at *pos: its bytes at *at and length (-1 for nil); 0 when neither. */
+static int
+bin_span(const unsigned char *buf, size_t end, size_t *pos, size_t *at, int64_t *length)
+{
+    size_t start = *pos;
+    if (!skip_bin_or_nil(buf, end, pos)) {
+        return 0;
+    }
+    if (buf[start] == 0xc0) {
+        *length = -1;
+        return 1;
+    }
+    size_t head = buf[start] == 0xc4 ? 2 : buf[start] == 0xc5 ? 3 : 5;
+    *at = start + head;
+    *length = (int64_t)(*pos - start - head);
+    return 1;
+}
+
+/* The v2 records of a plain magic-1 records array into out (its size when out is
+ * NULL), or -1 when the array is not exactly record_count plain records. */
+static Py_ssize_t
+write_v2_from_plain(unsigned char *out, const unsigned char *buf, size_t end,
+                    int64_t record_count)
+{
+    size_t pos = 0, written = 0;
+    int64_t n = array_length(buf, end, &pos);
+    if (n < 0 || n != record_count || (uint64_t)n > (end - pos) / 5) {
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t delta, key_length, value_length;
+        size_t key_at = 0, value_at = 0;
+        if (array_length(buf, end, &pos) != 4 || !read_int(buf, end, &pos, &delta) ||
+            !bin_span(buf, end, &pos, &key_at, &key_length) ||
+            !bin_span(buf, end, &pos, &value_at, &value_length) || pos >= end ||
+            (buf[pos] != 0xc0 && buf[pos] != 0x90)) {
+            return -1;
+        }
+        pos += 1;
+        /* attributes, delta, offset delta, key, value, no headers */
+        size_t body = 1 + zigzag_put(NULL, delta) + zigzag_put(NULL, i) +
+                      zigzag_put(NULL, key_length) + (key_length > 0 ? (size_t)key_length : 0) +
+                      zigzag_put(NULL, value_length) +
+                      (value_length > 0 ? (size_t)value_length : 0) + 1;
+        if (out == NULL) {
+            written += zigzag_put(NULL, (int64_t)body) + body;
+            continue;
+        }
+        written += zigzag_put(out + written, (int64_t)body);
+        out[written++] = 0;
+        written += zigzag_put(out + written, delta);
+        written += zigzag_put(out + written, i);
+        written += zigzag_put(out + written, key_length);
+        if (key_length > 0) {
+            memcpy(out + written, buf + key_at, (size_t)key_length);
+            written += (size_t)key_length;
+        }
+        written += zigzag_put(out + written, value_length);
+        if (value_length > 0) {
+            memcpy(out + written, buf + value_at, (size_t)value_length);
+            written += (size_t)value_length;
+        }
+        out[written++] = 0;
+    }
+    return pos == end ? (Py_ssize_t)written : -1;
+}
+
+/* v2_records_from_plain(records, record_count) -> bytes | None: a magic-1 records
+ * array of exactly record_count plain records ([int, bin|nil, bin|nil, nil|[]]) as
+ * Kafka's v2 records field, the kafka listener's conversion of what the SDK wrote
+ * (protocol/batch_convert.py `to_v2`); its reference is protocol/batch_v2.py
+ * `encode_records_v2` of the decoded rows. None for anything else: the reference
+ * converts it. */
+static PyObject *
+v2_records_from_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    Py_buffer view;
+    long long record_count;
+    if (!v2_args(args, nargs, "v2_records_from_plain(records, record_count)", &view,
+                 &record_count)) {
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t size = write_v2_from_plain(NULL, buf, (size_t)view.len, record_count);
+    PyObject *out = NULL;
+    if (size < 0) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    out = PyBytes_FromStringAndSize(NULL, size);
+    if (out != NULL) {
+        write_v2_from_plain((unsigned char *)PyBytes_AS_STRING(out), buf, (size_t)view.len,
+                            record_count);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* CRC-32C (Castagnoli), the checksum of Kafka's v2 batches: with the SSE 4.2
  * instruction where the CPU has it (about 1 us for 16 KiB), else a table. Here and
  * not from the crc32c package because importing that package imports
@@ -437,12 +746,96 @@ crc32c_bytes(uint32_t crc, const unsigned char *p, size_t n)
     return crc;
 }
 
+/* Three runs of CRC32C_RUN bytes are summed in parallel by the SSE 4.2 path (the
+ * instruction's latency, not its throughput, bounds one run: about 3x), then joined
+ * by shifting a run's CRC over the zeros of the next run's length: the operator of
+ * CRC32C_RUN zero bytes as four byte tables (Mark Adler's method, crc32c.c). */
+#define CRC32C_RUN 256
+static uint32_t crc32c_run_zeros[4][256];
+
+static uint32_t
+gf2_times(const uint32_t *matrix, uint32_t vector)
+{
+    uint32_t sum = 0;
+    for (; vector; vector >>= 1, matrix++) {
+        if (vector & 1) {
+            sum ^= *matrix;
+        }
+    }
+    return sum;
+}
+
+static void
+gf2_square(uint32_t *square, const uint32_t *matrix)
+{
+    for (int n = 0; n < 32; n++) {
+        square[n] = gf2_times(matrix, matrix[n]);
+    }
+}
+
+/* The tables of the operator that appends `length` zero bytes to a CRC. */
+static void
+crc32c_zeros_init(uint32_t zeros[4][256], size_t length)
+{
+    uint32_t odd[32], even[32], *op;
+    odd[0] = 0x82f63b78u; /* one zero bit */
+    for (int n = 1; n < 32; n++) {
+        odd[n] = 1u << (n - 1);
+    }
+    gf2_square(even, odd); /* two zero bits */
+    gf2_square(odd, even); /* four */
+    /* Each square doubles the zeros: odd holds a byte's worth after the next. */
+    for (;;) {
+        gf2_square(even, odd);
+        op = even;
+        length >>= 1;
+        if (length == 0) {
+            break;
+        }
+        gf2_square(odd, even);
+        op = odd;
+        length >>= 1;
+        if (length == 0) {
+            break;
+        }
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        zeros[0][n] = gf2_times(op, n);
+        zeros[1][n] = gf2_times(op, n << 8);
+        zeros[2][n] = gf2_times(op, n << 16);
+        zeros[3][n] = gf2_times(op, n << 24);
+    }
+}
+
+static uint32_t
+crc32c_shift(const uint32_t zeros[4][256], uint32_t crc)
+{
+    return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^ zeros[2][(crc >> 16) & 0xff] ^
+           zeros[3][crc >> 24];
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CRC32C_HARDWARE 1
 __attribute__((target("sse4.2"))) static uint32_t
 crc32c_sse42(uint32_t crc, const unsigned char *p, size_t n)
 {
     uint64_t crc64 = crc;
+    while (n >= 3 * CRC32C_RUN) {
+        uint64_t crc1 = 0, crc2 = 0;
+        for (size_t i = 0; i < CRC32C_RUN; i += 8) {
+            uint64_t w0, w1, w2;
+            memcpy(&w0, p + i, 8);
+            memcpy(&w1, p + CRC32C_RUN + i, 8);
+            memcpy(&w2, p + 2 * CRC32C_RUN + i, 8);
+            crc64 = __builtin_ia32_crc32di(crc64, w0);
+            crc1 = __builtin_ia32_crc32di(crc1, w1);
+            crc2 = __builtin_ia32_crc32di(crc2, w2);
+        }
+        crc64 = crc32c_shift(crc32c_run_zeros, (uint32_t)crc64) ^ (uint32_t)crc1;
+        crc64 = crc32c_shift(crc32c_run_zeros, (uint32_t)crc64) ^ (uint32_t)crc2;
+        p += 3 * CRC32C_RUN;
+        n -= 3 * CRC32C_RUN;
+    }
     for (; n >= 8; n -= 8, p += 8) {
         uint64_t word;
         memcpy(&word, p, 8);
@@ -953,15 +1346,156 @@ done:
     return bounds;
 }
 
+/* One item of a list column: its bytes (NULL for None) and length; 0 when it is
+ * neither bytes nor None, or longer than msgpack's bin32. */
+static int
+list_item(PyObject *item, const unsigned char **data, Py_ssize_t *length)
+{
+    if (item == Py_None) {
+        *data = NULL;
+        *length = 0;
+        return 1;
+    }
+    if (!PyBytes_CheckExact(item) || PyBytes_GET_SIZE(item) > 0xffffffffLL) {
+        return 0;
+    }
+    *data = (const unsigned char *)PyBytes_AS_STRING(item);
+    *length = PyBytes_GET_SIZE(item);
+    return 1;
+}
+
+/* The records of rows [start, stop) of list columns into `out`, or only their size
+ * when out is NULL; -1 when an item is not bytes or None. */
+static Py_ssize_t
+write_list_records(unsigned char *out, PyObject *values, PyObject *keys, Py_ssize_t start,
+                   Py_ssize_t stop)
+{
+    Py_ssize_t pos = array_header(out, stop - start);
+    for (Py_ssize_t i = start; i < stop; i++) {
+        const unsigned char *key = NULL, *value;
+        Py_ssize_t klen = 0, vlen;
+        if ((keys != Py_None && !list_item(PyList_GET_ITEM(keys, i), &key, &klen)) ||
+            !list_item(PyList_GET_ITEM(values, i), &value, &vlen)) {
+            return -1;
+        }
+        if (out) {
+            out[pos] = 0x94;
+            out[pos + 1] = 0x00;
+        }
+        pos += 2;
+        pos += bin_header(out ? out + pos : NULL, key, klen);
+        if (key != NULL) {
+            if (out) {
+                memcpy(out + pos, key, (size_t)klen);
+            }
+            pos += klen;
+        }
+        pos += bin_header(out ? out + pos : NULL, value, vlen);
+        if (value != NULL) {
+            if (out) {
+                memcpy(out + pos, value, (size_t)vlen);
+            }
+            pos += vlen;
+        }
+        if (out) {
+            out[pos] = 0xc0;
+        }
+        pos += 1;
+    }
+    return pos;
+}
+
+/* bytes_lengths(column: list) -> list[int] | None: len() of every item when every
+ * item is exactly bytes, else None (protocol/records.py `_lengths` then looks at the
+ * column itself, as it did before this): send_batch's sizes of a column in one pass
+ * without a call per item. */
+static PyObject *
+bytes_lengths(PyObject *module, PyObject *column)
+{
+    (void)module;
+    if (!PyList_CheckExact(column)) {
+        PyErr_SetString(PyExc_TypeError, "bytes_lengths(column: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(column);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_CheckExact(PyList_GET_ITEM(column, i))) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *lengths = PyList_New(n);
+    if (lengths == NULL) {
+        return NULL;
+    }
+    /* No Python code runs between the check and here: the list cannot change. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *length = PyLong_FromSsize_t(PyBytes_GET_SIZE(PyList_GET_ITEM(column, i)));
+        if (length == NULL) {
+            Py_DECREF(lengths);
+            return NULL;
+        }
+        PyList_SET_ITEM(lengths, i, length);
+    }
+    return lengths;
+}
+
+/* encode_list_records(values, keys, start, stop) -> bytes | None: the records array
+ * of rows [start, stop) of a list of values (bytes or None) and a list of keys or
+ * None, every timestamp_delta 0 and no headers: protocol/records.py RecordColumns'
+ * encoding (its reference), in one pass to size and one to copy, with no object per
+ * row. None when an item is neither bytes nor None: the reference decides. */
+static PyObject *
+encode_list_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4 || !PyList_CheckExact(args[0]) ||
+        (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_list_records(values: list, keys: list | None, start, stop)");
+        return NULL;
+    }
+    PyObject *values = args[0], *keys = args[1];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]), stop = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (!(0 <= start && start <= stop && stop <= n) ||
+        (keys != Py_None && PyList_GET_SIZE(keys) != n)) {
+        PyErr_Format(PyExc_ValueError, "rows [%zd, %zd) of %zd values", start, stop, n);
+        return NULL;
+    }
+    /* Only bytes objects are read and nothing here runs Python code between the two
+     * passes, so the lists cannot change under them. */
+    Py_ssize_t size = write_list_records(NULL, values, keys, start, stop);
+    if (size < 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL) {
+        return NULL;
+    }
+    write_list_records((unsigned char *)PyBytes_AS_STRING(out), values, keys, start, stop);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"count_plain_records", count_plain_records, METH_O,
      "Records in a records array of plain records, or -1 when msgspec must decide."},
+    {"plain_rows", (PyCFunction)(void (*)(void))plain_rows, METH_FASTCALL,
+     "The consumer's rows of a records array of plain records, or None for the reference."},
+    {"v2_records_from_plain", (PyCFunction)(void (*)(void))v2_records_from_plain, METH_FASTCALL,
+     "A plain magic-1 records array as Kafka's v2 records, or None for the reference."},
     {"crc32c", (PyCFunction)(void (*)(void))crc32c, METH_FASTCALL,
      "CRC-32C of a buffer, continuing from value (as the crc32c package's crc32c)."},
     {"v2_records_valid", (PyCFunction)(void (*)(void))v2_records_valid, METH_FASTCALL,
      "Whether bytes are exactly record_count well-formed Kafka v2 records."},
     {"v2_records_parse", (PyCFunction)(void (*)(void))v2_records_parse, METH_FASTCALL,
      "The rows of exactly record_count well-formed Kafka v2 records, or None."},
+    {"bytes_lengths", bytes_lengths, METH_O,
+     "len() of every item of a list of bytes, or None when an item is not bytes."},
+    {"encode_list_records", (PyCFunction)(void (*)(void))encode_list_records, METH_FASTCALL,
+     "The records array of rows [start, stop) of list columns of bytes or None, or None."},
     {"encode_binary_records", encode_binary_records, METH_VARARGS,
      "The records array of rows [start, stop) of Arrow binary columns, from their buffers."},
     {"binary_record_bounds", binary_record_bounds, METH_VARARGS,
@@ -980,6 +1514,7 @@ PyMODINIT_FUNC
 PyInit__records_fast(void)
 {
     crc32c_init();
+    crc32c_zeros_init(crc32c_run_zeros, CRC32C_RUN);
 #ifdef CRC32C_HARDWARE
     __builtin_cpu_init();
     crc32c_hardware = __builtin_cpu_supports("sse4.2");

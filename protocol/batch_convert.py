@@ -18,20 +18,29 @@ from collections.abc import Iterator
 import msgpack
 
 from protocol.batch import (
+    HEADER_BYTES,
     MAGIC,
     MAGIC_AT,
     MAGIC_V2,
     OFFSET,
     BatchError,
+    BatchHeader,
     control_type,
     encode_batch,
     iter_records,
     read_header,
     scan_batches,
 )
-from protocol.batch_v2 import CONTROL_KEY, CONTROL_VALUE, LOG_APPEND_TIME_FLAG, encode_batch_v2
-from protocol.compression import MAGIC1_CODECS, Compression
-from protocol.errors import ErrorCode
+from protocol.batch_v2 import (
+    CONTROL_KEY,
+    CONTROL_VALUE,
+    LOG_APPEND_TIME_FLAG,
+    encode_batch_v2,
+    seal_batch_v2,
+    v2_records_from_plain,
+)
+from protocol.compression import MAGIC1_CODECS, Compression, decompress
+from protocol.errors import ErrorCode, ProtocolError
 from protocol.records import Row, encode_rows
 
 SNAPPY_IN_MAGIC1 = Compression.LZ4
@@ -45,6 +54,10 @@ def to_v2(batch: bytes | memoryview, *, compression: int | None = None) -> bytes
         return bytes(batch)
     header = read_header(batch)
     codec = header.compression if compression is None else compression
+    if not header.is_control:
+        converted = _plain_to_v2(batch, header, codec)
+        if converted is not None:
+            return converted
     rows = [(r.timestamp, r.key, r.value, r.headers) for r in iter_records(batch, 0, header)]
     if header.is_control:
         kind = control_type(batch, 0, header)
@@ -58,6 +71,36 @@ def to_v2(batch: bytes | memoryview, *, compression: int | None = None) -> bytes
         base_sequence=header.base_sequence,
         transactional=header.is_transactional,
         control=header.is_control,
+        base_timestamp=header.base_timestamp,
+        max_timestamp=header.max_timestamp,
+    )
+
+
+def _plain_to_v2(batch: bytes | memoryview, header: BatchHeader, codec: int) -> bytes | None:
+    """A magic-1 batch of plain records (no headers: what the SDK's producers write)
+    converted in C, record by record without an object per record; None for any other
+    batch, which `to_v2` converts through the decoded records (the reference: the
+    same bytes, tests/protocol/test_batch_convert.py)."""
+    payload: bytes | memoryview = memoryview(batch)[HEADER_BYTES : header.size_bytes]
+    if header.compression != Compression.NONE:
+        try:
+            payload = decompress(header.compression, payload)
+        except ProtocolError:
+            return None  # the reference raises its own error for it
+    records = v2_records_from_plain(payload, header.record_count)
+    if records is None:
+        return None
+    return seal_batch_v2(
+        records,
+        header.record_count,
+        base_offset=header.base_offset,
+        compression=codec,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        transactional=header.is_transactional,
+        control=False,
+        log_append_time=False,
         base_timestamp=header.base_timestamp,
         max_timestamp=header.max_timestamp,
     )

@@ -82,13 +82,23 @@ RowV2 = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | 
 """A parsed record: (timestamp_delta, key, value, headers or None when it has none)."""
 
 try:
-    from protocol._records_fast import crc32c, v2_records_parse, v2_records_valid
+    from protocol._records_fast import (
+        crc32c,
+        v2_records_parse,
+        v2_records_valid,
+    )
+    from protocol._records_fast import (  # re-exported: batch_convert's conversion
+        v2_records_from_plain as v2_records_from_plain,
+    )
 except ImportError:  # not built here: the Python walk below decides alone
     # The crc32c package imports importlib.metadata, and with it socket: only here.
     from crc32c import crc32c
 
     def v2_records_valid(records: bytes | memoryview, record_count: int, /) -> bool:
         return False
+
+    def v2_records_from_plain(records: bytes | memoryview, record_count: int, /) -> bytes | None:
+        return None
 
     def v2_records_parse(records: bytes | memoryview, record_count: int, /) -> list[RowV2] | None:
         return None
@@ -413,8 +423,45 @@ def encode_batch_v2(
         raise ValueError(f"compression {compression} has no v2 code")
     base_ts = records[0][0] if base_timestamp is None else base_timestamp
     max_ts = max(r[0] for r in records) if max_timestamp is None else max_timestamp
-    payload = encode_records_v2([(ts - base_ts, k, v, hs) for ts, k, v, hs in records])
-    payload = compress(compression, payload)
+    return seal_batch_v2(
+        encode_records_v2([(ts - base_ts, k, v, hs) for ts, k, v, hs in records]),
+        len(records),
+        base_offset=base_offset,
+        compression=compression,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        transactional=transactional,
+        control=control,
+        log_append_time=log_append_time,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def seal_batch_v2(
+    records: bytes,
+    record_count: int,
+    *,
+    base_offset: int,
+    compression: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    transactional: bool,
+    control: bool,
+    log_append_time: bool,
+    base_timestamp: int,
+    max_timestamp: int,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """One v2 batch around its encoded records field (`encode_records_v2`'s, or the
+    C conversion's of magic-1 records), compressed here; header, lengths and CRC-32C
+    are then always right."""
+    if compression not in KAFKA_CODES:
+        raise ValueError(f"compression {compression} has no v2 code")
+    payload = compress(compression, records)
     attributes = (
         KAFKA_CODES[compression]
         | (LOG_APPEND_TIME_FLAG if log_append_time else 0)
@@ -429,13 +476,13 @@ def encode_batch_v2(
             MAGIC_V2,
             0,
             attributes,
-            len(records) - 1,
-            base_ts,
-            max_ts,
+            record_count - 1,
+            base_timestamp,
+            max_timestamp,
             producer_id,
             producer_epoch,
             base_sequence,
-            len(records),
+            record_count,
         )
     )
     crc = crc32c(payload, crc32c(memoryview(head)[CRC_V2_START:]))

@@ -143,7 +143,12 @@ def join_records(parts: list[bytes], count: int) -> bytes:
 
 
 def _lengths(column: Sequence[bytes | None]) -> list[int] | None:
-    """len() of every item, or None when an item is None (no fast path then)."""
+    """len() of every item, or None when an item is None (no fast path then): in one C
+    pass (`bytes_lengths`) for a list of bytes where the extension is built."""
+    if type(column) is list:
+        lengths = bytes_lengths(column)
+        if lengths is not None:
+            return lengths
     if None in column:
         return None
     return list(map(len, cast("Sequence[bytes]", column)))
@@ -189,9 +194,22 @@ class RecordColumns:
         )
 
     def encode(self, start: int = 0, stop: int | None = None) -> bytes:
-        """The records array of rows [start, stop), every timestamp_delta 0."""
+        """The records array of rows [start, stop), every timestamp_delta 0: in C
+        (`encode_list_records`) for lists without headers where the extension is built,
+        else by the joins below, its reference."""
         if stop is None:
             stop = len(self.values)
+        if self.headers is None and type(self.values) is list:
+            keys = self.keys
+            if keys is None or type(keys) is list:
+                encoded = encode_list_records(self.values, keys, start, stop)
+                if encoded is not None:
+                    return encoded
+        return self.encode_py(start, stop)
+
+    def encode_py(self, start: int, stop: int) -> bytes:
+        """encode's reference: tables of per-length prefixes joined with the data in C
+        where every item is bytes, msgpack's packing otherwise."""
         if self.headers is None and self.value_lengths is not None:
             if self.keys is None:
                 return self._join_values(start, stop)
@@ -337,17 +355,100 @@ def _undecided(records: bytes | memoryview, /) -> int:
     return -1
 
 
+_INT64 = range(-(2**63), 2**63)
+
+
+def plain_rows_py(
+    records: bytes | memoryview,
+    record_count: int,
+    skip: int,
+    row_type: type[tuple[Any, ...]],
+    topic: str,
+    partition: int,
+    base_offset: int,
+    base_timestamp: int,
+    no_headers: tuple[Any, ...],
+    /,
+) -> list[Any] | None:
+    """The consumer's rows of a magic-1 records array, the reference of the C decode.
+
+    When the array holds exactly `record_count` records [int, bin|nil, bin|nil,
+    nil|[]] (each int, offset and timestamp within int64), the records from index
+    `skip` on as `row_type` 7-tuples (topic, partition, offset, timestamp, key,
+    value, no_headers); None for anything else, which the caller's own decode
+    judges (and refuses with its reason where it is corrupt)."""
+    try:
+        rows = msgpack.unpackb(records, use_list=False, raw=False)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if type(rows) is not tuple or len(rows) != record_count:
+        return None
+    if record_count and base_offset + record_count - 1 not in _INT64:
+        return None
+    out = []
+    for i, row in enumerate(rows):
+        if type(row) is not tuple or len(row) != 4:
+            return None
+        delta, key, value, headers = row
+        if type(delta) is not int or delta not in _INT64 or base_timestamp + delta not in _INT64:
+            return None
+        if not (key is None or type(key) is bytes) or not (value is None or type(value) is bytes):
+            return None
+        if headers is not None and headers != ():
+            return None
+        if i >= skip:
+            record = (topic, partition, base_offset + i, base_timestamp + delta, key, value)
+            out.append(tuple.__new__(row_type, (*record, no_headers)))
+    return out
+
+
+def _undecided_list(
+    values: list[bytes | None], keys: list[bytes | None] | None, start: int, stop: int, /
+) -> None:
+    """encode_list_records without the extension: RecordColumns.encode_py does every run."""
+    return None
+
+
+def bytes_lengths_py(column: list[Any], /) -> list[int] | None:
+    """len() of every item when every item is exactly bytes, else None: the reference
+    of the C pass."""
+    if not all(type(item) is bytes for item in column):
+        return None
+    return list(map(len, column))
+
+
+def _undecided_lengths(column: list[Any], /) -> None:
+    """bytes_lengths without the extension: `_lengths` looks at the column itself."""
+    return None
+
+
+def _undecided_rows(*args: Any) -> None:
+    """plain_rows without the extension: the caller's columnar decode does every array."""
+    return None
+
+
 count_plain_records: Callable[[bytes | memoryview], int]
+plain_rows: Callable[..., list[Any] | None]
+bytes_lengths: Callable[[list[Any]], list[int] | None]
+encode_list_records: Callable[
+    [list[bytes | None], list[bytes | None] | None, int, int], bytes | None
+]
 encode_binary_records: Callable[[BinaryColumn, BinaryColumn | None, int, int], bytes]
 binary_record_bounds: Callable[[BinaryColumn, BinaryColumn | None, int, int], list[tuple[int, int]]]
 try:
     from protocol import _records_fast
 except ImportError:  # not built here (no C compiler at install): the Python paths alone
     count_plain_records = _undecided
+    plain_rows = _undecided_rows
+    bytes_lengths = _undecided_lengths
+    encode_list_records = _undecided_list
     encode_binary_records = encode_binary_records_py
     binary_record_bounds = binary_record_bounds_py
 else:
     count_plain_records = _records_fast.count_plain_records
+    plain_rows = _records_fast.plain_rows
+    bytes_lengths = _records_fast.bytes_lengths
+    encode_list_records = _records_fast.encode_list_records
     encode_binary_records = _records_fast.encode_binary_records
     binary_record_bounds = _records_fast.binary_record_bounds
 

@@ -259,7 +259,8 @@ class ProduceApi:
         # Per partition: where each of its batches sits (its row and place in the row),
         # the batches and their headers, in the order they came.
         runs: dict[
-            int, tuple[Partition, list[tuple[list[Checked], int]], list[bytes], list[BatchHeader]]
+            int,
+            tuple[Partition, list[tuple[list[Checked], int]], list[memoryview], list[BatchHeader]],
         ] = {}
         for req, rows in checked:
             for t, row in zip(req.topics, rows, strict=True):
@@ -306,7 +307,7 @@ class ProduceApi:
         self,
         topic: str,
         index: int,
-        records: bytes,
+        records: memoryview,
         transactional_id: str | None,
         passed: set[tuple[int, int, str | None]],
         principal: str,
@@ -331,7 +332,7 @@ class ProduceApi:
     def _answer_append(
         self,
         partition: Partition,
-        records: bytes,
+        records: memoryview,
         header: BatchHeader,
         result: AppendResult,
     ) -> tuple[m.ProducePartitionResponse, int]:

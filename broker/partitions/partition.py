@@ -222,12 +222,12 @@ class Partition:
         assert offset == self.log.log_end_offset
         self.log.write_snapshot(offset, self.producers.encode_snapshot(offset))
 
-    def append(self, batch: bytes, header: BatchHeader, now_ms: int) -> AppendResult:
+    def append(self, batch: bytes | memoryview, header: BatchHeader, now_ms: int) -> AppendResult:
         """Judge an idempotent batch by the producer state, then append it or not."""
         return self.append_many([batch], [header], now_ms)[0]
 
     def append_many(
-        self, batches: Sequence[bytes], headers: Sequence[BatchHeader], now_ms: int
+        self, batches: Sequence[bytes | memoryview], headers: Sequence[BatchHeader], now_ms: int
     ) -> list[AppendResult]:
         """Judge and append batches in order, with the results appending them one after
         another would give, but in one write per segment.

@@ -235,7 +235,7 @@ class PartitionLog:
         return self.append_leading([batch], [header], now_ms)[0]
 
     def append_leading(
-        self, batches: Sequence[bytes], headers: Sequence[BatchHeader], now_ms: int
+        self, batches: Sequence[bytes | memoryview], headers: Sequence[BatchHeader], now_ms: int
     ) -> list[int]:
         """Append the leading validated batches that one write can take, at least one, and
         return the offsets assigned to them; the caller calls again with the rest.

@@ -175,7 +175,7 @@ class Segment:
 
     def append(
         self,
-        batches: Sequence[bytes],
+        batches: Sequence[bytes | memoryview],
         headers: Sequence[BatchHeader],
         base_offset: int,
         now_ms: int,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgpack
 import pytest
 
+import client.fetcher
 from client.errors import CorruptRecordError, MinibrokerError
 from client.fetcher import FetchedRecords
 from protocol.batch import (
@@ -131,3 +134,23 @@ def test_read_committed_drops_aborted_transactions() -> None:
         )
 
     check_aborted_transaction_skipped(txn, marker)
+
+
+def test_the_c_decode_gives_the_columnar_decodes_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain batches are decoded in C (protocol.records.plain_rows); the records must be
+    those of the columnar decode it stands in for, skipped offsets, keys, deltas and
+    compression included, and untracked by the cyclic GC (they cannot form cycles)."""
+    data = (
+        values_batch(0, [b"a", b"", b"c"])
+        + at(3, build_batch([(1_000, b"k", b"v", None), (1_009, None, None, None)]))
+        + values_batch(5, [b"x" * 300] * 40, compression=Compression.LZ4)
+        + at(45, build_batch([(2_000, b"k", b"h", [("n", b"v")]), (2_001, None, b"p", None)]))
+    )
+    for first in (0, 2, 4, 30):
+        fast = take_all(FetchedRecords("t", 1, data, first))
+        with monkeypatch.context() as patched:
+            patched.setattr(client.fetcher, "plain_rows", lambda *args: None)
+            slow = take_all(FetchedRecords("t", 1, data, first))
+        assert fast == slow and [type(r) for r in fast] == [type(r) for r in slow]
+        assert [r.offset for r in fast] == list(range(first, 47))
+        assert not any(gc.is_tracked(r) for r in fast[: 45 - first])

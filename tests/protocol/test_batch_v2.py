@@ -493,6 +493,16 @@ def test_the_c_crc32c_agrees_with_the_crc32c_package(data: bytes, split: int) ->
     assert built_crc32c(b"123456789") == 0xE3069283  # the check value of CRC-32C
 
 
+@pytest.mark.parametrize("size", [767, 768, 769, 775, 776, 1536, 2311, 16_384, 16_500, 70_000])
+def test_the_c_crc32c_of_three_runs_at_once_agrees(size: int) -> None:
+    """The SSE 4.2 path sums three 256-byte runs in parallel and joins them: every size
+    around a multiple of 768 bytes, and the batch sizes, against the package."""
+    data = bytes((i * 131 + size) & 0xFF for i in range(size))
+    assert built_crc32c is not None, "protocol/_records_fast.c is not built"
+    assert built_crc32c(data) == crc32c.crc32c(data)
+    assert built_crc32c(data, 0x1234_5678) == crc32c.crc32c(data, 0x1234_5678)
+
+
 # -- garbage and mutations ---------------------------------------------------------------
 
 SEEDS = [

@@ -83,7 +83,7 @@ def test_column_encoded_batches_are_counted_in_c() -> None:
         assert count_plain_records(bytearray(data)) == 500
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(records, st.data())
 def test_never_accepts_what_msgspec_refuses(rows: list[tuple], data: st.DataObject) -> None:
     encoded = msgpack.packb(rows, use_bin_type=True)

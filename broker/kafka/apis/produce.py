@@ -28,7 +28,10 @@ def translate_produce(req: Any, _version: int, _ex: Exchange) -> m.Request:
         topics=[
             m.ProduceTopic(
                 t.name,
-                [m.ProducePartition(p.index, p.records or b"") for p in t.partition_data],
+                [
+                    m.ProducePartition(p.index, memoryview(p.records or b""))
+                    for p in t.partition_data
+                ],
             )
             for t in req.topic_data
         ],
