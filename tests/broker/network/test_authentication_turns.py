@@ -6,6 +6,8 @@ broker process, both backends."""
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
-from tests.security_fixtures import listeners, metric, wait_for
+from tests.security_fixtures import Pki, listeners, metric, wait_for
 
 USERS = "alice:alice-pw"
 
@@ -42,9 +44,9 @@ def broker(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
         proc.kill()
 
 
-def turns(broker: BrokerProcess) -> tuple[float | None, float | None]:
-    """(connections holding a turn, connections waiting) on the sasl listener."""
-    labels = {"listener": "sasl"}
+def turns(broker: BrokerProcess, listener: str = "sasl") -> tuple[float | None, float | None]:
+    """(connections holding a turn, connections waiting) on `listener`."""
+    labels = {"listener": listener}
     return (
         metric(broker, "minibroker_listener_authenticating", labels),
         metric(broker, "minibroker_listener_authentications_waiting", labels),
@@ -99,18 +101,30 @@ def test_a_turn_held_too_long_goes_to_the_next_login(tmp_path: Path, backend: st
 
 
 def test_a_storm_of_logins_all_succeed(tmp_path: Path, backend: str) -> None:
-    """100 SCRAM logins at once through 4 turns: every one authenticates, and the turns
-    are all given back."""
+    """100 SCRAM logins at once through 4 turns: never more than 4 run, the others are
+    seen waiting, every one authenticates, and the turns are all given back."""
     broker = start(tmp_path, backend, "max_authenticating_connections = 4\n")
     storm = 100
+    seen: list[tuple[float | None, float | None]] = []
+    done = threading.Event()
 
     def login(_: int) -> int:
         with WireClient(broker.address("sasl"), timeout_s=30) as c:
             return int(c.authenticate("alice", "alice-pw")["error"])
 
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(turns(broker))
+
     try:
-        with ThreadPoolExecutor(storm) as pool:
-            assert list(pool.map(login, range(storm))) == [0] * storm
+        with ThreadPoolExecutor(storm + 1) as pool:
+            watching = pool.submit(watch)
+            results = list(pool.map(login, range(storm)))
+            done.set()
+            watching.result()
+        assert results == [0] * storm
+        assert max(held or 0 for held, _ in seen) <= 4
+        assert max(waiting or 0 for _, waiting in seen) > 0, seen
         successes = metric(
             broker,
             "minibroker_authentications_total",
@@ -118,5 +132,34 @@ def test_a_storm_of_logins_all_succeed(tmp_path: Path, backend: str) -> None:
         )
         assert successes == storm
         assert wait_for(lambda: turns(broker) == (0, 0)), turns(broker)
+    finally:
+        broker.kill()
+
+
+def test_a_tls_handshake_waits_its_turn(tmp_path: Path, backend: str) -> None:
+    """On a tls listener the handshake is the login: a socket that never sends its
+    ClientHello holds the only turn, a client's handshake waits behind it and
+    completes once the socket is gone."""
+    pki = Pki.create(tmp_path / "pki")
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        config=pki.settings()
+        + "max_authenticating_connections = 1\nauthentication_turn_ms = 600000\n"
+        + listeners(("secure", "tls")),
+        metrics_port=0,
+    ).start()
+    try:
+        host, port = broker.address("secure").rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)), timeout=10)
+        assert wait_for(lambda: turns(broker, "secure") == (1, 0)), turns(broker, "secure")
+        with ThreadPoolExecutor(1) as pool:
+            connecting = pool.submit(WireClient, broker.address("secure"), 30, pki.client_context())
+            assert wait_for(lambda: turns(broker, "secure") == (1, 1)), turns(broker, "secure")
+            assert not connecting.done()
+            silent.close()
+            with connecting.result(timeout=30) as c:
+                assert c.call("ApiVersions")["error"] == 0
+        assert wait_for(lambda: turns(broker, "secure") == (0, 0)), turns(broker, "secure")
     finally:
         broker.kill()
