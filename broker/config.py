@@ -534,7 +534,7 @@ class BrokerConfig:
         max=INT32_MAX,
     )
     max_authenticating_connections: int = _setting(
-        8,
+        16,
         "Per listener, connections not yet authenticated whose TLS handshake or SASL "
         "exchange runs at once; the others wait their turn, so a storm of logins delays "
         "authenticated clients by at most this many steps.",
