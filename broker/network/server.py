@@ -442,13 +442,16 @@ class Server:
         """Wait until `conn`, not yet authenticated, may run its next handshake or SASL
         step (`limits.AuthenticationTurns`): a turn freed, or one that ran out handed on
         by `_hand_on_turns`."""
+        listener = conn.session.listener
         while True:
-            granted, others = self.turns.ask(conn, conn.session.listener, monotonic_ms())
+            granted, others = self.turns.ask(conn, listener, monotonic_ms())
             _wake(others)
             if granted:
                 return
             conn.turn = anyio.Event()
-            self._turn_awaited.set()
+            if self.turns.waiting(listener) == 1:
+                # The listener's first waiter: its turns' ends now count for the timer.
+                self._turn_awaited.set()
             await conn.turn.wait()
 
     async def _hand_on_turns(self) -> None:
@@ -457,12 +460,11 @@ class Server:
         waiters each with a deadline made a storm of wake-ups)."""
         turns = self.turns
         while True:
+            self._turn_awaited = anyio.Event()
             expiry_ms = turns.next_expiry_ms()
-            if expiry_ms is None:
-                self._turn_awaited = anyio.Event()
+            wait_s = math.inf if expiry_ms is None else max(0, expiry_ms - monotonic_ms()) / 1000
+            with anyio.move_on_after(wait_s):
                 await self._turn_awaited.wait()
-                continue
-            await anyio.sleep(max(0, expiry_ms - monotonic_ms()) / 1000)
             _wake(turns.expire(monotonic_ms()))
 
     def _codec(self, listener: Listener) -> Codec:
