@@ -533,6 +533,23 @@ class BrokerConfig:
         min=1,
         max=INT32_MAX,
     )
+    max_authenticating_connections: int = _setting(
+        16,
+        "Per listener, connections not yet authenticated whose TLS handshake or SASL "
+        "exchange runs at once; the others wait their turn, so a storm of logins delays "
+        "authenticated clients by at most this many steps.",
+        min=1,
+        max=INT32_MAX,
+    )
+    authentication_turn_ms: int = _setting(
+        200,
+        "A turn among `max_authenticating_connections` lasts this long: past it, the "
+        "first connection waiting takes it and the holder waits again at its next step, "
+        "so slow or idle connections cannot keep logins out.",
+        unit="ms",
+        min=1,
+        max=INT32_MAX,
+    )
     max_inflight_requests_per_connection: int = _setting(
         256,
         "Pipelined requests read ahead of their responses before reading pauses.",

@@ -298,6 +298,7 @@ class BrokerMetrics:
         self._group_source: Callable[[], GroupStats] | None = None
         self._offset_source: Callable[[], OffsetStats] | None = None
         self._forgotten_source: Callable[[], tuple[int, int]] | None = None
+        self._turns_source: Callable[[str], tuple[int, int]] | None = None
         self._data_dir: str | None = None
         self._version = __version__
         # Wall clock for the age of open transactions (their start is epoch ms); tests
@@ -459,6 +460,11 @@ class BrokerMetrics:
     def tls_handshake_failed(self, listener: str) -> None:
         self._listener(listener).handshake_failures += 1
 
+    def set_authentication_turns_source(self, source: Callable[[str], tuple[int, int]]) -> None:
+        """`source(listener)`: its connections holding an authentication turn and those
+        waiting for one (network/limits.py `AuthenticationTurns`), asked at each scrape."""
+        self._turns_source = source
+
     def authentication(self, listener: str, mechanism: str, result: str) -> None:
         """One authentication attempt ended with `result` (`AUTHENTICATION_RESULTS`)."""
         if mechanism not in AUTHENTICATION_MECHANISMS:
@@ -538,6 +544,9 @@ class _DisabledMetrics(BrokerMetrics):
         pass
 
     def tls_handshake_failed(self, listener: str) -> None:
+        pass
+
+    def set_authentication_turns_source(self, source: Callable[[str], tuple[int, int]]) -> None:
         pass
 
     def authentication(self, listener: str, mechanism: str, result: str) -> None:
@@ -703,6 +712,18 @@ class _BrokerCollector(Collector):
             "client certificate refused), per listener.",
             labels=["listener"],
         )
+        authenticating = GaugeMetricFamily(
+            f"{ns}_listener_authenticating",
+            "Connections not yet authenticated whose TLS handshake or SASL exchange runs "
+            "now (at most max_authenticating_connections), per listener.",
+            labels=["listener"],
+        )
+        waiting = GaugeMetricFamily(
+            f"{ns}_listener_authentications_waiting",
+            "Connections not yet authenticated waiting for their turn to run their TLS "
+            "handshake or SASL exchange, per listener.",
+            labels=["listener"],
+        )
         authentications = CounterMetricFamily(
             f"{ns}_authentications",
             "Authentication attempts, per listener, mechanism and result.",
@@ -714,12 +735,18 @@ class _BrokerCollector(Collector):
                 listener_accepted.add_metric([name], listener.accepted)
                 insecure.add_metric([name], 1 if listener.insecure else 0)
                 handshakes.add_metric([name], listener.handshake_failures)
+                if m._turns_source is not None:
+                    running, queued = m._turns_source(name)
+                    authenticating.add_metric([name], running)
+                    waiting.add_metric([name], queued)
             for (name, mechanism, result), n in list(m._authentications.items()):
                 authentications.add_metric([name, mechanism, result], n)
         yield listener_open
         yield listener_accepted
         yield insecure
         yield handshakes
+        yield authenticating
+        yield waiting
         yield authentications
 
         # ---- authorization

@@ -238,6 +238,8 @@ class Connection:
     """False until SASL succeeds (a sasl_* listener) or the TLS handshake does (tls)."""
     evicted: bool = False
     handshake_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    turn: anyio.Event = field(default_factory=anyio.Event)
+    """Set when `limits.AuthenticationTurns` hands the connection a turn."""
     inflight: int = 0  # requests read whose answers are not yet sent
     unsent_bytes: int = 0  # bytes of those answers, as far as they are built
     room: anyio.Event = field(default_factory=anyio.Event)
@@ -293,6 +295,13 @@ class Server:
         self.served = served
         self.connections: set[Connection] = set()
         self.limits = _limits(config)
+        self.turns: limits.AuthenticationTurns[Connection] = limits.AuthenticationTurns(
+            config.max_authenticating_connections, config.authentication_turn_ms
+        )
+        self._turn_awaited = anyio.Event()
+        metrics.set_authentication_turns_source(
+            lambda name: (self.turns.holding(name), self.turns.waiting(name))
+        )
         self._converting = anyio.CapacityLimiter(CONVERSIONS_MAX)
         self._serve_scope = anyio.CancelScope()
         self._stopping = False
@@ -323,6 +332,7 @@ class Server:
                     await stack.enter_async_context(served.sockets)
                 # The sockets close once every accept has ended.
                 accepting = await stack.enter_async_context(anyio.create_task_group())
+                accepting.start_soon(self._hand_on_turns)
                 for served in self.served:
                     for sub in cast(list[SocketListener], served.sockets.listeners):
                         if self.config.backend == "asyncio":
@@ -429,6 +439,7 @@ class Server:
         finally:
             self.connections.discard(conn)
             self.limits.closed(conn)
+            _wake(self.turns.leave(conn, monotonic_ms()))
             self.metrics.connection_closed(listener.name)
 
     def _authenticated(self, conn: Connection) -> None:
@@ -436,7 +447,37 @@ class Server:
         conn.authenticated = True
         conn.scope.deadline = math.inf
         self.limits.authenticated(conn)
+        _wake(self.turns.leave(conn, monotonic_ms()))
         conn.codec.on_authenticated()
+
+    async def _take_turn(self, conn: Connection) -> None:
+        """Wait until `conn`, not yet authenticated, may run its next handshake or SASL
+        step (`limits.AuthenticationTurns`): a turn freed, or one that ran out handed on
+        by `_hand_on_turns`."""
+        listener = conn.session.listener
+        while True:
+            granted, others = self.turns.ask(conn, listener, monotonic_ms())
+            _wake(others)
+            if granted:
+                return
+            conn.turn = anyio.Event()
+            if self.turns.waiting(listener) == 1:
+                # The listener's first waiter: its turns' ends now count for the timer.
+                self._turn_awaited.set()
+            await conn.turn.wait()
+
+    async def _hand_on_turns(self) -> None:
+        """Hand the authentication turns that ran out to the connections waiting, at
+        each turn's end: one timer for every waiter, which wait without one (hundreds of
+        waiters each with a deadline made a storm of wake-ups)."""
+        turns = self.turns
+        while True:
+            self._turn_awaited = anyio.Event()
+            expiry_ms = turns.next_expiry_ms()
+            wait_s = math.inf if expiry_ms is None else max(0, expiry_ms - monotonic_ms()) / 1000
+            with anyio.move_on_after(wait_s):
+                await self._turn_awaited.wait()
+            _wake(turns.expire(monotonic_ms()))
 
     def _codec(self, listener: Listener) -> Codec:
         """What the listener's connections speak (its `protocol`)."""
@@ -454,6 +495,7 @@ class Server:
         secured: ByteStream | None = None
         try:
             with conn.handshake_scope:
+                await self._take_turn(conn)
                 secured = await tls.handshake(
                     raw, self.listeners.tls_context, self.config.tls_handshake_timeout_ms
                 )
@@ -518,6 +560,8 @@ class Server:
                     # connection waits for room (no new bytes until they are taken).
                     data = b""
                     if not decoder.frames_waiting:
+                        if not conn.authenticated:
+                            await self._take_turn(conn)
                         with anyio.move_on_after(receive_left_s if partial else idle_s) as timer:
                             received = await _receive(receive, receive_bytes)
                         if timer.cancelled_caught and partial:
@@ -895,6 +939,12 @@ def _send_now(sock: socket.socket, group: list[Reply], conn: Connection) -> list
     # The frame the socket took part of stays one answer in flight until its rest is sent.
     rest: list[Reply] = [frames[whole][left:]]
     return rest + group[whole + 1 :]
+
+
+def _wake(conns: list[Connection]) -> None:
+    """Tell connections that `limits.AuthenticationTurns` handed a turn."""
+    for conn in conns:
+        conn.turn.set()
 
 
 def _size_bytes(reply: Reply) -> int:
