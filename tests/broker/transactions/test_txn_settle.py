@@ -11,6 +11,8 @@ open: the transaction holds a group, whose marker's sync the test releases.
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -18,6 +20,8 @@ import anyio
 import pytest
 
 from broker.config import BrokerConfig
+from broker.groups.offset_state import Pending, pending_record
+from broker.groups.offset_store import NoMembers, OffsetLog, OffsetStore
 from broker.partitions.partition import Partition
 from broker.partitions.producer_ids import ProducerIdManager
 from broker.partitions.topics import TopicRegistry
@@ -130,4 +134,86 @@ def test_end_txn_answers_before_its_markers_are_synced(tmp_path: Path, committed
 
     anyio.run(main)
     coordinator.close()
+    registry.close()
+
+
+def test_a_failed_sync_of_the_groups_marker_leaves_the_end_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The groups' marker is in force before its round: should that round fail (once:
+    a later fdatasync that succeeds proves nothing of the pages the failed one dropped),
+    no later ending of the id (its next request, the sweep) may write COMPLETE on the
+    strength of the marker in memory, or recovery, after a power loss took the marker,
+    would drop the committed transaction's offsets as no open transaction's. The id
+    stays decided until a restart, whose recovery completes it from the file."""
+    config = BrokerConfig().validate()
+    registry = TopicRegistry(tmp_path, config)
+    registry.open_all(clean_shutdown=True, now_ms=NOW)
+
+    def open_coordinator() -> tuple[TransactionCoordinator, OffsetStore, TxnLog, OffsetLog]:
+        offsets_log = OffsetLog(tmp_path, config.offsets_log_max_bytes)
+        offsets = OffsetStore(config, registry, offsets_log, NoMembers())
+        offsets.load()
+        txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
+        coordinator = TransactionCoordinator(
+            config,
+            registry,
+            ProducerIdManager(tmp_path),
+            _Committer(),  # type: ignore[arg-type]
+            txn_log,
+            offsets,
+        )
+        coordinator.load()
+        return coordinator, offsets, txn_log, offsets_log
+
+    coordinator, offsets, txn_log, offsets_log = open_coordinator()
+    real_fdatasync = os.fdatasync
+    armed = False
+
+    def fdatasync(fd: int) -> None:
+        nonlocal armed
+        if armed and fd == offsets_log._fd:
+            armed = False
+            raise OSError(errno.EIO, "injected")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def main() -> None:
+        nonlocal armed
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(coordinator.run)  # where the settling runs
+            await anyio.wait_all_tasks_blocked()
+            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            await coordinator.durable(coordinator.add_group("a", "g"))
+            pending = pending_record("g", None, pid, [(("t", 0), Pending(5, None))])
+            await offsets_log.durable(offsets_log.write(pending))
+            offsets.state.apply(pending)
+            armed = True
+            request = m.EndTxnRequest(
+                transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
+            )
+            with anyio.fail_after(5):
+                answer = await coordinator.end_txn(request, "User:ANONYMOUS")
+            assert answer.error == 0
+            with anyio.fail_after(5), pytest.raises(OSError):
+                # Waits for the failed round, then finds the id decided.
+                await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            assert not armed
+            with pytest.raises(OSError):
+                await coordinator.sweep(NOW)
+            assert _states_on_disk(txn_log.path, "a")[-1] == "PREPARE_COMMIT"
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    coordinator.close()
+    offsets.close()
+
+    coordinator, offsets, txn_log, _ = open_coordinator()
+    anyio.run(coordinator.recover)
+    assert _states_on_disk(txn_log.path, "a")[-1] == "COMPLETE_COMMIT"
+    group = offsets.state.group("g")
+    assert group is not None and group.committed[("t", 0)].offset == 5
+    coordinator.close()
+    offsets.close()
     registry.close()
