@@ -917,16 +917,25 @@ class TransactionCoordinator:
 
     def _append_markers(self, pending: list[TxnEntry]) -> list[tuple[Partition, int]]:
         """Append the COMMIT or ABORT marker of each decided entry wherever its
-        transaction wrote and has no marker yet, each partition's sync requested."""
+        transaction wrote and has no marker yet, each partition's sync requested; return
+        what must be durable before COMPLETE: those markers, and the end of every other
+        partition of theirs not synced to its end, which may hold a marker written
+        before (by a round that failed, or before a kill -9 left it in the page cache)."""
         stamp = now_ms()
         written: list[tuple[Partition, int]] = []
         for entry in pending:
             pid, epoch = entry.marker_ids()
             for topic, index in sorted(entry.partitions):
                 partition = self.topics.partition(topic, index)
-                if partition is None or not partition.producers.in_txn(pid):
-                    # No batch of the transaction landed here, or its marker did before
-                    # a crash: nothing is waiting for one.
+                if partition is None:
+                    continue
+                if not partition.producers.in_txn(pid):
+                    # No batch of the transaction landed here, or its marker did before:
+                    # none is due, but one written may not be durable yet.
+                    last = partition.log.log_end_offset - 1
+                    if partition.log.flushed_offset <= last:
+                        written.append((partition, last))
+                        self.committer.request_flush(partition)
                     continue
                 offset = partition.append_marker(pid, epoch, entry.state == PREPARE_COMMIT, stamp)
                 crash_point("txn_marker_written")

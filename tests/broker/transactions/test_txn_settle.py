@@ -22,6 +22,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.groups.offset_state import Pending, pending_record
 from broker.groups.offset_store import NoMembers, OffsetLog, OffsetStore
+from broker.partitions.group_commit import FlushFailed
 from broker.partitions.partition import Partition
 from broker.partitions.producer_ids import ProducerIdManager
 from broker.partitions.topics import TopicRegistry
@@ -30,6 +31,7 @@ from broker.transactions.coordinator import TransactionCoordinator
 from broker.transactions.log import TxnLog, TxnLogError
 from broker.transactions.state import TxnEntry
 from protocol import messages as m
+from protocol.batch import build_batch, validate
 
 NOW = 10_000
 
@@ -216,4 +218,85 @@ def test_a_failed_sync_of_the_groups_marker_leaves_the_end_decided(
     assert group is not None and group.committed[("t", 0)].offset == 5
     coordinator.close()
     offsets.close()
+    registry.close()
+
+
+class _FirstRoundFails:
+    """The group commit, whose first round that has something to sync fails; the next
+    ones flush."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def request_flush(self, partition: Partition, batches: int = 0) -> None:
+        pass
+
+    async def wait_durable(self, partition: Partition, last_offset: int) -> None:
+        if partition.log.flushed_offset > last_offset:
+            return
+        if not self.failed:
+            self.failed = True
+            raise FlushFailed("injected")
+        partition.log.flush()
+
+
+def test_a_failed_round_of_the_markers_is_synced_again_before_complete(tmp_path: Path) -> None:
+    """The markers' round behind an EndTxn answer fails: the id stays decided, and what
+    completes it next (here its next InitProducerId; the sweep alike) finds the marker
+    written already, no marker due. It must still have the partition synced before
+    COMPLETE goes to `txn.wal`: else a power loss could keep COMPLETE and lose the
+    marker, and recovery would abort the committed transaction's data there as no
+    entry's."""
+    config = BrokerConfig().validate()
+    registry = TopicRegistry(tmp_path, config)
+    registry.open_all(clean_shutdown=True, now_ms=NOW)
+    registry.create("t", 1, None, NOW)
+    partition = registry.partition("t", 0)
+    assert partition is not None
+    committer = _FirstRoundFails()
+    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
+    coordinator = TransactionCoordinator(
+        config,
+        registry,
+        ProducerIdManager(tmp_path),
+        committer,  # type: ignore[arg-type]
+        txn_log,
+        _OffsetsSyncedOnRelease(),
+    )
+    coordinator.load()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(coordinator.run)  # where the settling runs
+            await anyio.wait_all_tasks_blocked()
+            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            batch = build_batch(
+                [(NOW, None, b"v", None)],
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=0,
+                transactional=True,
+            )
+            header = validate(batch)
+            async with coordinator.locked("a"):
+                refused, _ended, end = coordinator.admit("a", [(("t", 0), header)])
+                assert not refused
+                partition.append(batch, header, NOW)
+            await coordinator.durable(end)
+            partition.log.flush()  # the batch is durable; the marker's round will fail
+            request = m.EndTxnRequest(
+                transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
+            )
+            with anyio.fail_after(5):
+                answer = await coordinator.end_txn(request, "User:ANONYMOUS")
+            assert answer.error == 0
+            with anyio.fail_after(5):
+                await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            assert committer.failed
+            assert _states_on_disk(txn_log.path, "a")[-2:] == ["COMPLETE_COMMIT", "EMPTY"]
+            assert partition.log.flushed_offset == partition.log.log_end_offset == 2
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    coordinator.close()
     registry.close()
