@@ -347,15 +347,21 @@ class TransactionCoordinator:
     async def _make_room(self) -> list[str]:
         """Ids to forget so that one more fits under max_transactional_ids: the least
         recently used ended ones; CoordinatorError when every id held is open. An id
-        whose end is still being settled is waited for: forgotten first, its decision
-        would be gone from `txn.wal` before its markers are durable."""
-        excess = len(self.entries) + 1 - self.config.max_transactional_ids
-        if excess <= 0:
-            return []
-        if self._settling:
-            await self._settled(list(self._settling))
+        whose end is still being settled is never one (forgotten, its decision would be
+        gone from `txn.wal` before its markers are durable), but is waited for when too
+        few others have ended; while it is, other ends may start settling."""
+        while True:
             excess = len(self.entries) + 1 - self.config.max_transactional_ids
-        victims = [tid for tid, e in self.entries.items() if e.state in ENDED][:excess]
+            if excess <= 0:
+                return []
+            victims = [
+                tid
+                for tid, e in self.entries.items()
+                if e.state in ENDED and tid not in self._settling
+            ][:excess]
+            if len(victims) == excess or not self._settling:
+                break
+            await self._settled(list(self._settling))
         if len(victims) < excess:
             raise CoordinatorError(
                 ErrorCode.CONCURRENT_TRANSACTIONS,

@@ -300,3 +300,87 @@ def test_a_failed_round_of_the_markers_is_synced_again_before_complete(tmp_path:
     anyio.run(main)
     coordinator.close()
     registry.close()
+
+
+class _OffsetsSyncedOneByOne:
+    """The offsets store, each of whose groups' marker rounds runs until released."""
+
+    def __init__(self) -> None:
+        self.rounds: list[anyio.Event] = []
+
+    def pending_owners(self) -> set[tuple[str, int]]:
+        return set()
+
+    async def settled(self, group_ids: Iterable[str]) -> None:
+        pass
+
+    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
+        pass
+
+    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+        self.rounds.append(anyio.Event())
+        return len(self.rounds)
+
+    async def durable(self, end: int) -> None:
+        await self.rounds[end - 1].wait()
+
+
+def test_making_room_never_forgets_an_id_whose_end_is_being_settled(tmp_path: Path) -> None:
+    """max_transactional_ids is 2 and a new id waits for `a`'s end to settle, the only
+    ended id; meanwhile `b`'s end is answered and starts settling. Once `a` settled,
+    `b` is the least recently used: forgotten, its decision would leave `txn.wal`
+    before its markers are durable (and its COMPLETE bring it back over the limit).
+    `a` must be the one forgotten."""
+    config = BrokerConfig(max_transactional_ids=2).validate()
+    registry = TopicRegistry(tmp_path, config)
+    registry.open_all(clean_shutdown=True, now_ms=NOW)
+    offsets = _OffsetsSyncedOneByOne()
+    coordinator = TransactionCoordinator(
+        config,
+        registry,
+        ProducerIdManager(tmp_path),
+        _Committer(),  # type: ignore[arg-type]
+        TxnLog(tmp_path, config.transaction_log_max_bytes),
+        offsets,
+    )
+    coordinator.load()
+
+    async def begin(tid: str) -> m.EndTxnRequest:
+        pid, epoch = await coordinator.init_producer(tid, None, "User:ANONYMOUS")
+        await coordinator.durable(coordinator.add_group(tid, "g-" + tid))
+        return m.EndTxnRequest(
+            transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True
+        )
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(coordinator.run)  # where the settling runs
+            await anyio.wait_all_tasks_blocked()
+            end_a, end_b = await begin("a"), await begin("b")
+            with anyio.fail_after(5):
+                await coordinator.end_txn(end_a, "User:ANONYMOUS")
+            made: list[tuple[int, int]] = []
+
+            async def init_c() -> None:
+                made.append(await coordinator.init_producer("c", None, "User:ANONYMOUS"))
+
+            tg.start_soon(init_c)
+            await anyio.wait_all_tasks_blocked()
+            assert not made, "no id has ended but `a`, still settling"
+            with anyio.fail_after(5):
+                await coordinator.end_txn(end_b, "User:ANONYMOUS")
+            offsets.rounds[0].set()
+            with anyio.fail_after(5):
+                while not made:
+                    await anyio.wait_all_tasks_blocked()
+            assert sorted(coordinator.entries) == ["b", "c"]
+            offsets.rounds[1].set()
+            with anyio.fail_after(5):
+                async with coordinator.locked("b"):  # once `b` settled
+                    pass
+            assert sorted(coordinator.entries) == ["b", "c"]
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    coordinator.close()
+    registry.close()
