@@ -216,13 +216,20 @@ class TransactionCoordinator:
         removed: Iterable[str] = (),
         removed_apps: Iterable[str] = (),
     ) -> None:
-        """Make the changes durable, then install them; OSError leaves memory unchanged."""
+        """Make the changes durable, then install them; OSError leaves memory unchanged.
+
+        An id or app forgotten here (expired, evicted) is not locked: one that a request
+        changes while this is synced was changed after it in `txn.wal` too, and stays."""
         entries, apps, removed = list(entries), list(apps), list(removed)
         body: list[Any] = [[e.encode() for e in entries], [a.encode() for a in apps], removed]
         removed_apps = list(removed_apps)
         if removed_apps:
             body.append(removed_apps)
+        chosen = [(tid, self.entries.get(tid)) for tid in removed]
+        chosen_apps = [(app_id, self.apps.get(app_id)) for app_id in removed_apps]
         await self.log.append(body)
+        removed = [tid for tid, entry in chosen if self.entries.get(tid) is entry]
+        removed_apps = [a for a, app in chosen_apps if self.apps.get(a) is app]
         self._apply(entries, apps, removed, removed_apps)
 
     def _write(self, entries: Iterable[TxnEntry], apps: Iterable[AppVersion] = ()) -> int:
