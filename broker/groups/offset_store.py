@@ -426,11 +426,16 @@ class OffsetStore:
         """End transactions in their groups: for each (producer_id, groups, committed),
         the pending offsets the producer holds there become committed, or are dropped.
         One record for all, durable on return; a group where the producer holds none
-        is skipped (its marker was written before a crash). OSError on a storage failure."""
+        is skipped (its marker was written before a crash, or by `write_markers_now`,
+        whose round may have failed: so the log is synced up to its end first, and a
+        log that refuses writes raises). OSError on a storage failure."""
         wanted = [(g, pid, committed) for pid, groups, committed in markers for g in sorted(groups)]
         async with self._locked(g for g, _, _ in wanted):
             due = [w for w in wanted if self.state.holds_pending(w[0], w[1])]
             if not due:
+                # In force is not durable: the ending's COMPLETE, which follows this
+                # return, must never stand in txn.wal for a marker the disk may lack.
+                await self.log.durable_or_refuse(self.log.size_bytes)
                 return
             committed_offsets = sum(
                 len(group.pending[pid])

@@ -221,7 +221,11 @@ class RecordLog:
 
     async def durable_or_refuse(self, end: int) -> None:
         """`durable`; should the sync fail, the log refuses writes from then on, as the
-        file's state on disk is unknown, and raises."""
+        file's state on disk is unknown, and raises. Once it refused, a record not known
+        durable then never is: a later fdatasync that succeeds does not say the pages
+        the failed one dropped reached the disk."""
+        if self.failed is not None and self._flushed < end:
+            raise OSError(f"{self.path} failed earlier ({self.failed}): not known durable")
         try:
             await self.durable(end)
         except OSError as exc:

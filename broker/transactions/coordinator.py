@@ -216,13 +216,20 @@ class TransactionCoordinator:
         removed: Iterable[str] = (),
         removed_apps: Iterable[str] = (),
     ) -> None:
-        """Make the changes durable, then install them; OSError leaves memory unchanged."""
+        """Make the changes durable, then install them; OSError leaves memory unchanged.
+
+        An id or app forgotten here (expired, evicted) is not locked: one that a request
+        changes while this is synced was changed after it in `txn.wal` too, and stays."""
         entries, apps, removed = list(entries), list(apps), list(removed)
         body: list[Any] = [[e.encode() for e in entries], [a.encode() for a in apps], removed]
         removed_apps = list(removed_apps)
         if removed_apps:
             body.append(removed_apps)
+        chosen = [(tid, self.entries.get(tid)) for tid in removed]
+        chosen_apps = [(app_id, self.apps.get(app_id)) for app_id in removed_apps]
         await self.log.append(body)
+        removed = [tid for tid, entry in chosen if self.entries.get(tid) is entry]
+        removed_apps = [a for a, app in chosen_apps if self.apps.get(a) is app]
         self._apply(entries, apps, removed, removed_apps)
 
     def _write(self, entries: Iterable[TxnEntry], apps: Iterable[AppVersion] = ()) -> int:
@@ -347,15 +354,21 @@ class TransactionCoordinator:
     async def _make_room(self) -> list[str]:
         """Ids to forget so that one more fits under max_transactional_ids: the least
         recently used ended ones; CoordinatorError when every id held is open. An id
-        whose end is still being settled is waited for: forgotten first, its decision
-        would be gone from `txn.wal` before its markers are durable."""
-        excess = len(self.entries) + 1 - self.config.max_transactional_ids
-        if excess <= 0:
-            return []
-        if self._settling:
-            await self._settled(list(self._settling))
+        whose end is still being settled is never one (forgotten, its decision would be
+        gone from `txn.wal` before its markers are durable), but is waited for when too
+        few others have ended; while it is, other ends may start settling."""
+        while True:
             excess = len(self.entries) + 1 - self.config.max_transactional_ids
-        victims = [tid for tid, e in self.entries.items() if e.state in ENDED][:excess]
+            if excess <= 0:
+                return []
+            victims = [
+                tid
+                for tid, e in self.entries.items()
+                if e.state in ENDED and tid not in self._settling
+            ][:excess]
+            if len(victims) == excess or not self._settling:
+                break
+            await self._settled(list(self._settling))
         if len(victims) < excess:
             raise CoordinatorError(
                 ErrorCode.CONCURRENT_TRANSACTIONS,
@@ -917,16 +930,25 @@ class TransactionCoordinator:
 
     def _append_markers(self, pending: list[TxnEntry]) -> list[tuple[Partition, int]]:
         """Append the COMMIT or ABORT marker of each decided entry wherever its
-        transaction wrote and has no marker yet, each partition's sync requested."""
+        transaction wrote and has no marker yet, each partition's sync requested; return
+        what must be durable before COMPLETE: those markers, and the end of every other
+        partition of theirs not synced to its end, which may hold a marker written
+        before (by a round that failed, or before a kill -9 left it in the page cache)."""
         stamp = now_ms()
         written: list[tuple[Partition, int]] = []
         for entry in pending:
             pid, epoch = entry.marker_ids()
             for topic, index in sorted(entry.partitions):
                 partition = self.topics.partition(topic, index)
-                if partition is None or not partition.producers.in_txn(pid):
-                    # No batch of the transaction landed here, or its marker did before
-                    # a crash: nothing is waiting for one.
+                if partition is None:
+                    continue
+                if not partition.producers.in_txn(pid):
+                    # No batch of the transaction landed here, or its marker did before:
+                    # none is due, but one written may not be durable yet.
+                    last = partition.log.log_end_offset - 1
+                    if partition.log.flushed_offset <= last:
+                        written.append((partition, last))
+                        self.committer.request_flush(partition)
                     continue
                 offset = partition.append_marker(pid, epoch, entry.state == PREPARE_COMMIT, stamp)
                 crash_point("txn_marker_written")
