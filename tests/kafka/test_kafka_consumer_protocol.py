@@ -48,6 +48,7 @@ from tests.kafka.test_kafka_groups import (
     GROUP_SETTINGS,
     LOG,
     PARTITIONS,
+    ConfluentReader,
     Member,
     Read,
     Stack,
@@ -79,7 +80,7 @@ def stack(
 # ------------------------------------------------------------------ members
 
 
-class Kip848Member:
+class Kip848Member(ConfluentReader):
     """confluent-kafka's consumer on KIP-848's protocol: the broker assigns, and its
     heartbeat interval and session are the broker's (the client may not set them)."""
 
@@ -95,24 +96,6 @@ class Kip848Member:
         }
         self.consumer = confluent_kafka.Consumer(config)
         self.consumer.subscribe([topic])
-        self.errors: list[confluent_kafka.KafkaError] = []
-
-    def poll(self) -> list[Read]:
-        out = []
-        for msg in self.consumer.consume(num_messages=500, timeout=0.1):
-            if msg.error() is not None:
-                raise AssertionError(f"confluent-kafka consumer: {msg.error()}")
-            out.append((msg.partition(), msg.offset(), msg.value()))
-        return out
-
-    def assignment(self) -> set[int]:
-        return {tp.partition for tp in self.consumer.assignment()}
-
-    def commit(self) -> None:
-        self.consumer.commit(asynchronous=False)
-
-    def close(self) -> None:
-        self.consumer.close()
 
 
 class NativeMember:

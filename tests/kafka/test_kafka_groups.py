@@ -276,7 +276,31 @@ class AioKafkaMember:
         self.loop.run(self.consumer.stop())
 
 
-class ConfluentMember:
+class ConfluentReader:
+    """What a group member of confluent-kafka does once its consumer is made, whichever
+    group protocol it speaks."""
+
+    consumer: confluent_kafka.Consumer
+
+    def poll(self) -> list[Read]:
+        out = []
+        for m in self.consumer.consume(num_messages=500, timeout=0.1):
+            if m.error() is not None:
+                raise AssertionError(f"confluent-kafka consumer: {m.error()}")
+            out.append((m.partition(), m.offset(), m.value()))
+        return out
+
+    def assignment(self) -> set[int]:
+        return {tp.partition for tp in self.consumer.assignment()}
+
+    def commit(self) -> None:
+        self.consumer.commit(asynchronous=False)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class ConfluentMember(ConfluentReader):
     def __init__(
         self,
         bootstrap: str,
@@ -300,23 +324,6 @@ class ConfluentMember:
             config["group.instance.id"] = instance
         self.consumer = confluent_kafka.Consumer({**config, **(settings or {})})
         self.consumer.subscribe([topic])
-
-    def poll(self) -> list[Read]:
-        out = []
-        for m in self.consumer.consume(num_messages=500, timeout=0.1):
-            if m.error() is not None:
-                raise AssertionError(f"confluent-kafka consumer: {m.error()}")
-            out.append((m.partition(), m.offset(), m.value()))
-        return out
-
-    def assignment(self) -> set[int]:
-        return {tp.partition for tp in self.consumer.assignment()}
-
-    def commit(self) -> None:
-        self.consumer.commit(asynchronous=False)
-
-    def close(self) -> None:
-        self.consumer.close()
 
 
 class Members:
