@@ -188,6 +188,9 @@ class Listener:
     security: str = "plaintext"
     advertised_host: str = ""
     """What Metadata answers for this listener; "" = `host`."""
+    advertised_port: int = 0
+    """The port Metadata answers, where clients reach this listener through a proxy or a
+    mapped port (the port of Kafka's advertised.listeners); 0 = the port bound."""
     protocol: str = "minibroker"
     max_connections: int = 0
     """Its own limit on open connections (Kafka's listener.name.X.max.connections); 0:
@@ -258,9 +261,13 @@ def parse_listeners(value: Any) -> tuple[Listener, ...]:
                     f"{where}: {key}={text!r} is invalid: expected a string of at most "
                     f"{HOST_CHARS_MAX} characters"
                 )
+        for key in ("port", "advertised_port"):
+            number = getattr(listener, key)
+            if type(number) is not int or number not in _PORT:
+                raise ConfigError(
+                    f"{where}: {key}={number!r} is invalid: expected an integer in 0..65535"
+                )
         port = listener.port
-        if type(port) is not int or port not in _PORT:
-            raise ConfigError(f"{where}: port={port!r} is invalid: expected an integer in 0..65535")
         if listener.security not in SECURITY:
             raise ConfigError(
                 f"{where}: security={listener.security!r} is invalid: expected {_one_of(SECURITY)}"
@@ -347,7 +354,8 @@ class BrokerConfig:
     listeners: tuple[Listener, ...] = _setting(
         (),
         "`[[listeners]]` tables, each with `name`, `host`, `port`, `security` and optionally "
-        '`advertised_host`, `protocol` and `max_connections` (operations.md, "Listeners"); '
+        "`advertised_host`, `advertised_port`, `protocol` and `max_connections` "
+        '(operations.md, "Listeners"); '
         "empty: one plaintext listener at `host`:`port` (with listeners, leave those two "
         "unset).",
         parse=parse_listeners,

@@ -40,7 +40,8 @@ class Served:
     @property
     def advertised(self) -> tuple[str, int]:
         """What Metadata answers on this listener."""
-        return (self.listener.advertised_host or self.listener.host, self.port)
+        listener = self.listener
+        return (listener.advertised_host or listener.host, listener.advertised_port or self.port)
 
     @property
     def insecure(self) -> bool:

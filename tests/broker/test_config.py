@@ -154,7 +154,8 @@ def test_a_mistyped_config_key_is_one_line_that_suggests_the_key(
         (
             '[[listeners]]\nname = "a"\nhost = "127.0.0.1"\nport = 0\nprotocl = "kafka"\n',
             "listeners[1] (a): unknown key 'protocl'; known: name, host, port, security, "
-            "advertised_host, protocol, max_connections; did you mean 'protocol'?",
+            "advertised_host, advertised_port, protocol, max_connections; did you mean "
+            "'protocol'?",
         ),
         # An error of the settings as a whole names the file too.
         ('tls_client_auth = "required"\n', "tls_cafile"),

@@ -3,10 +3,10 @@ minibroker and a kafka listener (optionally behind a fault proxy), the records t
 send, and each client's way of producing and of reading a partition back.
 
 A Kafka client connects to the address Metadata advertises, not the one it was given,
-so a proxy in front of the kafka listener must own the advertised address: the listener
-binds 127.0.0.2:P and advertises 127.0.0.1, where the proxy listens on the same port P
-(loopback answers every 127/8 address). Every connection a client opens then passes the
-proxy, before and after a restart (the ports are pinned after the first start).
+so a proxy in front of the kafka listener must own the advertised address: the proxy
+binds a free port first and the listener advertises it (`advertised_port`). Every
+connection a client opens then passes the proxy, before and after a restart (the
+broker's ports are pinned after the first start).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import confluent_kafka
 import kafka
@@ -31,7 +31,6 @@ from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 from tests.fault_proxy import FaultProxy
 
-BEHIND_PROXY = "127.0.0.2"
 PRODUCE = 0  # Kafka's api key of Produce
 DEADLINE_S = 60.0
 # An hour ago: recent enough that no retention by time deletes the records meanwhile.
@@ -41,16 +40,48 @@ CODECS = ("gzip", "snappy", "lz4", "zstd")
 
 
 def listeners_config(
-    *, mb_port: int = 0, kafka_port: int = 0, kafka_host: str = "127.0.0.1"
+    *, mb_port: int = 0, kafka_port: int = 0, kafka_advertised_port: int = 0
 ) -> str:
-    """A settings file with a minibroker listener `mb` and a kafka listener `kafka` that
-    advertises 127.0.0.1 wherever it binds."""
+    """A settings file with a minibroker listener `mb` and a kafka listener `kafka` on
+    127.0.0.1, the latter advertising `kafka_advertised_port` (0: its own)."""
     return (
         '[[listeners]]\nname = "mb"\nhost = "127.0.0.1"\n'
         f"port = {mb_port}\n\n"
-        f'[[listeners]]\nname = "kafka"\nhost = "{kafka_host}"\nport = {kafka_port}\n'
-        'advertised_host = "127.0.0.1"\nprotocol = "kafka"\n'
+        f'[[listeners]]\nname = "kafka"\nhost = "127.0.0.1"\nport = {kafka_port}\n'
+        f'advertised_port = {kafka_advertised_port}\nprotocol = "kafka"\n'
     )
+
+
+P = TypeVar("P", bound=FaultProxy)
+
+
+def start_behind_proxy(
+    data_dir: Path,
+    backend: str,
+    make_proxy: Callable[[Callable[[], tuple[str, int]]], P],
+    settings: str = "",
+) -> tuple[BrokerProcess, P]:
+    """A broker whose kafka listener Kafka's clients reach only through the proxy that
+    `make_proxy(target)` binds first: the listener advertises the proxy's port, so the
+    clients' connections after Metadata go through it too. The broker's ports are pinned
+    so that a restart reuses them and the proxy, which looks its target up at each
+    connection, finds it again."""
+    ports: dict[str, int] = {}
+    proxy = make_proxy(lambda: ("127.0.0.1", ports["kafka"]))
+    try:
+        broker = BrokerProcess(
+            data_dir,
+            backend=backend,
+            config=settings + listeners_config(kafka_advertised_port=proxy.port),
+        ).start()
+    except BaseException:
+        proxy.close()
+        raise
+    ports.update(broker.listener_ports)
+    broker.config = settings + listeners_config(
+        mb_port=ports["mb"], kafka_port=ports["kafka"], kafka_advertised_port=proxy.port
+    )
+    return broker, proxy.start()
 
 
 class KafkaFaultProxy(FaultProxy):
@@ -85,6 +116,8 @@ class KafkaStack:
     @property
     def kafka(self) -> str:
         """Where Kafka's clients bootstrap (the proxy when there is one)."""
+        if self.proxy is not None:
+            return self.proxy.bootstrap
         return f"127.0.0.1:{self.broker.listener_ports['kafka']}"
 
     @property
@@ -111,19 +144,13 @@ class KafkaStack:
 
 
 def start_stack(data_dir: Path, backend: str, *, proxied: bool) -> KafkaStack:
-    kafka_host = BEHIND_PROXY if proxied else "127.0.0.1"
-    broker = BrokerProcess(
-        data_dir, backend=backend, config=listeners_config(kafka_host=kafka_host)
-    ).start()
-    ports = broker.listener_ports
-    broker.config = listeners_config(
-        mb_port=ports["mb"], kafka_port=ports["kafka"], kafka_host=kafka_host
-    )
-    stack = KafkaStack(broker)
     if proxied:
-        port = ports["kafka"]
-        stack.proxy = KafkaFaultProxy(lambda: (BEHIND_PROXY, port), port=port).start()
-    return stack
+        broker, proxy = start_behind_proxy(data_dir, backend, KafkaFaultProxy)
+        return KafkaStack(broker, proxy)
+    broker = BrokerProcess(data_dir, backend=backend, config=listeners_config()).start()
+    ports = broker.listener_ports
+    broker.config = listeners_config(mb_port=ports["mb"], kafka_port=ports["kafka"])
+    return KafkaStack(broker)
 
 
 def stack_per_backend(

@@ -19,8 +19,7 @@ import confluent_kafka
 
 from client import Producer
 from client.admin import create_topic, list_group_offsets
-from harness.broker_process import BrokerProcess
-from tests.kafka.kafka_support import BEHIND_PROXY, KafkaFaultProxy, listeners_config
+from tests.kafka.kafka_support import KafkaFaultProxy, start_behind_proxy
 from tests.kafka.test_kafka_groups import (
     DEADLINE_S,
     GROUP_SETTINGS,
@@ -133,19 +132,12 @@ def split(members: list[Member]) -> bool:
 def test_a_group_survives_dropped_answers_and_a_broker_kill_mid_rebalance(
     tmp_path: Path, backend: str
 ) -> None:
-    broker = BrokerProcess(
+    broker, proxy = start_behind_proxy(
         tmp_path / "data",
-        backend=backend,
-        config=GROUP_SETTINGS + listeners_config(kafka_host=BEHIND_PROXY),
-    ).start()
-    ports = broker.listener_ports
-    broker.config = GROUP_SETTINGS + listeners_config(
-        mb_port=ports["mb"], kafka_port=ports["kafka"], kafka_host=BEHIND_PROXY
+        backend,
+        lambda target: GroupFaultProxy(target, drop_request=0.04, drop_response=0.04),
+        GROUP_SETTINGS,
     )
-    port = ports["kafka"]
-    proxy = GroupFaultProxy(
-        lambda: (BEHIND_PROXY, port), port=port, drop_request=0.04, drop_response=0.04
-    ).start()
     topic, group = f"restart-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     create_topic(broker.address("mb"), topic, partitions=PARTITIONS)
     members: list[Member] = []

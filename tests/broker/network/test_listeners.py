@@ -52,7 +52,7 @@ def test_a_kafka_listener_takes_any_security(tmp_path: Path, security: str) -> N
         f'name = "k"\nhost = "127.0.0.1"\nport = 0\nsecurity = "{security}"\n'
         'protocol = "kafka"\n',
     )
-    assert c.listeners == (cfg.Listener("k", "127.0.0.1", 0, security, "", "kafka"),)
+    assert c.listeners == (cfg.Listener("k", "127.0.0.1", 0, security, protocol="kafka"),)
 
 
 def test_without_listeners_host_and_port_are_the_one_plaintext_listener() -> None:
@@ -70,8 +70,8 @@ LISTENER = '[[listeners]]\nname = "a"\nhost = "127.0.0.1"\nport = 0\n'
         (
             LISTENER + "tls_certfile = 'x'\n",
             "unknown key 'tls_certfile'; known: name, host, port, security, advertised_host, "
-            "protocol, max_connections (broker settings go before the first [[listeners]] "
-            "table)",
+            "advertised_port, protocol, max_connections (broker settings go before the first "
+            "[[listeners]] table)",
         ),
         (LISTENER + LISTENER, "listeners[2] (a): name 'a' is taken by listeners[1]"),
         (
@@ -97,6 +97,8 @@ LISTENER = '[[listeners]]\nname = "a"\nhost = "127.0.0.1"\nport = 0\n'
         (LISTENER.replace("port = 0", "port = 70000"), "port=70000 is invalid"),
         (LISTENER.replace("port = 0", 'port = "9092"'), "port='9092' is invalid"),
         (LISTENER.replace("port = 0", "port = true"), "port=True is invalid"),
+        (LISTENER + "advertised_port = 65536\n", "advertised_port=65536 is invalid"),
+        (LISTENER + "advertised_port = -1\n", "advertised_port=-1 is invalid"),
         (LISTENER.replace('"127.0.0.1"', "1"), "host=1 is invalid"),
         (
             LISTENER.replace("port = 0", "port = 9092")
@@ -147,17 +149,21 @@ def test_list_settings_come_back_as_tuples_and_check_again(tmp_path: Path) -> No
 def test_each_listener_answers_metadata_with_its_own_address(tmp_path: Path, backend: str) -> None:
     config = listeners(("internal", "plaintext")) + (
         '[[listeners]]\nname = "external"\nhost = "127.0.0.1"\nport = 0\n'
-        'advertised_host = "broker.example.com"\n'
+        'advertised_host = "broker.example.com"\nadvertised_port = 19093\n'
     )
     proc = BrokerProcess(tmp_path / "data", backend=backend, config=config).start()
     try:
         ports = proc.listener_ports
         assert set(ports) == {"internal", "external"} and ports["internal"] != ports["external"]
         assert proc.port == ports["internal"]  # the first listener's line, as before
-        for name, host in (("internal", "127.0.0.1"), ("external", "broker.example.com")):
+        answers = (
+            ("internal", "127.0.0.1", ports["internal"]),
+            ("external", "broker.example.com", 19093),
+        )
+        for name, host, port in answers:
             with WireClient(proc.address(name)) as c:
                 brokers = c.call("Metadata", topics=None)["brokers"]
-                assert brokers == [{"id": 0, "host": host, "port": ports[name]}]
+                assert brokers == [{"id": 0, "host": host, "port": port}]
         assert proc.log_shows(
             f"event=listening listener=internal security=plaintext host=127.0.0.1 "
             f"port={ports['internal']} protocol=minibroker data_dir="
