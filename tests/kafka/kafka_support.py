@@ -52,6 +52,23 @@ def listeners_config(
     )
 
 
+def start_pinned(
+    data_dir: Path, backend: str, settings: str = "", *, kafka_advertised_port: int = 0
+) -> BrokerProcess:
+    """A broker with `settings` and both listeners on free ports, pinned once it has
+    started so that a restart (`broker.start()` after a kill) binds the same ones."""
+    broker = BrokerProcess(
+        data_dir,
+        backend=backend,
+        config=settings + listeners_config(kafka_advertised_port=kafka_advertised_port),
+    ).start()
+    ports = broker.listener_ports
+    broker.config = settings + listeners_config(
+        mb_port=ports["mb"], kafka_port=ports["kafka"], kafka_advertised_port=kafka_advertised_port
+    )
+    return broker
+
+
 P = TypeVar("P", bound=FaultProxy)
 
 
@@ -69,18 +86,11 @@ def start_behind_proxy(
     ports: dict[str, int] = {}
     proxy = make_proxy(lambda: ("127.0.0.1", ports["kafka"]))
     try:
-        broker = BrokerProcess(
-            data_dir,
-            backend=backend,
-            config=settings + listeners_config(kafka_advertised_port=proxy.port),
-        ).start()
+        broker = start_pinned(data_dir, backend, settings, kafka_advertised_port=proxy.port)
     except BaseException:
         proxy.close()
         raise
     ports.update(broker.listener_ports)
-    broker.config = settings + listeners_config(
-        mb_port=ports["mb"], kafka_port=ports["kafka"], kafka_advertised_port=proxy.port
-    )
     return broker, proxy.start()
 
 
@@ -147,10 +157,7 @@ def start_stack(data_dir: Path, backend: str, *, proxied: bool) -> KafkaStack:
     if proxied:
         broker, proxy = start_behind_proxy(data_dir, backend, KafkaFaultProxy)
         return KafkaStack(broker, proxy)
-    broker = BrokerProcess(data_dir, backend=backend, config=listeners_config()).start()
-    ports = broker.listener_ports
-    broker.config = listeners_config(mb_port=ports["mb"], kafka_port=ports["kafka"])
-    return KafkaStack(broker)
+    return KafkaStack(start_pinned(data_dir, backend))
 
 
 def stack_per_backend(

@@ -42,7 +42,7 @@ from protocol.authorization import ResourceType as Res
 from protocol.errors import ErrorCode
 from protocol.framing import FrameError
 from tests.conftest import BACKENDS
-from tests.kafka.kafka_support import listeners_config
+from tests.kafka.kafka_support import listeners_config, start_pinned
 from tests.kafka.test_kafka_groups import (
     DEADLINE_S,
     GROUP_SETTINGS,
@@ -287,13 +287,7 @@ def test_a_member_rejoins_after_a_broker_kill_and_resumes_at_its_commits(
     next heartbeat is UNKNOWN_MEMBER_ID and librdkafka joins again under its own id;
     the commits were fsynced, so it resumes at them: nothing committed is read again,
     nothing after it is skipped."""
-    broker = BrokerProcess(
-        tmp_path / "data", backend=backend, config=GROUP_SETTINGS + listeners_config()
-    ).start()
-    ports = broker.listener_ports
-    broker.config = GROUP_SETTINGS + listeners_config(
-        mb_port=ports["mb"], kafka_port=ports["kafka"]
-    )
+    broker = start_pinned(tmp_path / "data", backend, GROUP_SETTINGS)
     made = Group(Stack(broker))
     try:
         a = made.kip848()

@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaConsumer
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
 from tests.conftest import BACKENDS
-from tests.kafka.kafka_support import CLIENTS, listeners_config
+from tests.kafka.kafka_support import CLIENTS, listeners_config, start_pinned
 
 PARTITIONS = 4
 DEADLINE_S = 30.0
@@ -671,13 +671,7 @@ def test_members_rejoin_after_a_broker_kill_and_resume_at_the_committed_offsets(
     member's next heartbeat is refused and it joins again; the committed offsets were
     fsynced, so it resumes at them: nothing committed is read again, nothing after
     it is skipped."""
-    broker = BrokerProcess(
-        tmp_path / "data", backend=backend, config=GROUP_SETTINGS + listeners_config()
-    ).start()
-    ports = broker.listener_ports
-    broker.config = GROUP_SETTINGS + listeners_config(
-        mb_port=ports["mb"], kafka_port=ports["kafka"]
-    )
+    broker = start_pinned(tmp_path / "data", backend, GROUP_SETTINGS)
     stack = Stack(broker)
     members = Members("confluent-kafka", stack, stack.new_topic("restart"), "g-restart")
     try:

@@ -96,7 +96,7 @@ from client import (
 )
 from client.admin import create_topic
 from harness.broker_process import BrokerProcess
-from tests.kafka.kafka_support import listeners_config
+from tests.kafka.kafka_support import start_pinned
 
 TOPIC = "history"
 PARTITIONS = 4
@@ -941,13 +941,10 @@ def check_backend(settings: Settings, backend: str, out: Path) -> BackendResult:
     rng = random.Random(settings.seed)
     root = Path(tempfile.mkdtemp(prefix="txn-history-"))
     confluent = settings.client == "confluent"
-    broker = BrokerProcess(
-        root / "data", backend=backend, config=listeners_config() if confluent else None
-    ).start()
     if confluent:
-        # Restarts keep both listeners' ports.
-        ports = broker.listener_ports
-        broker.config = listeners_config(mb_port=ports["mb"], kafka_port=ports["kafka"])
+        broker = start_pinned(root / "data", backend)
+    else:
+        broker = BrokerProcess(root / "data", backend=backend).start()
     sdk = broker.address("mb") if confluent else broker.bootstrap
     clients = broker.address("kafka") if confluent else sdk
     fleet = ProducerFleet(settings, clients, out)
