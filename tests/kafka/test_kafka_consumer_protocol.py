@@ -42,7 +42,7 @@ from protocol.authorization import ResourceType as Res
 from protocol.errors import ErrorCode
 from protocol.framing import FrameError
 from tests.conftest import BACKENDS
-from tests.kafka.kafka_support import listeners_config, start_pinned
+from tests.kafka.kafka_support import start_pinned
 from tests.kafka.test_kafka_groups import (
     DEADLINE_S,
     GROUP_SETTINGS,
@@ -56,6 +56,7 @@ from tests.kafka.test_kafka_groups import (
     produce,
     read_all,
     settle,
+    stack_per_backend,
 )
 from tests.kafka.test_kafka_smoke import SECURED
 from tests.kafka.test_kafka_wire import codec, kio_response
@@ -67,14 +68,7 @@ HEARTBEAT, DESCRIBE, METADATA, JOIN_GROUP = 68, 69, 3, 11
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    data_dir: Path = tmp_path_factory.mktemp(f"kip848-{request.param}") / "data"
-    broker = BrokerProcess(
-        data_dir, backend=request.param, config=GROUP_SETTINGS + listeners_config()
-    ).start()
-    try:
-        yield Stack(broker)
-    finally:
-        broker.kill()
+    yield from stack_per_backend(request, tmp_path_factory, "kip848")
 
 
 # ------------------------------------------------------------------ members

@@ -10,13 +10,10 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
-from harness.broker_process import BrokerProcess
 from tests.conftest import BACKENDS
-from tests.kafka.kafka_support import listeners_config
 from tests.kafka.test_kafka_groups import (
     GROUP_SETTINGS,
     LOG,
@@ -29,6 +26,7 @@ from tests.kafka.test_kafka_groups import (
     produce,
     read_all,
     settle,
+    stack_per_backend,
 )
 
 __all__ = ["group_of"]  # the fixture, shared with test_kafka_groups.py
@@ -49,15 +47,8 @@ REMOVED = re.compile(r"event=group_member_removed .*reason=rebalance_timeout")
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    data_dir: Path = tmp_path_factory.mktemp(f"kafka-stuck-{request.param}") / "data"
     settings = f"{GROUP_SETTINGS}group_max_rebalance_timeout_ms = {REBALANCE_MS}\n"
-    broker = BrokerProcess(
-        data_dir, backend=request.param, config=settings + listeners_config()
-    ).start()
-    try:
-        yield Stack(broker)
-    finally:
-        broker.kill()
+    yield from stack_per_backend(request, tmp_path_factory, "kafka-stuck", settings)
 
 
 def stall(member: Member) -> threading.Event:

@@ -83,18 +83,29 @@ class Stack:
         return completed if completed == begun else None
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def stack(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+def stack_per_backend(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    settings: str = GROUP_SETTINGS,
 ) -> Iterator[Stack]:
-    data_dir: Path = tmp_path_factory.mktemp(f"kafka-groups-{request.param}") / "data"
+    """The body of a module's stack fixture, parametrized over the backends: a broker
+    with `settings` on `request.param` in a fresh `{name}-{backend}` directory."""
+    data_dir: Path = tmp_path_factory.mktemp(f"{name}-{request.param}") / "data"
     broker = BrokerProcess(
-        data_dir, backend=request.param, config=GROUP_SETTINGS + listeners_config()
+        data_dir, backend=request.param, config=settings + listeners_config()
     ).start()
     try:
         yield Stack(broker)
     finally:
         broker.kill()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    yield from stack_per_backend(request, tmp_path_factory, "kafka-groups")
 
 
 # ------------------------------------------------------------------ one member, per client
