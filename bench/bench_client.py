@@ -59,7 +59,7 @@ from bench.stats import percentile
 from client import Consumer, Producer, TopicPartition
 from client.admin import create_topic
 from client.config import ProducerConfig
-from harness.broker_process import BrokerProcess
+from harness.broker_process import BrokerProcess, cpu_seconds
 
 RECORD_SIZE = 100
 MB = 1024 * 1024
@@ -92,12 +92,6 @@ LATENCY_LOAD_PCT = 50
 LOW_LOAD_PCT = 10
 LATENCY_DURATION_S = 2.0
 TREE = Path(__file__).resolve().parent.parent  # the source tree whose client is measured
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _row(name: str, records: int, seconds: float, cpu: float, broker_cpu: float) -> dict[str, Any]:

@@ -194,6 +194,14 @@ def rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds a process has run, user and kernel, its exited threads included
+    (/proc/<pid>/stat, in clock ticks of 10 ms)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def serve_once(
     data_dir: Path, *args: str, preexec_fn: Callable[[], object] | None = None
 ) -> subprocess.CompletedProcess[str]:
