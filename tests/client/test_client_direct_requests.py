@@ -10,13 +10,28 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from client import Consumer, MinibrokerTimeoutError, Producer, TopicPartition
-from client.errors import UnknownTopicError
+from client.connection import BlockingConnection
+from client.errors import ConnectionLostError, UnknownTopicError
 from harness.broker_process import BrokerProcess
+from protocol.framing import DEFAULT_FRAME_BYTES_MAX, FrameDecoder, frame
+from protocol.messages import (
+    APIS,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    Request,
+    TopicMetadata,
+    decode_request,
+    encode_response,
+)
 
 HOLD_S = 5.0
 
@@ -96,3 +111,91 @@ def test_a_broker_that_stops_answering_times_out_as_before(broker: BrokerProcess
             f"Metadata failed within request_timeout_ms=1000: {broker.bootstrap}: request timed out"
         )
         assert consumer.topics() == set()
+
+
+# --------------------------------------------------------------------------- the connection
+
+
+@contextlib.contextmanager
+def scripted_broker(answer: Callable[[Request, socket.socket], None]) -> Iterator[tuple[str, int]]:
+    """A broker on loopback for one connection: it answers ApiVersions as a broker does
+    and hands every other request to `answer`, which writes what it likes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        decoder = FrameDecoder()
+        with conn, contextlib.suppress(OSError):  # the client's close may reset it
+            while data := conn.recv(65536):
+                for body in decoder.feed_bodies(data):
+                    request = decode_request(body)
+                    if isinstance(request, ApiVersionsRequest):
+                        versions = ApiVersionsResponse(apis={api: [1, 1] for api in APIS})
+                        conn.sendall(frame(encode_response(versions, request.cid)))
+                    else:
+                        answer(request, conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[:2]
+    finally:
+        listener.close()
+
+
+def blocking_connection(address: tuple[str, int], **settings: Any) -> BlockingConnection:
+    return BlockingConnection.open(
+        *address,
+        client_id=None,
+        tls=None,
+        max_response_bytes=settings.get("max_response_bytes", DEFAULT_FRAME_BYTES_MAX),
+        deadline=time.monotonic() + 10,
+    )
+
+
+def metadata(request: Request, topics: int = 1) -> bytes:
+    answer = MetadataResponse(topics=[TopicMetadata(f"topic-{i:06d}") for i in range(topics)])
+    return frame(encode_response(answer, request.cid))
+
+
+def cut(conn: socket.socket, data: bytes) -> None:
+    """Send `data` and close the connection's sending side: an answer cut short."""
+    conn.sendall(data)
+    conn.shutdown(socket.SHUT_WR)
+
+
+def test_an_answer_longer_than_a_read_is_received_whole() -> None:
+    with scripted_broker(lambda r, conn: conn.sendall(metadata(r, 40_000))) as address:
+        conn = blocking_connection(address)
+        response = conn.request(MetadataRequest(topics=None), time.monotonic() + 10)
+        assert len(response.topics) == 40_000 and response.topics[-1].name == "topic-039999"
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (lambda r, conn: cut(conn, metadata(r)[:-3]), "closed by the broker"),
+        (lambda r, conn: cut(conn, metadata(r)[:2]), "closed by the broker"),
+        (lambda r, conn: conn.sendall(metadata(r) + b"\0"), "bytes after the answer"),
+        (lambda r, conn: conn.sendall(frame(encode_response(MetadataResponse(), 99))), "cid 99"),
+        (lambda r, conn: conn.sendall(frame(b"\xc1")), "not a MetadataResponse"),
+        (lambda r, conn: conn.sendall(metadata(r, 10_000)), "exceeds max_frame_bytes 65536"),
+    ],
+)
+def test_a_bad_answer_closes_the_connection_and_says_why(
+    answer: Callable[[Request, socket.socket], None], said: str
+) -> None:
+    with scripted_broker(answer) as address:
+        conn = blocking_connection(address, max_response_bytes=65536)
+        with pytest.raises(ConnectionLostError, match=said):
+            conn.request(MetadataRequest(topics=None), time.monotonic() + 10)
+        with pytest.raises(ConnectionLostError, match="closed"):
+            conn.request(MetadataRequest(topics=None), time.monotonic() + 10)
+
+
+def test_an_answer_later_than_the_deadline_is_a_timeout() -> None:
+    with scripted_broker(lambda r, conn: None) as address:
+        conn = blocking_connection(address)
+        with pytest.raises(ConnectionLostError, match="request timed out"):
+            conn.request(MetadataRequest(topics=None), time.monotonic() + 0.05)
