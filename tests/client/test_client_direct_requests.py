@@ -93,18 +93,27 @@ def test_a_lost_direct_connection_is_made_good_through_the_event_loop(
         assert consumer._direct._conn is not direct
 
 
-def test_a_broker_that_stops_answering_times_out_as_before(broker: BrokerProcess) -> None:
+@pytest.mark.parametrize("path", ["caller's thread", "event loop"])
+def test_a_broker_that_stops_answering_times_out_as_before(
+    broker: BrokerProcess, path: str
+) -> None:
     """request_timeout_ms bounds the whole call, and the error names it and the cause,
-    as the event loop's retries say it."""
+    the same on either path (the event loop's: its connection's receive deadline)."""
     with Consumer(
         bootstrap_servers=broker.bootstrap, request_timeout_ms=1_000, fetch_max_wait_ms=100
     ) as consumer:
         consumer.topics()
         consumer.topics()
+
+        def topics() -> set[str]:
+            if path == "event loop":
+                return consumer._thread.call(consumer._core.topics)
+            return consumer.topics()
+
         os.kill(broker.pid, signal.SIGSTOP)
         try:
             with pytest.raises(MinibrokerTimeoutError) as caught:
-                consumer.topics()
+                topics()
         finally:
             os.kill(broker.pid, signal.SIGCONT)
         assert str(caught.value) == (
