@@ -758,6 +758,7 @@ class BlockingConnection:
         (time.monotonic()). ConnectionLostError when that fails; MinibrokerError when the
         broker lacks the APIs."""
         address = f"{host}:{port}"
+        sock: socket.socket | None = None
         try:
             sock = socket.create_connection(
                 (host, port), timeout=min(max(deadline - time.monotonic(), 0), CONNECT_TIMEOUT_S)
@@ -766,6 +767,8 @@ class BlockingConnection:
             if tls is not None:
                 sock = tls.wrap_socket(sock, server_hostname=host)
         except OSError as exc:  # ssl.SSLError and TimeoutError among them
+            if sock is not None:
+                sock.close()
             raise ConnectionLostError(f"cannot connect to {address} ({_reason(exc)})") from exc
         conn = cls(sock, address, client_id=client_id, max_response_bytes=max_response_bytes)
         try:
@@ -784,7 +787,10 @@ class BlockingConnection:
         self._next_cid = 0 if cid >= CID_MAX else cid + 1
         body = encode_request(request, cid, self._client_id)
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 0))
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:  # a timeout of 0 would make the socket non-blocking
+                raise TimeoutError
+            sock.settimeout(remaining_s)
             sock.sendall(LENGTH.pack(len(body)) + body)
             response = decode_response(self._receive(sock), request.response)
             if response.cid != cid:
@@ -895,7 +901,8 @@ class DirectRequests:
         return self._conn
 
     def close(self) -> None:
-        """Close the connection; from now on every request goes through the event loop."""
+        """Close the connection (once a lookup in progress on another thread has ended);
+        from now on every request goes through the event loop."""
         with self._lock:
             self._usable = False
             if self._conn is not None:

@@ -150,6 +150,7 @@ def scripted_broker(answer: Callable[[Request, socket.socket], None]) -> Iterato
         yield listener.getsockname()[:2]
     finally:
         listener.close()
+        thread.join(10)  # each test closes its connection, which ends the thread
 
 
 def blocking_connection(address: tuple[str, int], **settings: Any) -> BlockingConnection:
@@ -208,3 +209,14 @@ def test_an_answer_later_than_the_deadline_is_a_timeout() -> None:
         conn = blocking_connection(address)
         with pytest.raises(ConnectionLostError, match="request timed out"):
             conn.request(MetadataRequest(topics=None), time.monotonic() + 0.05)
+
+
+def test_a_deadline_already_passed_is_a_timeout_without_a_request() -> None:
+    asked: list[Request] = []
+    with scripted_broker(lambda r, conn: asked.append(r)) as address:
+        conn = blocking_connection(address)
+        with pytest.raises(ConnectionLostError, match="request timed out"):
+            conn.request(MetadataRequest(topics=None), time.monotonic())
+        with pytest.raises(ConnectionLostError, match="closed"):
+            conn.request(MetadataRequest(topics=None), time.monotonic() + 10)
+    assert asked == []
