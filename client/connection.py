@@ -880,7 +880,9 @@ class DirectRequests:
 
     def _open(self, deadline: float) -> BlockingConnection | None:
         """A connection to the broker the Reconnector's connection is up with, or None
-        (none is up, or opening failed: tried again after reconnect_backoff_max_ms)."""
+        (none is up, or opening failed: tried again after reconnect_backoff_max_ms).
+        ConnectionLostError when opening failed at `deadline`: no time is left to go
+        through the event loop."""
         current = self._connector.current
         if current is None or current.closed or time.monotonic() < self._next_open:
             return None
@@ -897,6 +899,8 @@ class DirectRequests:
         except MinibrokerError as exc:  # ConnectionLostError among them
             log.debug("direct connection to %s failed: %s", current.address, exc)
             self._next_open = time.monotonic() + self._connector.backoff_max_ms / 1000
+            if isinstance(exc, ConnectionLostError) and time.monotonic() >= deadline:
+                raise
             return None
         return self._conn
 

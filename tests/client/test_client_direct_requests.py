@@ -122,6 +122,28 @@ def test_a_broker_that_stops_answering_times_out_as_before(
         assert consumer.topics() == set()
 
 
+def test_a_broker_that_stops_answering_while_the_lookup_connects_times_out_once(
+    broker: BrokerProcess,
+) -> None:
+    """A lookup whose own connection is opened while the broker hangs (the kernel still
+    accepts it) gives up at request_timeout_ms, not once more through the event loop."""
+    with Consumer(
+        bootstrap_servers=broker.bootstrap, request_timeout_ms=1_000, fetch_max_wait_ms=100
+    ) as consumer:
+        consumer.topics()  # the event loop's connection; the lookup's is opened next
+        assert consumer._direct._conn is None
+        os.kill(broker.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(MinibrokerTimeoutError, match="request timed out"):
+                consumer.topics()
+            took_s = time.monotonic() - started
+        finally:
+            os.kill(broker.pid, signal.SIGCONT)
+        assert took_s < 1.9  # a second request_timeout_ms would make it 2 s at least
+        assert consumer.topics() == set()
+
+
 # --------------------------------------------------------------------------- the connection
 
 
