@@ -21,11 +21,13 @@ against a broker of each backend (trio, asyncio), and compared within the backen
   InitProducerId (pipelined over 16 connections, so fsync rounds are shared).
 - Round trip (issue 40, target 1): a Metadata request for every topic from a
   blocking socket (pre-encoded, the frame the SDK sends) against the same request
-  through the sync SDK (`Consumer.topics()`: the caller's thread, the event loop's
-  thread, the connection and back), and through the crossing the SDK used before
-  (`BlockingPortal.call` into the same core), `RT_CALLS` calls per case and round in
-  rotating order; the median of every call with p10-p90, and the median of each
-  round's ratio to the raw socket's, with its range.
+  through the sync SDK (`Consumer.topics()`: made on the caller's thread over a
+  blocking connection of its own, client/connection.py `DirectRequests`), through
+  the event loop as the SDK made it before (`PortalThread.call` into the core: the
+  caller's thread, the loop's, the connection and back), and through the crossing
+  before that (`BlockingPortal.call` into the same core), `RT_CALLS` calls per case
+  and round in rotating order; the median of every call with p10-p90, and the median
+  of each round's ratio to the raw socket's, with its range.
 
     .venv/bin/python -m bench.bench_txn [--records N]
 """
@@ -171,14 +173,21 @@ def _sdk_round_trips_s(call: Callable[[], object], calls: int) -> list[float]:
 
 def round_trips(broker: BrokerProcess, calls: int = RT_CALLS) -> list[dict[str, Any]]:
     """Issue 40's target 1: a request's round trip through the sync SDK beside a raw
-    socket's, and beside the same call crossing threads as before issue 40
-    (`BlockingPortal.call` into the core), in rotating order per round."""
+    socket's, and beside the same call made through the event loop, crossing threads
+    as the SDK did before (`PortalThread.call`) and before issue 40
+    (`BlockingPortal.call`), in rotating order per round."""
     backend = broker.backend
     with Consumer(("bench", 0), bootstrap_servers=broker.bootstrap) as consumer:
         consumer.topics()  # connected
         cases: dict[str, Callable[[], list[float]]] = {
             "raw socket": partial(_raw_round_trips_s, broker.bootstrap, calls),
             "sync SDK, Consumer.topics()": partial(_sdk_round_trips_s, consumer.topics, calls),
+            "sync SDK through the event loop (PortalThread.call)": partial(
+                _sdk_round_trips_s,
+                # The path before lookups ran on the caller's thread: the A/B of one run.
+                partial(consumer._thread.call, consumer._core.topics),
+                calls,
+            ),
             "sync SDK through BlockingPortal.call (before issue 40)": partial(
                 _sdk_round_trips_s,
                 # The old crossing into the same core: the A/B of the same run.
@@ -190,7 +199,7 @@ def round_trips(broker: BrokerProcess, calls: int = RT_CALLS) -> list[dict[str, 
         times: dict[str, list[float]] = {name: [] for name in names}
         medians: dict[str, list[float]] = {name: [] for name in names}
         for round_ in range(2 * ROUNDS):
-            order = names[round_ % 3 :] + names[: round_ % 3]
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for name in order[::-1] if round_ % 2 else order:
                 got = cases[name]()
                 times[name] += got

@@ -26,7 +26,9 @@ import logging
 import math
 import os
 import random
+import socket
 import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -50,10 +52,11 @@ from client.security import (
     SaslSettings,
 )
 from protocol.errors import ErrorCode
-from protocol.framing import LENGTH, FrameDecoder, FrameError
+from protocol.framing import LENGTH, FrameDecoder, FrameError, FrameTooLarge
 from protocol.messages import (
     CID_MAX,
     ApiVersionsRequest,
+    ApiVersionsResponse,
     Request,
     Response,
     SaslAuthenticateRequest,
@@ -307,17 +310,22 @@ class Connection:
         reason = "closed"
         with self._run_scope:
             try:
-                while True:
-                    head = self._pending[0].deadline if self._pending else math.inf
-                    with anyio.CancelScope(deadline=head) as scope:
-                        self._recv_scope = scope
+                # One scope for every receive, its deadline the oldest pending request's
+                # (`_write` sets it when a request goes out with none pending): a scope
+                # made per receive cost about 9 µs each, and the deadline changes only
+                # when a request is sent or answered.
+                with anyio.CancelScope() as scope:
+                    self._recv_scope = scope
+                    while True:
+                        head = self._pending[0].deadline if self._pending else math.inf
+                        if scope.deadline != head:
+                            scope.deadline = head
                         data = await self._stream.receive(RECV_BYTES)
-                    self._recv_scope = None
-                    if scope.cancelled_caught:
-                        reason = "request timed out"
-                        break
-                    for body in self._decoder.feed_bodies(data):
-                        self._dispatch(body)
+                        for body in self._decoder.feed_bodies(data):
+                            self._dispatch(body)
+                # Only the deadline's cancellation ends the loop without an exception.
+                self._recv_scope = None
+                reason = "request timed out"
             except anyio.EndOfStream:
                 reason = "closed by the broker"
             except ssl.SSLError as exc:  # before OSError, its base
@@ -468,7 +476,14 @@ async def _connect(host: str, port: int, tls: ssl.SSLContext | None) -> anyio.ab
 
 async def _check_versions(conn: Connection, timeout_s: float, sasl: SaslSettings | None) -> None:
     response = await conn.request(ApiVersionsRequest(), timeout_s)
-    address = conn.address
+    conn.max_frame_bytes = _versions_checked(response, conn.address, sasl)
+
+
+def _versions_checked(
+    response: ApiVersionsResponse, address: str, sasl: SaslSettings | None
+) -> int:
+    """The broker's max_frame_bytes from its ApiVersions answer, once it is known to speak
+    the APIs we need (and SASL when `sasl` is set); else the error that says why not."""
     if response.error != ErrorCode.NONE:
         raise MinibrokerError(
             f"ApiVersions to {address} failed: {ErrorCode.name_of(response.error)}",
@@ -487,7 +502,7 @@ async def _check_versions(conn: Connection, timeout_s: float, sasl: SaslSettings
             broker=address,
             mechanism=sasl.mechanism,
         )
-    conn.max_frame_bytes = response.max_frame_bytes
+    return response.max_frame_bytes
 
 
 def _opening_failed(
@@ -710,3 +725,190 @@ def _attempts_to_max(backoff_ms: float, backoff_max_ms: float) -> int:
         backoff *= 2
         attempts += 1
     return attempts
+
+
+class BlockingConnection:
+    """A connection used with blocking calls, one request at a time, from one thread at a
+    time: the sync faces' lookups made on the caller's thread (`DirectRequests`), with
+    no event loop and no thread hop in the path. Opened with the client's TLS context
+    and the same ApiVersions check as `open_connection`; it does no SASL. Any failure,
+    a timeout among them, closes it and raises ConnectionLostError."""
+
+    def __init__(
+        self, sock: socket.socket, address: str, *, client_id: str | None, max_response_bytes: int
+    ) -> None:
+        self.address = address
+        self._sock: socket.socket | None = sock
+        self._client_id = client_id
+        self._max_response_bytes = max_response_bytes
+        self._next_cid = 0
+
+    @classmethod
+    def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        client_id: str | None,
+        tls: ssl.SSLContext | None,
+        max_response_bytes: int,
+        deadline: float,
+    ) -> BlockingConnection:
+        """Connect (TLS when `tls` is set) and check the broker's versions by `deadline`
+        (time.monotonic()). ConnectionLostError when that fails; MinibrokerError when the
+        broker lacks the APIs."""
+        address = f"{host}:{port}"
+        sock: socket.socket | None = None
+        try:
+            sock = socket.create_connection(
+                (host, port), timeout=min(max(deadline - time.monotonic(), 0), CONNECT_TIMEOUT_S)
+            )
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+        except OSError as exc:  # ssl.SSLError and TimeoutError among them
+            if sock is not None:
+                sock.close()
+            raise ConnectionLostError(f"cannot connect to {address} ({_reason(exc)})") from exc
+        conn = cls(sock, address, client_id=client_id, max_response_bytes=max_response_bytes)
+        try:
+            _versions_checked(conn.request(ApiVersionsRequest(), deadline), address, None)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def request(self, request: Request, deadline: float) -> Any:
+        """Send `request` and wait until `deadline` (time.monotonic()) for its typed answer."""
+        sock = self._sock
+        if sock is None:
+            raise ConnectionLostError(f"{self.address}: closed")
+        cid = self._next_cid
+        self._next_cid = 0 if cid >= CID_MAX else cid + 1
+        body = encode_request(request, cid, self._client_id)
+        try:
+            remaining_s = deadline - time.monotonic()
+            if remaining_s <= 0:  # a timeout of 0 would make the socket non-blocking
+                raise TimeoutError
+            sock.settimeout(remaining_s)
+            sock.sendall(LENGTH.pack(len(body)) + body)
+            response = decode_response(self._receive(sock), request.response)
+            if response.cid != cid:
+                raise _ProtocolViolation(f"response cid {response.cid!r}, expected {cid}")
+        except TimeoutError as exc:
+            self.close()
+            raise ConnectionLostError(f"{self.address}: request timed out") from exc
+        except (OSError, FrameError, _ProtocolViolation) as exc:
+            self.close()
+            raise ConnectionLostError(f"{self.address}: {exc}") from exc
+        return response
+
+    def _receive(self, sock: socket.socket) -> memoryview:
+        """One answer's body: the first read usually holds it all; the rest of a longer one
+        is received into one buffer sized from its length prefix."""
+        head = sock.recv(RECV_BYTES)
+        while len(head) < LENGTH.size:
+            more = sock.recv(RECV_BYTES)
+            if not more:
+                raise _ProtocolViolation("closed by the broker")
+            head += more
+        (length,) = LENGTH.unpack_from(head)
+        if length > self._max_response_bytes:
+            raise FrameTooLarge(length, self._max_response_bytes)
+        have = len(head) - LENGTH.size
+        if have > length:
+            raise _ProtocolViolation("bytes after the answer, with no request pending")
+        if have == length:
+            return memoryview(head)[LENGTH.size :]
+        body = memoryview(bytearray(length))
+        body[:have] = memoryview(head)[LENGTH.size :]
+        while have < length:
+            got = sock.recv_into(body[have:])
+            if not got:
+                raise _ProtocolViolation("closed by the broker")
+            have += got
+        return body
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+
+class DirectRequests:
+    """The sync faces' lookups made on the caller's thread, over a `BlockingConnection`
+    of their own beside the `Reconnector` whose connection the event loop runs: no
+    thread hop and no turn of the loop (docs/benchmark-notes.md, "The sync SDK's round
+    trip"). It decides nothing a failure needs: without a connection of the
+    Reconnector's to follow, with SASL, while another thread uses it, or when its
+    connection fails, `request` returns None and the caller makes the request through
+    the event loop, whose connection reconnects, retries, authenticates and says what
+    failed, as before."""
+
+    def __init__(self, connector: Reconnector) -> None:
+        self._connector = connector
+        self._conn: BlockingConnection | None = None
+        self._lock = threading.Lock()
+        # SASL is left to the event loop's connection: its session would need re-auth.
+        self._usable = connector.security.sasl is None
+        self._next_open = 0.0  # time.monotonic() before which no connection is opened
+
+    def request(self, request: Request, deadline: float) -> Any | None:
+        """The answer to `request`, or None when it cannot be had here (class doc).
+        ConnectionLostError when it failed and `deadline` (time.monotonic()) has passed:
+        the caller's time is up, as the event loop's retries would have found."""
+        if not self._usable or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            conn = self._conn or self._open(deadline)
+            if conn is None:
+                return None
+            response = conn.request(request, deadline)
+        except ConnectionLostError as exc:
+            log.debug("direct request failed: %s", exc)
+            self._conn = None
+            if time.monotonic() >= deadline:
+                raise
+            return None
+        finally:
+            self._lock.release()
+        if response.error == ErrorCode.SASL_AUTHENTICATION_FAILED:
+            # The listener wants SASL: the event loop's connection says so to the caller.
+            self.close()
+            return None
+        return response
+
+    def _open(self, deadline: float) -> BlockingConnection | None:
+        """A connection to the broker the Reconnector's connection is up with, or None
+        (none is up, or opening failed: tried again after reconnect_backoff_max_ms).
+        ConnectionLostError when opening failed at `deadline`: no time is left to go
+        through the event loop."""
+        current = self._connector.current
+        if current is None or current.closed or time.monotonic() < self._next_open:
+            return None
+        host, port = current.address.rsplit(":", 1)
+        try:
+            self._conn = BlockingConnection.open(
+                host,
+                int(port),
+                client_id=self._connector.client_id,
+                tls=self._connector.security.tls,
+                max_response_bytes=self._connector.max_response_bytes,
+                deadline=deadline,
+            )
+        except MinibrokerError as exc:  # ConnectionLostError among them
+            log.debug("direct connection to %s failed: %s", current.address, exc)
+            self._next_open = time.monotonic() + self._connector.backoff_max_ms / 1000
+            if isinstance(exc, ConnectionLostError) and time.monotonic() >= deadline:
+                raise
+            return None
+        return self._conn
+
+    def close(self) -> None:
+        """Close the connection (once a lookup in progress on another thread has ended);
+        from now on every request goes through the event loop."""
+        with self._lock:
+            self._usable = False
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -43,7 +43,7 @@ import anyio.abc
 from client._portal import PortalThread
 from client.accumulator import monotonic_ms
 from client.config import BROKER_SIDE_GROUP_SETTINGS, ConsumerConfig
-from client.connection import Connection, Reconnector
+from client.connection import Connection, DirectRequests, Reconnector
 from client.coordinator import ConsumerCoordinator, normalize_offsets
 from client.errors import (
     AuthenticationFailedError,
@@ -59,7 +59,14 @@ from client.errors import (
 )
 from client.fetcher import FetchedRecords, gc_paused
 from client.group_membership import Changes, MemberState
-from client.replies import check, list_offsets_request, metadata_request, offsets, partition_count
+from client.replies import (
+    Lookup,
+    check,
+    list_offsets_request,
+    metadata_request,
+    offsets,
+    partition_count,
+)
 from client.types import (
     ConsumerGroupMetadata,
     ConsumerRecord,
@@ -78,6 +85,7 @@ from protocol.messages import (
     FetchResponse,
     FetchTopic,
     MetadataRequest,
+    MetadataResponse,
     Request,
 )
 
@@ -88,6 +96,8 @@ PREFETCH_PER_PARTITION = 2
 REFILL_RECORDS = 20_000
 # How often topics named at construction are looked up again while they have no partitions.
 TOPIC_RETRY_S = 0.5
+
+T = TypeVar("T")
 
 Assignable = str | TopicPartition | tuple[str, int]
 Partitions = frozenset[TopicPartition]
@@ -404,12 +414,12 @@ class AsyncConsumer:
         self, partitions: Iterable[TopicPartition | tuple[str, int]]
     ) -> dict[TopicPartition, int]:
         """The offset after the last record (the last stable offset under read_committed)."""
-        return await self._list_offsets(partitions, TIMESTAMP_LATEST)
+        return await self.look_up(self.offsets_lookup(partitions, TIMESTAMP_LATEST))
 
     async def beginning_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]]
     ) -> dict[TopicPartition, int]:
-        return await self._list_offsets(partitions, TIMESTAMP_EARLIEST)
+        return await self.look_up(self.offsets_lookup(partitions, TIMESTAMP_EARLIEST))
 
     async def offsets_for_times(
         self, timestamps: dict[TopicPartition, int]
@@ -422,14 +432,40 @@ class AsyncConsumer:
 
     async def partitions_for_topic(self, topic: str) -> set[int]:
         """The partition numbers of `topic`; UnknownTopicError when it does not exist."""
-        count = await self._partition_count(topic)
-        if count is None:
-            raise UnknownTopicError(topic)
-        return set(range(count))
+        return await self.look_up(self.partitions_lookup(topic))
 
     async def topics(self) -> set[str]:
-        response = await self._control(MetadataRequest(topics=None))
-        return {t.name for t in response.topics if not t.error}
+        return await self.look_up(topics_lookup())
+
+    # ------------------------------------------------------------------ lookups
+
+    @property
+    def control_connector(self) -> Reconnector:
+        """The connection of the requests that are not fetches (the group's among them)."""
+        return self._control_connector
+
+    def partitions_lookup(self, topic: str) -> Lookup[set[int]]:
+        """`topic`'s partition numbers; UnknownTopicError when it does not exist."""
+
+        def read(response: MetadataResponse) -> set[int]:
+            count = partition_count(response, topic, self.config.security.principal)
+            if count is None:
+                raise UnknownTopicError(topic)
+            return set(range(count))
+
+        return Lookup(self._metadata_request(topic), read)
+
+    def offsets_lookup(
+        self, partitions: Iterable[TopicPartition | tuple[str, int]], timestamp: int
+    ) -> Lookup[dict[TopicPartition, int]]:
+        """The offsets of `partitions` at `timestamp` (-1 latest, -2 earliest)."""
+        return Lookup(list_offsets_request(partitions, timestamp, self._isolation), offsets)
+
+    async def look_up(self, lookup: Lookup[T], deadline: float | None = None) -> T:
+        """`lookup` made on the control connection, retried across reconnects as `_control`
+        does until `deadline` (time.monotonic(); request_timeout_ms from now if None)."""
+        response = await self._control(lookup.request, checked=False, deadline=deadline)
+        return lookup.answer(response)
 
     # ------------------------------------------------------------------ consuming
 
@@ -898,9 +934,12 @@ class AsyncConsumer:
                     self._add(TopicPartition(topic, partition))
                 self._wake_fetcher()
 
+    def _metadata_request(self, topic: str) -> MetadataRequest:
+        return metadata_request(topic, allow_auto_create=self.config.allow_auto_create_topics)
+
     async def _partition_count(self, topic: str) -> int | None:
-        request = metadata_request(topic, allow_auto_create=self.config.allow_auto_create_topics)
-        return partition_count(await self._control(request), topic, self.config.security.principal)
+        response = await self._control(self._metadata_request(topic))
+        return partition_count(response, topic, self.config.security.principal)
 
     async def _reset_positions(self, tps: list[TopicPartition]) -> None:
         """Positions for partitions that have none: the group's committed offset for a new
@@ -945,35 +984,55 @@ class AsyncConsumer:
     async def _list_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]], timestamp: int
     ) -> dict[TopicPartition, int]:
-        request = list_offsets_request(partitions, timestamp, self._isolation)
-        return offsets(await self._control(request))
+        return await self.look_up(self.offsets_lookup(partitions, timestamp))
 
-    async def _control(self, request: Request, *, checked: bool = True) -> Any:
-        """One request on the control connection, retried across reconnects until timeout;
-        a top-level error raises when `checked`. NoBrokersAvailable when no broker was
-        ever reached (client.connection.Reconnector)."""
+    async def _control(
+        self, request: Request, *, checked: bool = True, deadline: float | None = None
+    ) -> Any:
+        """One request on the control connection, retried across reconnects until
+        `deadline` (time.monotonic(); request_timeout_ms from now if None); a top-level
+        error raises when `checked`. NoBrokersAvailable when no broker was ever reached
+        (client.connection.Reconnector)."""
         assert self._tg is not None, "consumer is not started"
         timeout_s = self.config.request_timeout_ms / 1000
-        deadline = time.monotonic() + timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + timeout_s
         while True:
             try:
-                with anyio.fail_after(max(deadline - time.monotonic(), 0)):
-                    conn = await self._control_connector.get(self._tg, fail_unreached=True)
+                conn = self._control_connector.current
+                if conn is None or conn.closed:
+                    # Bounded only when it must connect: a timed scope costs 13-17 µs.
+                    with anyio.fail_after(max(deadline - time.monotonic(), 0)):
+                        conn = await self._control_connector.get(self._tg, fail_unreached=True)
                 assert conn is not None
                 response = await conn.request(request, timeout_s)
             except (ConnectionLostError, TimeoutError) as exc:
                 if time.monotonic() >= deadline:
                     # A bare timeout says nothing; the connection error behind it does.
                     cause = self._control_connector.last_error or exc
-                    raise MinibrokerTimeoutError(
-                        f"{request.api} failed within request_timeout_ms="
-                        f"{self.config.request_timeout_ms}: {cause or 'timed out'}"
-                    ) from cause
+                    raise self.timed_out(request, cause) from cause
                 await anyio.sleep(self.config.retry_backoff_ms / 1000)
                 continue
             if checked:
                 check(response, request.api)
             return response
+
+    def timed_out(self, request: Request, cause: BaseException) -> MinibrokerTimeoutError:
+        """What a control request that failed until its deadline raises, `cause` its last
+        failure."""
+        return MinibrokerTimeoutError(
+            f"{request.api} failed within request_timeout_ms="
+            f"{self.config.request_timeout_ms}: {cause or 'timed out'}"
+        )
+
+
+def topics_lookup() -> Lookup[set[str]]:
+    """The names of every topic. A new request each time: encoding sets its envelope in
+    place, and two threads may encode at once."""
+    return Lookup(
+        MetadataRequest(topics=None),
+        lambda response: {t.name for t in response.topics if not t.error},
+    )
 
 
 class _LocalRecords:
@@ -1081,6 +1140,7 @@ class Consumer:
                 )
             )
             self.config = core.config
+            self._direct = DirectRequests(core.control_connector)
             self._lifetime, self._events = self._portal.start_task(self._run_core)
         except BaseException:
             self._thread.close()
@@ -1182,21 +1242,34 @@ class Consumer:
     def end_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]]
     ) -> dict[TopicPartition, int]:
-        return self._thread.call(self._core.end_offsets, list(partitions))
+        return self._look_up(self._core.offsets_lookup(list(partitions), TIMESTAMP_LATEST))
 
     def beginning_offsets(
         self, partitions: Iterable[TopicPartition | tuple[str, int]]
     ) -> dict[TopicPartition, int]:
-        return self._thread.call(self._core.beginning_offsets, list(partitions))
+        return self._look_up(self._core.offsets_lookup(list(partitions), TIMESTAMP_EARLIEST))
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         return self._thread.call(self._core.offsets_for_times, timestamps)
 
     def partitions_for_topic(self, topic: str) -> set[int]:
-        return self._thread.call(self._core.partitions_for_topic, topic)
+        return self._look_up(self._core.partitions_lookup(topic))
 
     def topics(self) -> set[str]:
-        return self._thread.call(self._core.topics)
+        return self._look_up(topics_lookup())
+
+    def _look_up(self, lookup: Lookup[T]) -> T:
+        """`lookup` made on this thread when it can be (client.connection.DirectRequests),
+        else through the event loop with what is left of the same request_timeout_ms."""
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        if not self._closed:
+            try:
+                response = self._direct.request(lookup.request, deadline)
+            except ConnectionLostError as exc:
+                raise self._core.timed_out(lookup.request, exc) from exc
+            if response is not None:
+                return lookup.answer(response)
+        return self._thread.call(self._core.look_up, lookup, deadline)
 
     def poll(
         self, timeout_ms: float = 0, max_records: int | None = None
@@ -1294,6 +1367,7 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        self._direct.close()
         try:
             self._thread.call_serving(self._stop_core)
             self._lifetime.result()

@@ -7,7 +7,9 @@ answer's errors become exceptions live here so all three agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from client.errors import denial, error_for
 from client.types import TopicPartition
@@ -19,14 +21,32 @@ from protocol.messages import (
     ListOffsetsTopic,
     MetadataRequest,
     MetadataResponse,
+    Request,
     Response,
 )
+
+T = TypeVar("T")
 
 
 def check(response: Response, context: str) -> None:
     """Raise the exception for a top-level error of `response`."""
     if response.error:
         raise error_for(response.error, context, response.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup(Generic[T]):
+    """A request and what its answer is read as: made by a core on its event loop, or by a
+    sync face on the caller's thread (client/connection.py `DirectRequests`), and read
+    the same way by both."""
+
+    request: Request
+    read: Callable[[Any], T]
+
+    def answer(self, response: Response) -> T:
+        """The value `response` holds; a top-level error raises (`check`)."""
+        check(response, self.request.api)
+        return self.read(response)
 
 
 def metadata_request(topic: str, *, allow_auto_create: bool) -> MetadataRequest:

@@ -238,6 +238,28 @@ def test_a_client_without_sasl_at_a_sasl_listener_learns_why(secured: Secured) -
         admin.list_topics(secured.broker.address("sasl"))
 
 
+def test_the_sync_consumers_lookups_over_tls_and_at_sasl_listeners(secured: Secured) -> None:
+    """The sync Consumer's lookups take a connection of their own on the caller's thread
+    (client/connection.py DirectRequests), with the same TLS context and so the same
+    principal; with SASL they stay on the event loop's authenticated connection, and a
+    consumer without SASL at a SASL listener is told why, every time."""
+    admin.create_topic(secured.admin(), "looked", 1)
+    admin.create_acls(secured.admin(), [allow("User:ANONYMOUS", "describe", "topic", "looked")])
+    with Consumer(bootstrap_servers=secured.by_name("tls"), **secured.tls_settings()) as c:
+        assert c.topics() == {"looked"}
+        assert c.partitions_for_topic("looked") == {0}
+        assert c._direct._conn is not None
+    sasl_address = secured.broker.address("sasl")
+    admin_sasl = secured.sasl_settings("admin", ADMIN_SECRET)
+    with Consumer(bootstrap_servers=sasl_address, **admin_sasl) as c:
+        assert c.topics() == c.topics() == {"looked"}
+        assert c._direct._conn is None
+    with Consumer(bootstrap_servers=sasl_address) as c:
+        for _ in range(2):
+            with pytest.raises(AuthenticationFailedError, match="requires SASL authentication"):
+                c.topics()
+
+
 def test_a_certificate_for_another_name_is_refused(secured: Secured) -> None:
     """The broker's certificate names localhost: connecting by address fails the hostname
     check, at once and for good, unless the check is turned off."""
