@@ -89,29 +89,34 @@ class KafkaCodec:
         api = BY_KEY.get(key)
         if api is None or not api.serves(version):
             return self._unserved(key, version, correlation_id, api)
-        cls = request_class(key, version)
-        assert cls is not None, f"kio lacks {api.name} v{version}"
-        header, request = read_request(cls, body)
-        try:
-            out = api.translate(request, version, self._exchange)
-        except ProtocolError as exc:
-            raise FrameError(f"{api.name} v{version}: {exc.message}") from exc
         asked = None
-        # Reply and Translated are tuples and a request never is: of the checks that
-        # tell them apart, the cheapest (a msgspec class's isinstance goes through
-        # its metaclass), on every Produce and Fetch.
-        if isinstance(out, tuple):
-            if isinstance(out, Reply):
-                if not self._exchange.authenticated and key not in BEFORE_AUTHENTICATION:
-                    return self._unauthenticated(api, version, correlation_id)
-                values = out.values
-                return write_response(build(response_class(key, version), values), correlation_id)
-            asked = out.asked
-            out = out.request
+        read = api.read
+        if read is not None:
+            out = read(body, version)
+        else:
+            cls = request_class(key, version)
+            assert cls is not None, f"kio lacks {api.name} v{version}"
+            header, request = read_request(cls, body)
+            try:
+                translated = api.translate(request, version, self._exchange)
+            except ProtocolError as exc:
+                raise FrameError(f"{api.name} v{version}: {exc.message}") from exc
+            # Reply and Translated are tuples and a request never is: of the checks that
+            # tell them apart, the cheapest (a msgspec class's isinstance goes through
+            # its metaclass), on every Fetch.
+            if isinstance(translated, tuple):
+                if isinstance(translated, Reply):
+                    if not self._exchange.authenticated and key not in BEFORE_AUTHENTICATION:
+                        return self._unauthenticated(api, version, correlation_id)
+                    entity = build(response_class(key, version), translated.values)
+                    return write_response(entity, correlation_id)
+                asked = translated.asked
+                translated = translated.request
+            out = translated
+            out.client_id = header.client_id
         cid = self._next_cid
         self._next_cid = (cid + 1) & CID_MASK
         out.cid = cid
-        out.client_id = header.client_id
         if out.expects_answer():
             self._calls[cid] = Call(key, version, correlation_id, asked, out)
         return out

@@ -3,8 +3,11 @@ topics rather than topic ids, and Kafka 4.0 reads magic 2 only, from v3, KIP-896
 InitProducerId, which librdkafka needs with Produce v3+ to enable idempotence, is in
 transactions.py.
 
-Produce's answer goes out through `produce_response`, written by hand for the hot path;
-`answer_produce` is the reference it is held to (tests/kafka/test_kafka_wire.py).
+Both ends of Produce are written by hand for the hot path, each held to its kio-built
+reference by tests/kafka/test_kafka_wire.py: `read_produce` reads the request straight
+into the broker's, each batch a view of the frame (the reference: kio's reader, which
+copies every batch, then `translate_produce`), and `produce_response` writes the answer
+(the reference: `answer_produce` through kio's writer).
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ import struct
 from typing import Any
 
 from broker.kafka.api import Exchange, KafkaApi, Values, ms
-from broker.kafka.wire import I32, I64, array, framed, header, nullable_string, string
+from broker.kafka.wire import I16, I32, I64, array, framed, header, nullable_string, string
 from protocol import messages as m
+from protocol.framing import FrameError
 
 _PARTITION = struct.Struct(">ihqq")  # index, error, base offset, append time
 FLEXIBLE = 9
+_HEADER = struct.Struct(">hhih")  # API key, version, correlation id, client id's length
+_ACKS_TIMEOUT = struct.Struct(">hi")
+_INDEX_SIZE = struct.Struct(">ii")  # a partition's index and its records' length
+_VARINT_BYTES_MAX = 5
 
 
 def translate_produce(req: Any, _version: int, _ex: Exchange) -> m.Request:
@@ -36,6 +44,146 @@ def translate_produce(req: Any, _version: int, _ex: Exchange) -> m.Request:
             for t in req.topic_data
         ],
     )
+
+
+def read_produce(body: bytes | memoryview, version: int) -> m.ProduceRequest:
+    """The broker's Produce (its client id included) in a Produce v3-9 frame body, each
+    batch a view of `body`: what kio's reader and `translate_produce` make of it, without
+    kio's entities or its copy of every batch. FrameError for bytes that are no such
+    request, where kio's reader fails, and also where kio reads what Kafka refuses (a
+    null topic or partition array, which `translate_produce` cannot take, or a tagged
+    field Produce does not have) or what cannot fit in the frame (an array's count
+    beyond its bytes, which kio would try to allocate), and for a topic or partition
+    named twice (docs/protocol.md section 1)."""
+    view = memoryview(body)
+    try:
+        return _read_flexible(view) if version >= FLEXIBLE else _read_legacy(view)
+    except (struct.error, IndexError, ValueError) as exc:  # short, bad UTF-8, an entry twice
+        raise FrameError(f"Kafka request cannot be decoded: Produce v{version}: {exc}") from None
+
+
+def _read_legacy(view: memoryview) -> m.ProduceRequest:
+    """Produce v3-8 after request header v1: int16-long strings, int32-long arrays."""
+    end = len(view)
+    _key, _version, _correlation_id, size = _HEADER.unpack_from(view)
+    client_id, at = _string(view, _HEADER.size, size, end)
+    (size,) = I16.unpack_from(view, at)
+    transactional_id, at = _string(view, at + 2, size, end)
+    acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(view, at)
+    (count,) = I32.unpack_from(view, at + 6)
+    at += 10
+    topics = []
+    for _ in range(_count(count, view, at)):
+        (size,) = I16.unpack_from(view, at)
+        name, at = _string(view, at + 2, size, end)
+        if name is None:
+            raise ValueError("a null topic name")
+        (count,) = I32.unpack_from(view, at)
+        at += 4
+        partitions = []
+        for _ in range(_count(count, view, at)):
+            index, size = _INDEX_SIZE.unpack_from(view, at)
+            records, at = _records(view, at + 8, size, end)
+            partitions.append(m.ProducePartition(index, records))
+        topics.append(m.ProduceTopic(name, partitions))
+    return m.ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        transactional_id=transactional_id,
+        topics=topics,
+        client_id=client_id,
+    )
+
+
+def _read_flexible(view: memoryview) -> m.ProduceRequest:
+    """Produce v9 after request header v2: compact strings and arrays (their length + 1
+    as an unsigned varint, 0 for null), a tagged field section after each structure."""
+    end = len(view)
+    _key, _version, _correlation_id, size = _HEADER.unpack_from(view)
+    client_id, at = _string(view, _HEADER.size, size, end)  # the header's is int16-long
+    at = _no_tagged_fields(view, at)
+    size, at = _uvarint(view, at)
+    transactional_id, at = _string(view, at, size - 1, end)
+    acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(view, at)
+    count, at = _uvarint(view, at + 6)
+    topics = []
+    for _ in range(_count(count - 1, view, at)):
+        size, at = _uvarint(view, at)
+        name, at = _string(view, at, size - 1, end)
+        if name is None:
+            raise ValueError("a null topic name")
+        count, at = _uvarint(view, at)
+        partitions = []
+        for _ in range(_count(count - 1, view, at)):
+            (index,) = I32.unpack_from(view, at)
+            size, at = _uvarint(view, at + 4)
+            records, at = _records(view, at, size - 1, end)
+            at = _no_tagged_fields(view, at)
+            partitions.append(m.ProducePartition(index, records))
+        at = _no_tagged_fields(view, at)
+        topics.append(m.ProduceTopic(name, partitions))
+    _no_tagged_fields(view, at)
+    return m.ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        transactional_id=transactional_id,
+        topics=topics,
+        client_id=client_id,
+    )
+
+
+def _string(view: memoryview, at: int, size: int, end: int) -> tuple[str | None, int]:
+    """The nullable string of `size` bytes (-1: null) at `at`, and where it ends."""
+    if size < 0:
+        if size != -1:
+            raise ValueError(f"a string of {size} bytes")
+        return None, at
+    if at + size > end:
+        raise ValueError(f"a string of {size} bytes past the frame's end")
+    return str(view[at : at + size], "utf-8"), at + size
+
+
+def _records(view: memoryview, at: int, size: int, end: int) -> tuple[memoryview, int]:
+    """The records of `size` bytes at `at` as a view (null: none), and where they end."""
+    if size < 0:
+        if size != -1:
+            raise ValueError(f"records of {size} bytes")
+        return view[at:at], at
+    if at + size > end:
+        raise ValueError(f"records of {size} bytes past the frame's end")
+    return view[at : at + size], at + size
+
+
+def _count(count: int, view: memoryview, at: int) -> int:
+    """An array's count, checked: never null (Kafka's Produce has no nullable array), and
+    at most one item per byte left, as every item takes at least one."""
+    if count < 0:
+        raise ValueError("a null array" if count == -1 else f"an array of {count} items")
+    if count > len(view) - at:
+        raise ValueError(f"an array of {count} items in {len(view) - at} bytes")
+    return count
+
+
+def _uvarint(view: memoryview, at: int) -> tuple[int, int]:
+    """The unsigned varint at `at` (at most 5 bytes, as Kafka reads them) and where it
+    ends."""
+    value = shift = 0
+    for i in range(at, at + _VARINT_BYTES_MAX):
+        byte = view[i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i + 1
+        shift += 7
+    raise ValueError("a varint longer than 5 bytes")
+
+
+def _no_tagged_fields(view: memoryview, at: int) -> int:
+    """Past an empty tagged field section: Produce v9 and its header have no tagged
+    fields, and kio refuses any it does not know."""
+    count, at = _uvarint(view, at)
+    if count:
+        raise ValueError(f"{count} tagged fields where Produce has none")
+    return at
 
 
 def answer_produce(r: m.ProduceResponse, _version: int, _asked: None) -> Values:
@@ -85,5 +233,5 @@ def produce_response(response: m.ProduceResponse, version: int, correlation_id: 
     return framed(out)
 
 
-PRODUCE = KafkaApi(0, "Produce", 3, 9, translate_produce, answer_produce)
+PRODUCE = KafkaApi(0, "Produce", 3, 9, translate_produce, answer_produce, read=read_produce)
 APIS = (PRODUCE,)
