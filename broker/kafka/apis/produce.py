@@ -12,6 +12,7 @@ copies every batch, then `translate_produce`), and `produce_response` writes the
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any
 
@@ -209,7 +210,47 @@ def answer_produce(r: m.ProduceResponse, _version: int, _asked: None) -> Values:
 
 
 def produce_response(response: m.ProduceResponse, version: int, correlation_id: int) -> bytes:
-    """The Produce v3-9 response frame of `response`."""
+    """The Produce v3-9 response frame of `response`. The answer of one partition
+    without a message, a producer's usual one, is the bytes its shape always has around
+    the correlation id and the partition's numbers (`_one_partition`, cached); any other
+    is written field by field."""
+    if len(response.topics) == 1:
+        topic = response.topics[0]
+        if len(topic.partitions) == 1 and topic.partitions[0].message is None:
+            p = topic.partitions[0]
+            length, before, after = _one_partition(version, topic.topic)
+            numbers = _PARTITION.pack(p.partition, p.error, p.base_offset, p.log_append_time_ms)
+            if version >= 5:
+                numbers += I64.pack(p.log_start_offset)
+            return b"".join((length, I32.pack(correlation_id), before, numbers, after))
+    return _field_by_field(response, version, correlation_id)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_partition(version: int, topic: str) -> tuple[bytes, bytes, bytes]:
+    """The fixed bytes of a Produce answer of one partition of `topic` without a
+    message: the frame's length prefix, the bytes between the correlation id and the
+    partition's numbers, and the bytes after them."""
+    flexible = version >= FLEXIBLE
+    before = bytearray(b"\x00" if flexible else b"")  # the header's tagged fields
+    array(before, 1, flexible)
+    string(before, topic, flexible)
+    array(before, 1, flexible)
+    after = bytearray()
+    if version >= 8:
+        array(after, 0, flexible)  # record_errors
+        nullable_string(after, None, flexible)
+    if flexible:
+        after += b"\x00\x00"  # the partition's and the topic's tagged fields
+    after += I32.pack(0)  # throttle_time_ms
+    if flexible:
+        after.append(0)
+    numbers = _PARTITION.size + (I64.size if version >= 5 else 0)
+    length = I32.size + len(before) + numbers + len(after)
+    return I32.pack(length), bytes(before), bytes(after)
+
+
+def _field_by_field(response: m.ProduceResponse, version: int, correlation_id: int) -> bytes:
     flexible = version >= FLEXIBLE
     out = bytearray(header(correlation_id, flexible))
     array(out, len(response.topics), flexible)
