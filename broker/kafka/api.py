@@ -71,10 +71,10 @@ class KafkaApi(Generic[A]):
     """One Kafka API served, by Kafka's key and name, the versions answered, and how
     its requests and answers are translated. `A` is the type of what the answer needs
     of the Kafka request (None when the translation never returns a `Translated`);
-    `answer` is None for an API the listener always answers itself. `read`, on the hot
-    path only (Produce), reads the frame body straight into the broker's request, which
-    kio's reader and `translate` would make of it (tests hold it to them); such an
-    API's translation never returns a `Translated` or a `Reply`."""
+    `answer` is None for an API the listener always answers itself. `reader`, on the hot
+    path only (Produce), makes a connection's reader of the frame body straight into the
+    broker's request, which kio's reader and `translate` would make of it (tests hold it
+    to them); such an API's translation never returns a `Translated` or a `Reply`."""
 
     key: int
     name: str
@@ -82,7 +82,7 @@ class KafkaApi(Generic[A]):
     max_version: int
     translate: Translation[A]
     answer: Answer[A] | None
-    read: Read | None = None
+    reader: Callable[[], Read] | None = None
 
     def serves(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from broker.api import Answer, Outcome, SplicedReply
 from broker.kafka.api import Exchange, KafkaApi, Reply
-from broker.kafka.apis import API_VERSIONS, BY_KEY, supported_ranges
+from broker.kafka.apis import API_VERSIONS, BY_KEY, SERVED, supported_ranges
 from broker.kafka.apis.fetch import fetch_response
 from broker.kafka.apis.produce import produce_response
 from broker.kafka.apis.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE
@@ -64,7 +64,7 @@ class Call:
 class KafkaCodec:
     """Kafka's wire protocol for one connection of a `kafka` listener."""
 
-    __slots__ = ("_calls", "_exchange", "_next_cid")
+    __slots__ = ("_calls", "_exchange", "_next_cid", "_readers")
 
     def __init__(
         self, sasl_mechanisms: tuple[str, ...], default_partitions: int, *, sasl: bool = False
@@ -74,6 +74,7 @@ class KafkaCodec:
         self._exchange = Exchange(sasl_mechanisms, default_partitions, authenticated=not sasl)
         self._calls: dict[int, Call] = {}
         self._next_cid = 0
+        self._readers = {api.key: api.reader() for api in SERVED if api.reader is not None}
 
     def on_authenticated(self) -> None:
         self._exchange.authenticated = True
@@ -92,7 +93,7 @@ class KafkaCodec:
         if api is None or not api.serves(version):
             return self._unserved(key, version, correlation_id, api)
         asked = None
-        read = api.read
+        read = self._readers.get(key)
         if read is not None:
             out = read(body, version)
         else:

@@ -2,7 +2,9 @@
 its reference, kio's reader then `translate_produce`: the same broker request from the
 same bytes for every version served, each batch a view of the frame rather than a
 copy, and a refusal (FrameError) wherever the reference fails or makes what Kafka
-refuses. No broker: the codec alone."""
+refuses; and a connection's `ProduceReader`, which skips what the last request said
+already, against `read_produce` over sequences of requests. No broker: the codec
+alone."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from kio.serial import entity_writer
 
 from broker.kafka import KafkaCodec
-from broker.kafka.apis.produce import read_produce, translate_produce
+from broker.kafka.apis.produce import ProduceReader, read_produce, translate_produce
 from broker.kafka.entities import build, read_request, request_class
 from protocol import messages as m
 from protocol.framing import FrameError
@@ -180,3 +182,69 @@ def test_a_null_topic_array_closes_the_connection(version: int) -> None:
     null = b"\x00" if version >= 9 else struct.pack(">i", -1)
     with pytest.raises(FrameError, match="null array"):
         KafkaCodec((), 1).decode(head + txn + struct.pack(">hi", 1, 0) + null)
+
+
+def _damaged(body: bytes, data: st.DataObject) -> bytes:
+    """`body` with bytes changed after its API key and version, cut, or added to."""
+    damaged = bytearray(body)
+    how = data.draw(st.sampled_from(["change", "cut", "add"]))
+    if how == "change":
+        for _ in range(data.draw(st.integers(1, 3))):
+            damaged[data.draw(st.integers(4, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    elif how == "cut":
+        damaged = damaged[: data.draw(st.integers(4, len(damaged) - 1))]
+    else:
+        damaged += data.draw(st.binary(min_size=1, max_size=3))
+    return bytes(damaged)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from(VERSIONS), data=st.data())
+def test_a_connections_reader_reads_each_request_as_read_produce_does(
+    version: int, data: st.DataObject
+) -> None:
+    """One producer's requests of one batch (another correlation id and batch each time),
+    now and then with another field, in another shape, or damaged: the connection's
+    reader makes of each what `read_produce` makes of it alone."""
+    fields = {
+        "client_id": data.draw(st.none() | _names),
+        "transactional_id": data.draw(st.none() | _names),
+        "acks": data.draw(st.sampled_from([-1, 0, 1])),
+        "timeout": data.draw(_int32),
+        "name": data.draw(_names),
+        "index": data.draw(_int32),
+    }
+    reader = ProduceReader()
+    for _ in range(data.draw(st.integers(2, 8))):
+        kind = data.draw(st.sampled_from(["same", "same", "changed", "other", "damaged"]))
+        if kind == "changed":
+            name = data.draw(st.sampled_from(sorted(fields)))
+            strategy = {"acks": _int16, "timeout": _int32, "index": _int32}.get(name, _names)
+            fields[name] = data.draw(strategy)
+        values = {
+            "transactional_id": fields["transactional_id"],
+            "acks": fields["acks"],
+            "timeout": fields["timeout"],
+            "topic_data": [
+                {
+                    "name": fields["name"],
+                    "partition_data": [
+                        {"index": fields["index"], "records": data.draw(st.binary(max_size=30))}
+                    ],
+                }
+            ],
+        }
+        body = kio_body(version, data.draw(_int32), fields["client_id"], values)
+        if kind == "other":
+            _, body = data.draw(produce_bodies().filter(lambda case: case[0] == version))
+        elif kind == "damaged":
+            body = _damaged(body, data)
+        try:
+            expected: m.ProduceRequest | None = read_produce(body, version)
+        except FrameError:
+            expected = None
+        try:
+            got: m.ProduceRequest | None = reader(body, version)
+        except FrameError:
+            got = None
+        assert got == expected
