@@ -248,3 +248,18 @@ def test_a_connections_reader_reads_each_request_as_read_produce_does(
         except FrameError:
             got = None
         assert got == expected
+
+
+def test_a_v9_request_like_the_last_but_for_a_tagged_field_is_refused() -> None:
+    """The reader takes the last request's fields only where the rest reads as
+    `read_produce` reads it: in v9, the empty tagged field sections after the records."""
+    batch = {"index": 0, "records": b"batch"}
+    values = {"acks": 1, "timeout": 10, "topic_data": [{"name": "t", "partition_data": [batch]}]}
+    body = kio_body(9, 1, "c", values)
+    assert body.endswith(b"batch" + bytes(3))
+    reader = ProduceReader()
+    assert reader(body, 9) == read_produce(body, 9)
+    tagged = body[:-3] + b"\x01\x00\x01x" + bytes(2)  # one tagged field in the partition
+    with pytest.raises(FrameError, match="tagged fields"):
+        reader(tagged, 9)
+    assert reader(body, 9).topics[0].partitions[0].records == b"batch"
