@@ -24,6 +24,7 @@ from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode as KafkaErrorCode
 from kio.serial import entity_reader, entity_writer
 
+from broker.kafka.wire import read_uvarint
 from protocol.framing import FrameError
 
 HEAD = struct.Struct(">hhi")
@@ -130,7 +131,7 @@ def check_counts(cls: type, body: bytes | memoryview) -> int:
         (size,) = _I16.unpack_from(view, HEAD.size)  # the header's client id: int16-long
         at = _tags(view, HEAD.size + 2 + max(size, 0))
         return _walk(_steps(cls), view, at)
-    except (_Unread, struct.error, IndexError):
+    except (_Unread, struct.error, IndexError, ValueError):  # ValueError: a varint too long
         return -1
 
 
@@ -180,10 +181,10 @@ def _walk(steps: tuple[Step, ...], view: memoryview, at: int) -> int:
             if size < 0x80:  # a length under 127: most strings, read in place
                 at += size if size else 1  # its length + 1 and its bytes; 0 is null
             else:
-                size, at = _uvarint(view, at)
+                size, at = read_uvarint(view, at)
                 at += max(size - 1, 0)
         elif op == _ARRAY:
-            count, at = _uvarint(view, at)
+            count, at = read_uvarint(view, at)
             count -= 1  # 0 is null
             if count > len(view) - at:
                 raise FrameError(
@@ -202,25 +203,12 @@ def _walk(steps: tuple[Step, ...], view: memoryview, at: int) -> int:
 
 def _tags(view: memoryview, at: int) -> int:
     """Past a tagged field section at `at`."""
-    count, at = _uvarint(view, at)
+    count, at = read_uvarint(view, at)
     for _ in range(count):
-        _tag, at = _uvarint(view, at)
-        size, at = _uvarint(view, at)
+        _tag, at = read_uvarint(view, at)
+        size, at = read_uvarint(view, at)
         at += size
     return at
-
-
-def _uvarint(view: memoryview, at: int) -> tuple[int, int]:
-    if view[at] < 0x80:
-        return view[at], at + 1
-    value = shift = 0
-    for i in range(at, at + 5):
-        byte = view[i]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
-    raise _Unread("a varint longer than 5 bytes")
 
 
 def write_response(entity: Any, correlation_id: int) -> bytes:

@@ -19,7 +19,17 @@ import struct
 from typing import Any
 
 from broker.kafka.api import Exchange, KafkaApi, Values, ms
-from broker.kafka.wire import I16, I32, I64, array, framed, header, nullable_string, string
+from broker.kafka.wire import (
+    I16,
+    I32,
+    I64,
+    array,
+    framed,
+    header,
+    nullable_string,
+    read_uvarint,
+    string,
+)
 from protocol import messages as m
 from protocol.framing import FrameError
 
@@ -30,7 +40,6 @@ _CLIENT_ID_AT = 8  # where the client id's length begins, after the correlation 
 _ACKS_TIMEOUT = struct.Struct(">hi")
 _ACKS_TIMEOUT_COUNT = struct.Struct(">hii")  # and the topics' count
 _INDEX_SIZE = struct.Struct(">ii")  # a partition's index and its records' length
-_VARINT_BYTES_MAX = 5
 _NO_TAGS_3 = bytes(3)  # the partition's, the topic's and the request's empty tagged fields
 
 
@@ -110,7 +119,7 @@ def _one_batch(view: memoryview, at: int, flexible: bool) -> memoryview:
     (in v9, but for three empty tagged field sections): ValueError where `_read` would
     not read them so (null records too), or struct.error or IndexError."""
     if flexible:
-        size, at = _uvarint(view, at)
+        size, at = read_uvarint(view, at)
         size -= 1
     else:
         (size,) = I32.unpack_from(view, at)
@@ -203,22 +212,22 @@ def _read_flexible(view: memoryview) -> tuple[m.ProduceRequest, int]:
     _key, _version, _correlation_id, size = _HEADER.unpack_from(view)
     client_id, at = _string(view, _HEADER.size, size, end)  # the header's is int16-long
     at = _no_tagged_fields(view, at)
-    size, at = _uvarint(view, at)
+    size, at = read_uvarint(view, at)
     transactional_id, at = _string(view, at, size - 1, end)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(view, at)
-    count, at = _uvarint(view, at + 6)
+    count, at = read_uvarint(view, at + 6)
     topics = []
     records_at = 0
     for _ in range(_count(count - 1, view, at)):
-        size, at = _uvarint(view, at)
+        size, at = read_uvarint(view, at)
         name = _text(view, at, size - 1, end)
         at += size - 1
-        count, at = _uvarint(view, at)
+        count, at = read_uvarint(view, at)
         partitions = []
         for _ in range(_count(count - 1, view, at)):
             (index,) = I32.unpack_from(view, at)
             records_at = at + 4
-            size, at = _uvarint(view, records_at)
+            size, at = read_uvarint(view, records_at)
             records, at = _records(view, at, size - 1, end)
             at = _no_tagged_fields(view, at)
             partitions.append(m.ProducePartition(index, records))
@@ -275,23 +284,10 @@ def _bad_count(count: int, left: int) -> ValueError:
     return ValueError(f"an array of {count} items in {left} bytes")
 
 
-def _uvarint(view: memoryview, at: int) -> tuple[int, int]:
-    """The unsigned varint at `at` (at most 5 bytes, as Kafka reads them) and where it
-    ends."""
-    value = shift = 0
-    for i in range(at, at + _VARINT_BYTES_MAX):
-        byte = view[i]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i + 1
-        shift += 7
-    raise ValueError("a varint longer than 5 bytes")
-
-
 def _no_tagged_fields(view: memoryview, at: int) -> int:
     """Past an empty tagged field section: Produce v9 and its header have no tagged
     fields, and kio refuses any it does not know."""
-    count, at = _uvarint(view, at)
+    count, at = read_uvarint(view, at)
     if count:
         raise ValueError(f"{count} tagged fields where Produce has none")
     return at
