@@ -5,8 +5,11 @@ kafka listener, beside kafka-python's own protocol classes on the same bytes (th
 alternative to kio that was weighed) and beside the minibroker listener's msgpack
 codec on the same request:
 
-- Produce v9 of one partition holding one 16 KiB v2 batch, answered (and the same
-  with kio's encoder for the answer, which the hand-written one is held to);
+- Produce v9 of one partition holding one 16 KiB v2 batch, answered: through a
+  connection's codec, whose reader takes the fields of a request like the last without
+  reading them again (a producer's steady state), read whole by `read_produce`, and
+  with kio both ways (its reader, the translation, its writer: the references the
+  hand-written reader and answer are held to);
 - Fetch v12 of one partition, answered with its records spliced from a file (the
   frame around them, as sendfile sends them).
 
@@ -28,8 +31,15 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from broker.api import SplicedReply
 from broker.kafka import KafkaCodec
-from broker.kafka.apis.produce import PRODUCE, answer_produce
-from broker.kafka.entities import build, response_class, write_response
+from broker.kafka.api import Exchange
+from broker.kafka.apis.produce import (
+    PRODUCE,
+    answer_produce,
+    produce_response,
+    read_produce,
+    translate_produce,
+)
+from broker.kafka.entities import build, read_request, request_class, response_class, write_response
 from broker.kafka.records import ONLY_V2
 from broker.storage import FileSpan
 from harness.kafka_requests import fetch_request, produce_request
@@ -79,16 +89,23 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
     )
     kp_answer.with_header(correlation_id=1)
     codec = KafkaCodec((), 1)
+    codec_exchange = Exchange((), 1)
 
     def kafka_produce() -> object:
         request = codec.decode(produce_body)
         assert isinstance(request, m.Request)
         return codec.encode(answer, request.cid)
 
+    def whole_produce() -> object:
+        read_produce(produce_body, 9)
+        return produce_response(answer, 9, 1)
+
+    kio_request = request_class(PRODUCE.key, 9)
+    assert kio_request is not None
+
     def kio_produce() -> object:
-        request = codec.decode(produce_body)
-        assert isinstance(request, m.Request)
-        codec.encode(answer, request.cid)  # the pending call, taken
+        _header, request = read_request(kio_request, produce_body)
+        translate_produce(request, 9, codec_exchange)
         values = answer_produce(answer, 9, None)
         return write_response(build(response_class(PRODUCE.key, 9), values), 1)
 
@@ -159,7 +176,8 @@ def _cases() -> dict[str, dict[str, Callable[[], object]]]:
 
     return {
         "Produce v9, one 16 KiB batch: decode the request, encode the answer": {
-            "kafka listener (kio decode, hand-written answer)": kafka_produce,
+            "kafka listener, a producer's steady state": kafka_produce,
+            "kafka listener, the request read whole": whole_produce,
             "kio both ways": kio_produce,
             "kafka-python's classes both ways": kafka_python_produce,
             "minibroker listener (msgpack)": minibroker_produce,

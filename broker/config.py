@@ -576,7 +576,7 @@ class BrokerConfig:
         2 * 1024 * 1024,
         "On the asyncio backend, per connection, bytes the transport reads ahead of the "
         "broker before it pauses reading (memory each connection may hold); the broker "
-        "takes up to 1 MiB of them per read, so a pipelining client costs less per "
+        "takes up to 2 MiB of them per read, so a pipelining client costs less per "
         "request (trio reads the socket directly).",
         unit="bytes",
         min=64 * 1024,

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from protocol import messages as m
 
+MILLISECOND = timedelta(milliseconds=1)
 Values = dict[str, Any]
 """A Kafka response's values, as entities.build takes them."""
 
@@ -60,6 +62,8 @@ Translation = Callable[[Any, int, Exchange], "m.Request | Translated[A] | Reply"
 """(Kafka request, its version, the connection's exchange) -> what the broker runs."""
 Answer = Callable[[Any, int, A], Values]
 """(broker response, the request's version, its `asked`) -> the Kafka response's values."""
+Read = Callable[[bytes | memoryview, int], m.Request]
+"""(request frame body, its version) -> the broker's request, its client id included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,10 @@ class KafkaApi(Generic[A]):
     """One Kafka API served, by Kafka's key and name, the versions answered, and how
     its requests and answers are translated. `A` is the type of what the answer needs
     of the Kafka request (None when the translation never returns a `Translated`);
-    `answer` is None for an API the listener always answers itself."""
+    `answer` is None for an API the listener always answers itself. `reader`, on the hot
+    path only (Produce), makes a connection's reader of the frame body straight into the
+    broker's request, which kio's reader and `translate` would make of it (tests hold it
+    to them); such an API's translation never returns a `Translated` or a `Reply`."""
 
     key: int
     name: str
@@ -75,11 +82,13 @@ class KafkaApi(Generic[A]):
     max_version: int
     translate: Translation[A]
     answer: Answer[A] | None
+    reader: Callable[[], Read] | None = None
 
     def serves(self, version: int) -> bool:
         return self.min_version <= version <= self.max_version
 
 
 def ms(value: Any) -> int:
-    """A kio duration (timedelta) in whole milliseconds."""
-    return int(value.total_seconds() * 1000)
+    """A kio duration (timedelta) in whole milliseconds, exactly: through float seconds,
+    1001 ms came out as 1000."""
+    return int(value // MILLISECOND)

@@ -93,9 +93,12 @@ ACCEPT_RETRY_ERRNOS = frozenset(
 )
 ACCEPT_RETRY_MS = 100
 # One read from an asyncio connection's read-ahead: a pipelining client's whole window
-# (64 batches of 16 KiB) at once. Its frames are decoded inflight_max at a time, so a
-# read of tiny requests costs the read, not a frame view per request.
-READ_AHEAD_RECEIVE_BYTES = 1024 * 1024
+# (64 batches of 16 KiB) at once, as much as the read-ahead holds by default. At 1 MiB,
+# 64 frames of Kafka's v2 batches (1.025 MiB) no longer fit: every read cut a frame,
+# and the reader's turns fell from about 25 batches to 13 (docs/benchmark-notes.md,
+# "kafka"). Its frames are decoded inflight_max at a time, so a read of tiny requests
+# costs the read, not a frame view per request.
+READ_AHEAD_RECEIVE_BYTES = 2 * 1024 * 1024
 # Longest run of one connection's requests before the others get the event
 # loop: a read can hold hundreds of requests, each up to max_entries_per_request.
 TURN_S = 0.01

@@ -462,6 +462,21 @@ def test_the_produce_answer_is_the_bytes_kio_writes(
     assert produce_response(response, version, correlation) == reference
 
 
+@pytest.mark.parametrize("version", range(3, 10))
+@pytest.mark.parametrize("topic", ["t", "tópic-ü"])
+def test_a_one_partition_answer_from_its_shape_is_the_bytes_kio_writes(
+    version: int, topic: str
+) -> None:
+    """The usual answer (one partition, no message) comes from its shape's cached bytes:
+    again and again with other numbers, each the bytes kio writes."""
+    for partition, error, offset in [(0, 0, 0), (7, 47, 123_456_789), (2**31 - 1, 0, -1)]:
+        answer = m.ProducePartitionResponse(partition, error, offset, log_start_offset=offset)
+        response = m.ProduceResponse(topics=[m.ProduceTopicResponse(topic, [answer])])
+        values = answer_produce(response, version, None)
+        reference = write_response(build(response_class(0, version), values), -partition)
+        assert produce_response(response, version, -partition) == reference
+
+
 @settings(max_examples=200, deadline=None)
 @given(response=fetch_responses(), version=st.integers(4, 12), correlation=_ints)
 def test_the_fetch_answer_is_the_bytes_kio_writes(
