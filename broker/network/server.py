@@ -674,9 +674,10 @@ class Server:
             return codec.encode(error_response(code, message), exc.cid)
         if isinstance(request, bytes):
             return request  # the protocol answered it alone
-        refusal = self._admit(request.api, request.cid, conn, started, request)
-        if refusal is not None:
-            return refusal
+        if conn.session.sasl is not None:
+            refusal = self._admit(request.api, request.cid, conn, started, request)
+            if refusal is not None:
+                return refusal
         limit = self.config.max_entries_per_request
         if request.entry_count() > limit:
             code = ErrorCode.INVALID_REQUEST
