@@ -121,6 +121,19 @@ class ReadAheadStream(anyio.abc.ByteStream):
             await protocol.readable.wait()
         return protocol.take(max_bytes)
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes that have arrived and wait for a receive."""
+        return self._protocol.buffered_bytes
+
+    def receive_nowait(self, max_bytes: int = 65536) -> bytes | None:
+        """Up to `max_bytes` of what has arrived, without waiting; None when nothing has
+        (or the stream ended or broke: `receive` says which)."""
+        protocol = self._protocol
+        if self._closed or not protocol.chunks:
+            return None
+        return protocol.take(max_bytes)
+
     async def send(self, item: bytes) -> None:
         await anyio.lowlevel.checkpoint_if_cancelled()
         self._check_writable()
