@@ -570,11 +570,11 @@ class Server:
                     # The frames a read holds come out inflight_max at a time, so a
                     # read of many small requests is not a view per request while the
                     # connection waits for room (no new bytes until they are taken).
-                    data = b""
+                    data: bytes | list[bytes] = b""
                     if not decoder.frames_waiting:
                         if not conn.authenticated:
                             await self._take_turn(conn)
-                        received = None
+                        received: bytes | list[bytes] | None = None
                         if conn.authenticated and (
                             read_ahead.buffered_bytes > 0
                             if read_ahead is not None
@@ -610,8 +610,10 @@ class Server:
                                 return
                             if received is None:
                                 return
-                        # A read cut at its size leaves more in the socket.
-                        last_read_full = len(received) >= receive_bytes
+                        # A read cut at its size leaves more in the socket (trio's).
+                        last_read_full = (
+                            isinstance(received, bytes) and len(received) >= receive_bytes
+                        )
                         turned = False
                         data = received
                     # Before SASL completes, only frames as small as authentication needs.
