@@ -819,11 +819,21 @@ class Server:
         except Exception as exc:
             return self._failed(requests, exc, started, conn)
         codec = conn.codec
-        # A Produce's outcome is never converted (codec.converts is for Fetch answers).
-        return [
-            self._reply(request, outcome, started, codec)
-            for request, outcome in zip(requests, outcomes, strict=True)
-        ]
+        # A run's requests finish together; an answer to send now (acks=1), the common
+        # outcome, is encoded here. A Produce's outcome is never converted
+        # (codec.converts is for Fetch answers).
+        elapsed_s = time.perf_counter() - started
+        api = requests[0].api
+        observe = self.metrics.observe_request
+        replies: list[Reply | NoAnswer] = []
+        for request, outcome in zip(requests, outcomes, strict=True):
+            if type(outcome) is Answer:
+                response = outcome.response
+                observe(api, response.error, elapsed_s)
+                replies.append(codec.encode(response, request.cid))
+            else:
+                replies.append(self._reply(request, outcome, started, codec))
+        return replies
 
     async def _dispatch(
         self, request: Request, apis: Dispatcher, conn: Connection
