@@ -44,7 +44,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         brokers = {
             name: BrokerProcess(
-                Path(tmp) / name,
+                # Absolute: each broker runs in its own tree, and a relative data dir then
+                # lay in the base tree, outside the directory removed after the run.
+                Path(tmp).resolve() / name,
                 backend=args.backend,
                 env={"PYTHONPATH": tree},
                 # `python -m broker` imports from its working directory first.

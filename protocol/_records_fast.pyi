@@ -1,9 +1,14 @@
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from protocol.records import BinaryChunk
 
+_T = TypeVar("_T", bound=tuple[Any, ...])
+
 def count_plain_records(records: bytes | memoryview, /) -> int: ...
+def plain_header(
+    batch: bytes | bytearray | memoryview, max_bytes: int, header_type: type[_T], /
+) -> _T | None: ...
 def bytes_lengths(column: list[Any], /) -> list[int] | None: ...
 def encode_list_records(
     values: list[bytes | None], keys: list[bytes | None] | None, start: int, stop: int, /

@@ -78,9 +78,9 @@ class FrameDecoder:
         self._filled = 0
         # Its body's length once its 4 length bytes arrived, else -1.
         self._length = -1
-        # What a call that stopped at frames_max left unread of its data: a view,
-        # not a copy, handed out by the next call.
-        self._waiting: memoryview | None = None
+        # What a call that stopped at frames_max left unread of its data: views, not
+        # copies, handed out by the next call.
+        self._waiting: list[memoryview] = []
 
     @property
     def buffered_bytes(self) -> int:
@@ -90,9 +90,10 @@ class FrameDecoder:
 
     @property
     def frames_waiting(self) -> bool:
-        """Whether bytes already fed hold whole frames not handed out yet (a call stopped
-        at its frames_max): take them with `feed_views()` before feeding more."""
-        return self._waiting is not None
+        """Whether bytes already fed wait to be decoded (a call stopped at its frames_max):
+        whole frames, or the rest of a frame begun, fed as several reads. Take them
+        with `feed_views()` before feeding more."""
+        return bool(self._waiting)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Any]:
         """Append `data` and return every message now complete, decoded as plain msgpack."""
@@ -104,49 +105,59 @@ class FrameDecoder:
         return [bytes(body) for body in self.feed_views(data)]
 
     def feed_views(
-        self, data: bytes | bytearray | memoryview = b"", frames_max: int | None = None
+        self,
+        data: bytes | bytearray | memoryview | list[bytes] = b"",
+        frames_max: int | None = None,
     ) -> list[bytes | memoryview]:
         """As `feed_bodies`, without copying what need not be: a body lying whole in
         `data` comes back as a view of it, which holds the whole of `data` alive. Only
         a body split across reads is copied, once. The broker's path for 16 KiB
-        batches, where each copy costs as much as the CRC check.
+        batches, where each copy costs as much as the CRC check. `data` may also be
+        several reads in order (a read-ahead's chunks), taken as if joined, without
+        the copy joining them costs.
 
-        With `frames_max`, at most that many bodies; the whole frames left wait
+        With `frames_max`, at most that many bodies; the bytes left wait
         (`frames_waiting`) for the next call, which must then feed nothing new."""
         if frames_max is not None and frames_max < 1:
             raise ValueError(f"frames_max must be at least 1, not {frames_max}")
         bodies: list[bytes | memoryview] = []
-        if self._waiting is not None:
+        if self._waiting:
             if data:
                 raise ValueError("feed_views() the waiting frames before feeding more bytes")
-            view, self._waiting = self._waiting, None
+            views, self._waiting = self._waiting, []
         else:
-            if not isinstance(data, bytes):
-                data = bytes(data)  # a view must not see the caller change its buffer
-            view = memoryview(data)
+            # A view must not see the caller change its buffer: bytes are kept as they
+            # are, anything else copied.
+            views = [
+                memoryview(read if isinstance(read, bytes) else bytes(read))
+                for read in (data if isinstance(data, list) else [data])
+            ]
+        room = -1 if frames_max is None else frames_max
+        for k, view in enumerate(views):
+            if len(bodies) == room:
+                self._waiting = views[k:]
+                return bodies
             if self._filled:
                 view = self._finish_buffered(view, bodies)
                 if self._filled:
+                    continue
+            pos = 0
+            end = len(view)
+            while end - pos >= LENGTH_BYTES:
+                (length,) = LENGTH.unpack_from(view, pos)
+                if length > self.frame_bytes_max:
+                    self._keep(view[pos:])
+                    raise FrameTooLarge(length, self.frame_bytes_max)
+                start = pos + LENGTH_BYTES
+                if end - start < length:
+                    break
+                if len(bodies) == room:
+                    self._waiting = [view[pos:], *views[k + 1 :]]
                     return bodies
-        pos = 0
-        end = len(view)
-        room = len(view) if frames_max is None else frames_max - len(bodies)
-        while end - pos >= LENGTH_BYTES:
-            (length,) = LENGTH.unpack_from(view, pos)
-            if length > self.frame_bytes_max:
+                bodies.append(view[start : start + length])
+                pos = start + length
+            if pos < end:
                 self._keep(view[pos:])
-                raise FrameTooLarge(length, self.frame_bytes_max)
-            start = pos + LENGTH_BYTES
-            if end - start < length:
-                break
-            if room <= 0:
-                self._waiting = view[pos:]
-                return bodies
-            bodies.append(view[start : start + length])
-            pos = start + length
-            room -= 1
-        if pos < end:
-            self._keep(view[pos:])
         return bodies
 
     def _finish_buffered(self, view: memoryview, bodies: list[bytes | memoryview]) -> memoryview:

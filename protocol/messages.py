@@ -329,7 +329,8 @@ class ProduceTopic(msgspec.Struct):
     partitions: list[ProducePartition]
 
     def __post_init__(self) -> None:
-        _unique([p.partition for p in self.partitions], "partition", self.topic)
+        if len(self.partitions) > 1:
+            _unique([p.partition for p in self.partitions], "partition", self.topic)
 
 
 class ProducePartitionResponse(msgspec.Struct):
@@ -375,10 +376,15 @@ class ProduceRequest(Request, tag="Produce"):
     transactional_id: TransactionalId | None = None
 
     def __post_init__(self) -> None:
-        _unique([t.topic for t in self.topics], "topic")
+        # A Produce of one topic, the common one, has nothing to compare.
+        if len(self.topics) > 1:
+            _unique([t.topic for t in self.topics], "topic")
 
     def entry_count(self) -> int:
-        return len(self.topics) + sum(len(t.partitions) for t in self.topics)
+        topics = self.topics
+        if len(topics) == 1:
+            return 1 + len(topics[0].partitions)
+        return len(topics) + sum(len(t.partitions) for t in topics)
 
     def expects_answer(self) -> bool:
         return self.acks != 0

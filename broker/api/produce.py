@@ -129,12 +129,18 @@ class ProduceApi:
         producers (id, epoch, transactional id) found in good standing, for `principal`,
         since the caller last awaited: until then nothing can change their standing."""
         tid = req.transactional_id
+        topics = req.topics
+        if len(topics) == 1 and len(topics[0].partitions) == 1:
+            # One batch, the common Produce: without the comprehensions' frames.
+            t = topics[0]
+            p = t.partitions[0]
+            return [[self._check_batch(t.topic, p.partition, p.records, tid, passed, principal)]]
         return [
             [
                 self._check_batch(t.topic, p.partition, p.records, tid, passed, principal)
                 for p in t.partitions
             ]
-            for t in req.topics
+            for t in topics
         ]
 
     async def _produce_transactional(
@@ -276,13 +282,19 @@ class ProduceApi:
         durable: dict[int, list[tuple[Partition, int]]] = {}
         for partition, places, batches, headers in runs.values():
             results = partition.append_many(batches, headers, stamp)
-            for (row, i), records, header, result in zip(
-                places, batches, headers, results, strict=True
-            ):
-                answer, last_offset = self._answer_append(partition, records, header, result)
-                row[i] = answer
-                if last_offset >= 0:
-                    durable.setdefault(id(row), []).append((partition, last_offset))
+            # What the run appended, counted once for the run.
+            appended_bytes = appended_records = 0
+            for (row, i), header, result in zip(places, headers, results, strict=True):
+                row[i] = self._answer_append(partition, result)
+                if result.error:
+                    continue
+                durable.setdefault(id(row), []).append((partition, result.last_offset))
+                if not result.duplicate:
+                    appended_bytes += header.size_bytes
+                    appended_records += header.record_count
+            if appended_records:
+                self.metrics.record_produce(partition.topic, appended_bytes, appended_records)
+                self._wake()
         replies: list[m.ProduceResponse | DurableReply | None] = []
         for req, rows in checked:
             # Every entry is an answer now (see above).
@@ -330,41 +342,29 @@ class ProduceApi:
         return partition, header
 
     def _answer_append(
-        self,
-        partition: Partition,
-        records: memoryview,
-        header: BatchHeader,
-        result: AppendResult,
-    ) -> tuple[m.ProducePartitionResponse, int]:
-        """A batch's answer and last offset (-1 when refused), counted in the metrics."""
+        self, partition: Partition, result: AppendResult
+    ) -> m.ProducePartitionResponse:
+        """A batch's answer; a refusal or a duplicate counted in the metrics (the caller
+        counts what was appended)."""
         index = partition.index
         plog = partition.log
         if result.error:
             self._count_rejection(result.error)
-            return (
-                m.ProducePartitionResponse(
-                    index,
-                    result.error,
-                    log_start_offset=plog.log_start_offset,
-                    message=result.message,
-                ),
-                -1,
+            return m.ProducePartitionResponse(
+                index,
+                result.error,
+                log_start_offset=plog.log_start_offset,
+                message=result.message,
             )
         if result.duplicate:
             self.metrics.producer_event("duplicate")
-        else:
-            self.metrics.record_produce(partition.topic, len(records), header.record_count)
-            self._wake()
-        return (
-            m.ProducePartitionResponse(
-                index,
-                ErrorCode.NONE,
-                result.base_offset,
-                -1,
-                plog.log_start_offset,
-                result.duplicate,
-            ),
-            result.last_offset,
+        return m.ProducePartitionResponse(
+            index,
+            ErrorCode.NONE,
+            result.base_offset,
+            -1,
+            plog.log_start_offset,
+            result.duplicate,
         )
 
     def _refuse_batch(

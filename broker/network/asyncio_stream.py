@@ -60,6 +60,11 @@ class ReadAheadProtocol(asyncio.Protocol):
 
     def take(self, max_bytes: int) -> bytes:
         """Up to `max_bytes` of what has arrived (at least one byte: call when some has)."""
+        parts = self.take_chunks(max_bytes)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def take_chunks(self, max_bytes: int) -> list[bytes]:
+        """As `take`, the chunks as they arrived (the last one cut to fit), not joined."""
         assert self.chunks and max_bytes > 0
         parts: list[bytes] = []
         size = 0
@@ -78,7 +83,7 @@ class ReadAheadProtocol(asyncio.Protocol):
             assert self.transport is not None
             self.transport.resume_reading()
             self.reading = True
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return parts
 
     def eof_received(self) -> bool:
         self.at_eof = True
@@ -120,6 +125,20 @@ class ReadAheadStream(anyio.abc.ByteStream):
                 raise anyio.EndOfStream
             await protocol.readable.wait()
         return protocol.take(max_bytes)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes that have arrived and wait for a receive."""
+        return self._protocol.buffered_bytes
+
+    def receive_nowait(self, max_bytes: int = 65536) -> list[bytes] | None:
+        """Up to `max_bytes` of what has arrived, without waiting, as the chunks that
+        came (`FrameDecoder.feed_views` takes them as if joined, without the copy);
+        None when nothing has (or the stream ended or broke: `receive` says which)."""
+        protocol = self._protocol
+        if self._closed or not protocol.chunks:
+            return None
+        return protocol.take_chunks(max_bytes)
 
     async def send(self, item: bytes) -> None:
         await anyio.lowlevel.checkpoint_if_cancelled()

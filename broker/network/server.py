@@ -16,7 +16,11 @@ On trio, when the writer is idle, the reader sends a read's whole-frame answers
 itself with one non-blocking send, and leaves the writer only what the socket
 did not take: it saves a task switch per read. On asyncio, connections are
 `asyncio_stream.ReadAheadStream`s, whose transport keeps reading while the
-reader works.
+reader works. Bytes that wait already (on trio after a read cut at its size, on
+asyncio whatever the read-ahead holds) are read after the loop's turn without a
+cancel scope for the timeout, and a read's requests enter a shielding scope only
+when one may await: a run of Produce requests never does. A trio cancel scope
+costs about what a batch's decode does (docs/benchmark-notes.md, "broker").
 
 The broker serves each of its listeners (config `listeners`, or the one plaintext
 listener at host:port). A `tls`/`sasl_tls` connection is handshaken first
@@ -41,8 +45,9 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Protocol, cast
 
 import anyio
@@ -539,6 +544,13 @@ class Server:
             READ_AHEAD_RECEIVE_BYTES if isinstance(stream, ReadAheadStream) else RECEIVE_BYTES
         )
         receive = tls.receiver(stream) if isinstance(stream, TLSStream) else stream.receive
+        # Bytes that wait already are read without an await, so without a cancel scope
+        # for the timeout: on trio after a read that found more than it could take, on
+        # asyncio whenever the read-ahead holds some.
+        read_ahead = stream if isinstance(stream, ReadAheadStream) else None
+        last_read_full = False
+        # Whether the reader gave the event loop a turn since its last read.
+        turned = False
         idle_s = self.config.connections_max_idle_ms / 1000
         receive_ms = self.config.request_receive_timeout_ms
         # Time left for the request that has partly arrived. Only time spent
@@ -561,25 +573,51 @@ class Server:
                     # The frames a read holds come out inflight_max at a time, so a
                     # read of many small requests is not a view per request while the
                     # connection waits for room (no new bytes until they are taken).
-                    data = b""
+                    data: bytes | list[bytes] = b""
                     if not decoder.frames_waiting:
                         if not conn.authenticated:
                             await self._take_turn(conn)
-                        with anyio.move_on_after(receive_left_s if partial else idle_s) as timer:
-                            received = await _receive(receive, receive_bytes)
-                        if timer.cancelled_caught and partial:
-                            log.warning(
-                                "event=connection_closed peer=%s reason=%r",
-                                conn.peer,
-                                f"request not received whole within request_receive_timeout_ms="
-                                f"{receive_ms} ({decoder.buffered_bytes} bytes of it arrived)",
+                        received: bytes | list[bytes] | None = None
+                        if conn.authenticated and (
+                            read_ahead.buffered_bytes > 0
+                            if read_ahead is not None
+                            else last_read_full and sock is not None
+                        ):
+                            # The event loop's turn every read takes (the other connections,
+                            # this one's writer), unless the answers' hand-over just took it.
+                            if turned:
+                                await anyio.lowlevel.checkpoint_if_cancelled()
+                            else:
+                                await anyio.lowlevel.checkpoint()
+                            received = (
+                                read_ahead.receive_nowait(receive_bytes)
+                                if read_ahead is not None
+                                else _receive_now(cast(socket.socket, sock), receive_bytes)
                             )
-                            return
-                        if timer.cancelled_caught:
-                            log.info("event=connection_idle_closed peer=%s", conn.peer)
-                            return
                         if received is None:
-                            return
+                            with anyio.move_on_after(
+                                receive_left_s if partial else idle_s
+                            ) as timer:
+                                received = await _receive(receive, receive_bytes)
+                            if timer.cancelled_caught and partial:
+                                log.warning(
+                                    "event=connection_closed peer=%s reason=%r",
+                                    conn.peer,
+                                    "request not received whole within "
+                                    f"request_receive_timeout_ms={receive_ms} "
+                                    f"({decoder.buffered_bytes} bytes of it arrived)",
+                                )
+                                return
+                            if timer.cancelled_caught:
+                                log.info("event=connection_idle_closed peer=%s", conn.peer)
+                                return
+                            if received is None:
+                                return
+                        # A read cut at its size leaves more in the socket (trio's).
+                        last_read_full = (
+                            isinstance(received, bytes) and len(received) >= receive_bytes
+                        )
+                        turned = False
                         data = received
                     # Before SASL completes, only frames as small as authentication needs.
                     unauthenticated = conn.session.sasl is not None and (
@@ -606,7 +644,11 @@ class Server:
                     else:
                         receive_left_s -= anyio.current_time() - waited_from_s
                     backlog.extend(messages)
-                with anyio.CancelScope(shield=True):
+                # A request taken from the backlog runs to completion and its reply is
+                # queued: whatever may await (a request's own work, the turn's end)
+                # runs shielded from the cancellations meant for the waits. A run of
+                # Produce requests never awaits, so a read of those enters no scope.
+                with _LazyShield() as shield:
                     # Replies of one read go to the writer together: one send()
                     # for the lot instead of one per request.
                     group: list[Reply] = []
@@ -614,6 +656,7 @@ class Server:
                     turn_end_s = time.perf_counter() + TURN_S
                     while backlog and not conn.full():
                         if time.perf_counter() > turn_end_s:
+                            shield.on()
                             await anyio.lowlevel.checkpoint()
                             turn_end_s = time.perf_counter() + TURN_S
                         first = self._decode(backlog.popleft(), conn)
@@ -622,9 +665,12 @@ class Server:
                             break
                         if isinstance(first, bytes | NoAnswer):
                             replies: list[Reply | NoAnswer] = [first]
-                        else:
+                        elif apis.appends_together(first):
                             run = self._run_from(first, backlog, apis, conn)
-                            replies = await self._dispatch(run, apis, conn)
+                            replies = self._produce_run(cast(list[ProduceRequest], run), conn)
+                        else:
+                            shield.on()
+                            replies = await self._dispatch(first, apis, conn)
                         for reply in replies:
                             if not isinstance(reply, NoAnswer):
                                 group.append(reply)
@@ -640,10 +686,19 @@ class Server:
                     if group and sock is not None and send.statistics().tasks_waiting_receive:
                         group = _send_now(sock, group, conn)
                     if group:
-                        try:
-                            await send.send(group)
-                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                            _close_unsent([group])
+                        if sock is None:
+                            # The event loop's turn before the hand-over, as a send to the
+                            # writer takes it: the writer sends these answers at the
+                            # reader's next turn, after its next read has run, so a
+                            # pipelining client's next requests come in fewer, larger
+                            # reads (sooner answers cost asyncio 5% more CPU per batch).
+                            try:
+                                await anyio.lowlevel.checkpoint()
+                            except anyio.get_cancelled_exc_class():
+                                _hand_over(send, group)
+                                raise
+                            turned = True
+                        if not _hand_over(send, group):
                             return  # the writer found the peer gone
                     if close is not None:
                         log.warning(
@@ -677,9 +732,10 @@ class Server:
             return codec.encode(error_response(code, message), exc.cid)
         if isinstance(request, bytes):
             return request  # the protocol answered it alone
-        refusal = self._admit(request.api, request.cid, conn, started, request)
-        if refusal is not None:
-            return refusal
+        if conn.session.sasl is not None:
+            refusal = self._admit(request.api, request.cid, conn, started, request)
+            if refusal is not None:
+                return refusal
         limit = self.config.max_entries_per_request
         if request.entry_count() > limit:
             code = ErrorCode.INVALID_REQUEST
@@ -740,12 +796,10 @@ class Server:
         apis: Dispatcher,
         conn: Connection,
     ) -> list[Request]:
-        """`first` and the Produce requests right behind it that append together: their
+        """`first`, a Produce that appends together, and the ones right behind it: their
         batches of one partition then take one write instead of one each. The request
         that ends the run goes back to the front of the backlog, decoded."""
         run = [first]
-        if not apis.appends_together(first):
-            return run
         entries = first.entry_count()
         room = conn.inflight_max - conn.inflight
         while backlog and len(run) < room and entries < RUN_ENTRIES_MAX:
@@ -757,43 +811,68 @@ class Server:
             entries += item.entry_count()
         return run
 
-    async def _dispatch(
-        self, requests: list[Request], apis: Dispatcher, conn: Connection
+    def _produce_run(
+        self, requests: list[ProduceRequest], conn: Connection
     ) -> list[Reply | NoAnswer]:
-        """Run one request, or a run of Produce requests that append together, and turn
-        each outcome into what the writer sends."""
+        """Run Produce requests that append together (`_run_from`) and turn each outcome
+        into what the writer sends: no await, so nothing can stop it halfway."""
         started = time.perf_counter()
         try:
-            if len(requests) == 1:
-                outcomes = [await apis.handle(requests[0], conn.session)]
+            outcomes = self.apis.produce_many(requests, conn.session)
+        except Exception as exc:
+            return self._failed(requests, exc, started, conn)
+        codec = conn.codec
+        # A run's requests finish together; an answer to send now (acks=1), the common
+        # outcome, is encoded here. A Produce's outcome is never converted
+        # (codec.converts is for Fetch answers).
+        elapsed_s = time.perf_counter() - started
+        api = requests[0].api
+        observe = self.metrics.observe_request
+        replies: list[Reply | NoAnswer] = []
+        for request, outcome in zip(requests, outcomes, strict=True):
+            if type(outcome) is Answer:
+                response = outcome.response
+                observe(api, response.error, elapsed_s)
+                replies.append(codec.encode(response, request.cid))
             else:
-                # A run holds only requests that append together: Produce requests.
-                outcomes = apis.produce_many(cast(list[ProduceRequest], requests), conn.session)
-        except ProtocolError as exc:
+                replies.append(self._reply(request, outcome, started, codec))
+        return replies
+
+    async def _dispatch(
+        self, request: Request, apis: Dispatcher, conn: Connection
+    ) -> list[Reply | NoAnswer]:
+        """Run one request and turn its outcome into what the writer sends."""
+        started = time.perf_counter()
+        try:
+            outcome = await apis.handle(request, conn.session)
+        except Exception as exc:
+            return self._failed([request], exc, started, conn)
+        codec = conn.codec
+        if codec.converts(outcome):
+            # Stored batches in another form (a kafka listener's Fetch of batches
+            # written natively): CPU in proportion to the answer, off the event loop
+            # and a few at a time, so one client's Fetch stalls no one else.
+            outcome = await anyio.to_thread.run_sync(
+                codec.convert, outcome, limiter=self._converting
+            )
+        return [self._reply(request, outcome, started, codec)]
+
+    def _failed(
+        self, requests: Sequence[Request], exc: Exception, started: float, conn: Connection
+    ) -> list[Reply | NoAnswer]:
+        """The answers to requests whose API raised `exc` (called in its `except`)."""
+        if isinstance(exc, ProtocolError):
             return [self._refusal(r, exc.code, exc.message, started, conn) for r in requests]
-        except DISK_FAILURES as exc:
+        if isinstance(exc, DISK_FAILURES):
             # A file the request had to write (producer ids, a topic) could not be: the
             # disk's trouble, said as Kafka says it, not an internal error.
             api = requests[0].api
             log.error("event=storage_error api=%s peer=%s error=%r", api, conn.peer, str(exc))
             code = ErrorCode.KAFKA_STORAGE_ERROR
             return [self._refusal(r, code, f"storage: {exc}", started, conn) for r in requests]
-        except Exception:
-            log.exception("event=request_failed api=%s peer=%s", requests[0].api, conn.peer)
-            code = ErrorCode.UNKNOWN_SERVER_ERROR
-            return [self._refusal(r, code, "internal error", started, conn) for r in requests]
-        codec = conn.codec
-        replies: list[Reply | NoAnswer] = []
-        for request, outcome in zip(requests, outcomes, strict=True):
-            if codec.converts(outcome):
-                # Stored batches in another form (a kafka listener's Fetch of batches
-                # written natively): CPU in proportion to the answer, off the event loop
-                # and a few at a time, so one client's Fetch stalls no one else.
-                outcome = await anyio.to_thread.run_sync(
-                    codec.convert, outcome, limiter=self._converting
-                )
-            replies.append(self._reply(request, outcome, started, codec))
-        return replies
+        log.exception("event=request_failed api=%s peer=%s", requests[0].api, conn.peer)
+        code = ErrorCode.UNKNOWN_SERVER_ERROR
+        return [self._refusal(r, code, "internal error", started, conn) for r in requests]
 
     def _refusal(
         self, request: Request, code: ErrorCode, message: str, started: float, conn: Connection
@@ -942,6 +1021,53 @@ def _send_now(sock: socket.socket, group: list[Reply], conn: Connection) -> list
     # The frame the socket took part of stays one answer in flight until its rest is sent.
     rest: list[Reply] = [frames[whole][left:]]
     return rest + group[whole + 1 :]
+
+
+class _LazyShield:
+    """A shielding cancel scope entered only when something in it may await: `on()`
+    shields the rest of the block. A trio cancel scope costs about as much as a
+    batch's decode, so a read of Produce runs, which never await, enters none."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self) -> None:
+        self._scope: anyio.CancelScope | None = None
+
+    def __enter__(self) -> _LazyShield:
+        return self
+
+    def on(self) -> None:
+        if self._scope is None:
+            self._scope = anyio.CancelScope(shield=True)
+            self._scope.__enter__()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        return self._scope is not None and bool(self._scope.__exit__(kind, exc, traceback))
+
+
+def _hand_over(send: MemoryObjectSendStream[list[Reply]], group: list[Reply]) -> bool:
+    """Queue a read's answers for the writer (never full: its buffer is unbounded);
+    False, with their files closed, when the writer is gone."""
+    try:
+        send.send_nowait(group)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        _close_unsent([group])
+        return False
+    return True
+
+
+def _receive_now(sock: socket.socket, max_bytes: int) -> bytes | None:
+    """Up to `max_bytes` of what waits on a non-blocking socket; None when nothing does,
+    or at its end or an error, which the awaited receive then meets itself."""
+    try:
+        return sock.recv(max_bytes) or None
+    except OSError:
+        return None
 
 
 def _wake(conns: list[Connection]) -> None:

@@ -592,6 +592,37 @@ def test_frames_max_hands_out_the_same_bodies_a_few_at_a_time(
     assert decoder.buffered_bytes == 0
 
 
+@given(
+    bodies=st.lists(st.binary(max_size=40), max_size=30),
+    cuts=st.lists(st.integers(0, 2000), max_size=12),
+    groups=st.lists(st.integers(1, 4), max_size=12),
+    frames_max=st.one_of(st.none(), st.integers(1, 5)),
+)
+def test_several_reads_at_once_are_taken_as_if_joined(
+    bodies: list[bytes], cuts: list[int], groups: list[int], frames_max: int | None
+) -> None:
+    """A read-ahead's chunks fed as one list, a few lists in all: the bodies of the
+    same bytes fed whole, in order, at most `frames_max` a call, nothing left over."""
+    stream = b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+    edges = [0, *sorted(c for c in cuts if c < len(stream)), len(stream)]
+    reads = [stream[start:stop] for start, stop in itertools.pairwise(edges)]
+    decoder = FrameDecoder()
+    out: list[bytes] = []
+    sizes = iter(groups)
+    while reads:
+        size = next(sizes, len(reads))
+        taken = decoder.feed_views(reads[:size], frames_max)
+        del reads[:size]
+        while True:
+            assert frames_max is None or len(taken) <= frames_max
+            out += map(bytes, taken)
+            if not decoder.frames_waiting:
+                break
+            taken = decoder.feed_views(frames_max=frames_max)
+    assert out == bodies
+    assert decoder.buffered_bytes == 0
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.sampled_from([0, 3, 70_000, 300_000]), min_size=1, max_size=4),

@@ -189,3 +189,24 @@ def test_the_stream_names_its_peer() -> None:
         assert stream.extra(anyio.abc.SocketAttribute.remote_address) == local
 
     run_case(case, True)
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False])
+def test_receive_nowait_takes_what_waits_and_never_waits(use_uvloop: bool) -> None:
+    """The reader's read without an await (broker/network/server.py): what has arrived,
+    up to max_bytes; None when nothing has, and at the end, which `receive` then says."""
+
+    async def case(stream: ReadAheadStream, peer: anyio.abc.SocketStream) -> None:
+        assert stream.receive_nowait() is None
+        await peer.send(b"a" * 3000)
+        await until(lambda: stream.buffered_bytes == 3000)
+        assert b"".join(stream.receive_nowait(1000) or []) == b"a" * 1000
+        assert b"".join(stream.receive_nowait(1 << 20) or []) == b"a" * 2000
+        assert stream.receive_nowait() is None
+        await peer.send_eof()
+        await until(lambda: protocol_of(stream).at_eof)
+        assert stream.receive_nowait() is None
+        with pytest.raises(anyio.EndOfStream):
+            await stream.receive()
+
+    run_case(case, use_uvloop)
