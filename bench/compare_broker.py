@@ -31,6 +31,26 @@ from bench.bench_client import (
 from harness.broker_process import BrokerProcess
 
 
+def tree_brokers(
+    tmp: Path, trees: dict[str, str], backend: str, config: str | None = None
+) -> dict[str, BrokerProcess]:
+    """One started broker per code tree (name -> path), each running that tree's code,
+    with its data dir under `tmp`."""
+    return {
+        name: BrokerProcess(
+            # Absolute: each broker runs in its own tree, and a relative data dir then
+            # lay in the base tree, outside the directory removed after the run.
+            tmp.resolve() / name,
+            backend=backend,
+            config=config,
+            env={"PYTHONPATH": tree},
+            # `python -m broker` imports from its working directory first.
+            preexec_fn=functools.partial(os.chdir, tree),
+        ).start()
+        for name, tree in trees.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the code tree to compare with")
@@ -42,18 +62,7 @@ def main() -> None:
     trees = {"base": str(args.base.resolve()), "new": os.getcwd()}
     figures: dict[str, list[tuple[float, ...]]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory(dir=".") as tmp:
-        brokers = {
-            name: BrokerProcess(
-                # Absolute: each broker runs in its own tree, and a relative data dir then
-                # lay in the base tree, outside the directory removed after the run.
-                Path(tmp).resolve() / name,
-                backend=args.backend,
-                env={"PYTHONPATH": tree},
-                # `python -m broker` imports from its working directory first.
-                preexec_fn=functools.partial(os.chdir, tree),
-            ).start()
-            for name, tree in trees.items()
-        }
+        brokers = tree_brokers(Path(tmp), trees, args.backend)
         try:
             for round_ in range(args.rounds):
                 for name in ("base", "new") if round_ % 2 == 0 else ("new", "base"):

@@ -15,7 +15,6 @@ a bootstrap 95% interval and their min-max. A base tree is any checkout, e.g.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from bench.bench_broker import _produce, bootstrap_median_ci
 from bench.bench_kafka import CONFIG, kafka_cpu_round
+from bench.compare_broker import tree_brokers
 from harness.broker_process import BrokerProcess
 
 Load = Callable[[BrokerProcess, int], tuple[float, float]]
@@ -60,17 +60,7 @@ def main() -> None:
     cpu: dict[str, dict[str, list[float]]] = {tree: {load: [] for load in LOADS} for tree in trees}
     started = time.strftime("%H:%M", time.gmtime())
     with tempfile.TemporaryDirectory(dir=".") as tmp:
-        brokers = {
-            name: BrokerProcess(
-                Path(tmp).resolve() / name,
-                backend=args.backend,
-                config=CONFIG,
-                env={"PYTHONPATH": tree},
-                # `python -m broker` imports from its working directory first.
-                preexec_fn=functools.partial(os.chdir, tree),
-            ).start()
-            for name, tree in trees.items()
-        }
+        brokers = tree_brokers(Path(tmp), trees, args.backend, CONFIG)
         try:
             for round_ in range(args.rounds):
                 names = list(trees) if round_ % 2 == 0 else list(trees)[::-1]

@@ -6,12 +6,13 @@ another for the clients' certificates (so trusting one does not trust the other)
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import ssl
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,20 @@ class Pki:
             f'tls_cafile = "{self.cafile}"\n'
             f'tls_client_auth = "{client_auth}"\n'
         )
+
+
+ALICE = {"MINIBROKER_BOOTSTRAP_USERS": "alice:alice-pw"}
+"""The environment that makes `alice` (password `alice-pw`) the first SCRAM user."""
+
+
+@contextlib.contextmanager
+def broker_with_alice(data_dir: Path, backend: str, config: str) -> Iterator[BrokerProcess]:
+    """A broker with `config` and the user `alice`, killed on leaving."""
+    proc = BrokerProcess(data_dir, backend=backend, config=config, env=ALICE).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
 
 
 def listeners(*entries: tuple[str, str] | tuple[str, str, str]) -> str:

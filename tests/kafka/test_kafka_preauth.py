@@ -18,6 +18,7 @@ from broker.kafka.entities import response_class
 from harness.broker_process import BrokerProcess
 from protocol import messages as m
 from tests.reliability.fuzz_targets import kafka_before_authentication, smallest_kafka_request
+from tests.security_fixtures import broker_with_alice
 
 CONFIG = """\
 sasl_mechanisms = ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"]
@@ -38,16 +39,8 @@ EVERY_VERSION = [
 
 @pytest.fixture
 def sasl_kafka(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        tmp_path / "data",
-        backend=backend,
-        config=CONFIG,
-        env={"MINIBROKER_BOOTSTRAP_USERS": "alice:alice-pw"},
-    ).start()
-    try:
+    with broker_with_alice(tmp_path / "data", backend, CONFIG) as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 def smallest_request(key: int, version: int, correlation_id: int) -> bytes:

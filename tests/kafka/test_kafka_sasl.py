@@ -25,7 +25,7 @@ from kafka.protocol.metadata import (
 )
 from kafka.protocol.sasl import SaslHandshakeRequest, SaslHandshakeResponse
 
-from harness.broker_process import BrokerProcess
+from tests.security_fixtures import broker_with_alice
 
 SASL_HANDSHAKE = 17
 UNSUPPORTED_SASL_MECHANISM = 33
@@ -39,18 +39,12 @@ port = 0
 security = "sasl_plaintext"
 protocol = "kafka"
 """
-USERS = {"MINIBROKER_BOOTSTRAP_USERS": "alice:alice-pw"}
 
 
 @pytest.fixture
 def kafka_sasl(tmp_path: Path, backend: str) -> Iterator[str]:
-    broker = BrokerProcess(
-        tmp_path / "data", backend=backend, config=SCRAM_ONLY_IN_CLEAR, env=USERS
-    ).start()
-    try:
+    with broker_with_alice(tmp_path / "data", backend, SCRAM_ONLY_IN_CLEAR) as broker:
         yield broker.address("kafka")
-    finally:
-        broker.kill()
 
 
 def _connect(address: str) -> socket.socket:

@@ -16,7 +16,7 @@ import pytest
 
 from harness.broker_process import BrokerProcess, cpu_seconds
 from harness.wire import WireClient
-from tests.security_fixtures import listeners
+from tests.security_fixtures import broker_with_alice, listeners
 
 TRIES = 40
 """Refusals of each kind, interleaved: a PBKDF2 is about 5 ms of CPU and the counter
@@ -30,16 +30,8 @@ CONFIG = (
 
 @pytest.fixture
 def broker(tmp_path: Path, backend: str) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        tmp_path / "data",
-        backend=backend,
-        config=CONFIG,
-        env={"MINIBROKER_BOOTSTRAP_USERS": "alice:alice-pw"},
-    ).start()
-    try:
+    with broker_with_alice(tmp_path / "data", backend, CONFIG) as proc:
         yield proc
-    finally:
-        proc.kill()
 
 
 def plain_refusal(broker: BrokerProcess, user: str) -> None:
