@@ -1,19 +1,24 @@
 """Start the real `minibroker serve` process on loopback for integration tests and benchmarks.
 
-The broker binds port 0 and logs the port it got; the harness reads it from the
-log line `event=listening ... port=N` on stderr, so parallel tests never race
-for a port. Stderr is drained by a thread into a list so the pipe never fills.
+The harness gives each broker ports of its own below the kernel's ephemeral range
+(`reserve_port`): a test kills a broker and starts it again on the same ports, and a
+port that bind(0) handed out could be taken by another test's listener in between.
+It reads the ports back from the log lines `event=listening ... port=N` on stderr.
+Stderr is drained by a thread into a list so the pipe never fills.
 
-A broker may be given a settings file (`config`, TOML text). When it declares
-`[[listeners]]` (each on port 0), the harness learns every listener's port from its
-`event=listening listener=NAME ... port=N` line (`listener_ports`, `address`).
+A broker may be given a settings file (`config`, TOML text). Each `port = 0` line in
+it gets a reserved port at the first start, so restarts bind the same ones; the
+harness learns every listener's port from its `event=listening listener=NAME ...
+port=N` line (`listener_ports`, `address`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +29,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 START_TIMEOUT_S = 30.0
+RESERVED_PORTS = 12_000
+"""How many ports below the ephemeral range the harness hands out, split between
+pytest-xdist's workers."""
+_ANY_PORT = re.compile(r"(?m)^port = 0[ \t]*$")
+_reserved = itertools.count()
+
+
+def _port_slice() -> range:
+    """This process's ports: below the ephemeral range, where neither bind(0) nor
+    connect() ever picks one, a slice per xdist worker so workers never share one."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    span = range(max(1024, low - RESERVED_PORTS), low)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    index = int(worker[2:]) % count if worker[2:].isdigit() else 0
+    size = len(span) // count
+    return range(span.start + index * size, span.start + (index + 1) * size)
+
+
+def reserve_port() -> int:
+    """A port no socket holds now and no automatic bind will take later (`_port_slice`),
+    for a broker that must restart on it; each call of a process hands out the next."""
+    ports = _port_slice()
+    # Processes outside xdist (benchmarks, a second session) start at their own place.
+    offset = os.getpid() * 7919
+    for _ in range(len(ports)):
+        port = ports[(offset + next(_reserved)) % len(ports)]
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {ports}")
+
+
 _LISTENING = re.compile(r"event=listening .*host=(\S+) port=(\d+)")
 _LISTENER = re.compile(r"event=listening listener=(\S+) .*host=(\S+) port=(\d+)")
 _METRICS = re.compile(r"event=metrics_listening .*port=(\d+)")
@@ -101,9 +146,14 @@ class BrokerProcess:
     def start(self, port: int | None = None) -> BrokerProcess:
         """Start (or restart, on the same port when it had one) and wait until it listens."""
         port = self.port if port is None else port
+        if not port:
+            port = reserve_port()
+        if self.metrics_port is None or self.metrics_port == 0:
+            self.metrics_port = reserve_port()
         env = dict(os.environ)
         env.update(self.env or {})
         if self.config is not None:
+            self.config = _ANY_PORT.sub(lambda _: f"port = {reserve_port()}", self.config)
             self.config_path.write_text(self.config)
         expected = set(self._listener_names())
         self.log_lines = []
