@@ -43,7 +43,9 @@ class GroupCommitter:
         self._wake = anyio.Event()
         self._round_done = anyio.Event()
         self._failed: set[int] = set()
-        self._syncing: set[int] = set()  # the partitions of the round in flight
+        # The partitions of the round in flight, each with the offset its sync covers
+        # everything below of.
+        self._syncing: dict[int, int] = {}
 
     def request_flush(self, partition: Partition, batches: int = 0) -> None:
         """Sync `partition` in the next round: for `batches` acks=-1 appends, which
@@ -58,8 +60,12 @@ class GroupCommitter:
         plog = partition.log
         key = id(partition)
         while plog.flushed_offset <= last_offset:
-            self._dirty[key] = partition
-            self._wake.set()
+            if self._syncing.get(key, 0) <= last_offset:
+                # Not covered by the round in flight, if any: the next one. (Asking for
+                # one the round in flight covers would sync the file again for nothing,
+                # and make whatever arrives meanwhile wait for that round to end first.)
+                self._dirty[key] = partition
+                self._wake.set()
             await self._round_done.wait()
             if key in self._failed and plog.flushed_offset <= last_offset:
                 raise FlushFailed(f"fdatasync failed for {partition.topic}-{partition.index}")
@@ -71,7 +77,7 @@ class GroupCommitter:
         keys = {id(p) for p in partitions}
         for key in keys:
             self._dirty.pop(key, None)
-        while keys & self._syncing:
+        while keys & self._syncing.keys():
             await self._round_done.wait()
 
     async def run(self) -> None:
@@ -82,7 +88,7 @@ class GroupCommitter:
             self._dirty = {}
             batches, self._batches_queued = self._batches_queued, 0
             targets = [(key, p, *p.log.sync_targets()) for key, p in batch.items()]
-            self._syncing = set(batch)
+            self._syncing = {key: end_offset for key, _p, _fds, end_offset in targets}
             crash_point("flush_round_started")
             started = time.perf_counter()
             failed = await anyio.to_thread.run_sync(_sync_all, [t[2] for t in targets])
@@ -94,7 +100,7 @@ class GroupCommitter:
                     log.error("event=fsync_failed topic=%s partition=%d", p.topic, p.index)
                 else:
                     p.log.mark_flushed(end_offset)
-            self._syncing = set()
+            self._syncing = {}
             done, self._round_done = self._round_done, anyio.Event()
             done.set()
 

@@ -91,3 +91,56 @@ def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
     assert not any(batches_per_round[2:])
     assert sorted(len(fds) for fds in rounds[1]) == [1, 1]
     assert [p.log.flushed_offset for p in partitions] == [6, 5]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_waiter_the_round_in_flight_covers_asks_for_no_other(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's waiter arrives while the round that syncs its batch runs (as an acks=-1
+    reply's does): it waits for that round. Asking for another would sync the file
+    again with nothing new, and a marker appended meanwhile (a commit right behind its
+    batch) would wait for that empty round to end before its own."""
+    rounds: list[list[list[int]]] = []
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def blocking_sync(fd_lists: list[list[int]]) -> set[int]:
+        rounds.append(fd_lists)
+        entered.release()
+        assert release.wait(30)
+        release.clear()
+        return set()
+
+    monkeypatch.setattr(group_commit, "_sync_all", blocking_sync)
+    p = Partition.open(
+        "t",
+        0,
+        tmp_path / "t-0",
+        LogConfig(),
+        ProducerLimits(10, 60_000),
+        clean_shutdown=True,
+        now_ms=0,
+    )
+    committer = GroupCommitter(BrokerMetrics(enabled=True))
+    batch = build_batch_from_columns([b"v"], None, 0)
+    header = read_header(batch)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(committer.run)
+            last = p.append(batch, header, 0).last_offset
+            committer.request_flush(p, batches=1)
+            await anyio.to_thread.run_sync(entered.acquire)  # its round is syncing
+            tg.start_soon(committer.wait_durable, p, last)
+            await anyio.wait_all_tasks_blocked()
+            release.set()
+            await committer.wait_durable(p, last)
+            await anyio.wait_all_tasks_blocked()
+            assert len(rounds) == 1, "a round was asked for with nothing to sync"
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main, backend=backend)
+    finally:
+        p.log.close()
