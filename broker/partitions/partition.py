@@ -90,6 +90,9 @@ class Partition:
         self.producers = producers
         self.limits = limits
         self.aborted = aborted
+        # (first offset, marker offset) of each commit appended by `append_commit_first`
+        # whose marker is not flushed yet, oldest first: read_committed stops before it.
+        self._commits_unflushed: list[tuple[int, int]] = []
         # Set by the server: queues a background fsync of the segment just rolled.
         self.on_rolled: Callable[[Partition], None] | None = None
         log_.on_roll = self._rolled
@@ -349,23 +352,57 @@ class Partition:
     ) -> int:
         """Append the COMMIT or ABORT marker ending `producer_id`'s transaction here and
         return its offset; StorageError (nothing changed) when the write fails."""
-        batch = build_control_batch(
-            CONTROL_COMMIT if committed else CONTROL_ABORT,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            timestamp_ms=now_ms,
+        batch, header = _marker(producer_id, producer_epoch, committed, now_ms)
+        return self._append_marker(batch, header, producer_id, producer_epoch, committed, now_ms)[1]
+
+    def append_commit_first(self, producer_id: int, producer_epoch: int, now_ms: int) -> int | None:
+        """Append the COMMIT marker of `producer_id`'s transaction before anything has
+        decided it, for one fsync round to make its batches and it durable at once (the
+        marker then decides it: docs/transactions.md); return its offset. None, nothing
+        appended, when that round could keep the marker and lose a batch: something not
+        flushed lies in an older segment, or the marker would start a new one.
+        read_committed sees the transaction only once the marker is flushed. StorageError
+        (nothing changed) when the write fails."""
+        batch, header = _marker(producer_id, producer_epoch, True, now_ms)
+        if not self.log.appends_beside_unflushed(header, now_ms):
+            return None
+        first, offset = self._append_marker(
+            batch, header, producer_id, producer_epoch, True, now_ms
         )
-        offset = self.log.append(batch, read_header(batch), now_ms)
+        assert first is not None and first < offset, (first, offset)
+        self._commits_unflushed.append((first, offset))
+        return offset
+
+    def _append_marker(
+        self,
+        batch: bytes,
+        header: BatchHeader,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        now_ms: int,
+    ) -> tuple[int | None, int]:
+        """(the transaction's first offset here or None, the marker's offset)."""
+        offset = self.log.append(batch, header, now_ms)
         first = self.producers.end_txn(producer_id, offset, producer_epoch, committed)
         if first is not None and not committed:
             self.aborted.add(producer_id, first, offset)
-        return offset
+        return first, offset
 
     @property
     def last_stable_offset(self) -> int:
-        """Below it every transaction has ended: what read_committed may see."""
+        """Below it every transaction has ended, and every commit's marker is on disk:
+        what read_committed may see."""
         first = self.producers.first_unstable_offset()
-        return self.log.log_end_offset if first is None else first
+        stable = self.log.log_end_offset if first is None else first
+        held = self._commits_unflushed
+        if held:
+            flushed = self.log.flushed_offset
+            while held and held[0][1] < flushed:
+                del held[0]
+            if held:
+                stable = min(stable, min(f for f, _ in held))
+        return stable
 
     def apply_retention(self, now_ms: int) -> int:
         """Delete segments past retention (their `.txnindex` with them); return how many."""
@@ -400,6 +437,18 @@ def _load_aborted(plog: PartitionLog) -> AbortedIndex:
         except TxnIndexError as exc:
             raise TxnIndexError(f"{path}: {exc}") from exc
     return AbortedIndex([e for e in entries if e.last_offset < plog.log_end_offset])
+
+
+def _marker(
+    producer_id: int, producer_epoch: int, committed: bool, now_ms: int
+) -> tuple[bytes, BatchHeader]:
+    batch = build_control_batch(
+        CONTROL_COMMIT if committed else CONTROL_ABORT,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        timestamp_ms=now_ms,
+    )
+    return batch, read_header(batch)
 
 
 __all__ = ["AppendResult", "Partition", "ProducerLimits", "StorageError"]

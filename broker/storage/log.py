@@ -244,14 +244,9 @@ class PartitionLog:
         the write where appending one by one would roll, so each call sees the state
         the batches before it left (a roll snapshots the producer state). Raises
         StorageError, with the log as before the call, when the roll or write fails."""
-        segment = self._segments[-1]
-        if segment.size_bytes and (
-            now_ms - segment.first_append_ms > self.config.segment_ms
-            or segment.index.is_full
-            or self._past_segment(segment, segment.size_bytes, self.log_end_offset, headers[0])
-        ):
+        if self._rolls_first(headers[0], now_ms):
             self.roll(now_ms)
-            segment = self._segments[-1]
+        segment = self._segments[-1]
         # Within one write only the bytes and the offsets can fill the segment: the age
         # was judged above, and each batch adds at most one index entry.
         end = 1
@@ -269,6 +264,24 @@ class PartitionLog:
         self.log_end_offset = next_offset
         self.size_bytes += size_bytes
         return offsets
+
+    def _rolls_first(self, header: BatchHeader, now_ms: int) -> bool:
+        """Whether appending the batch of `header` now starts a new segment first: the
+        active one is full by bytes, age or index."""
+        segment = self._segments[-1]
+        return bool(segment.size_bytes) and (
+            now_ms - segment.first_append_ms > self.config.segment_ms
+            or segment.index.is_full
+            or self._past_segment(segment, segment.size_bytes, self.log_end_offset, header)
+        )
+
+    def appends_beside_unflushed(self, header: BatchHeader, now_ms: int) -> bool:
+        """Whether the batch of `header`, appended now, lands in the one segment that holds
+        everything not yet flushed: then no fsync round can make it durable without
+        them, since recovery cuts a torn segment at its first bad batch."""
+        return self.flushed_offset >= self._base_offsets[-1] and not self._rolls_first(
+            header, now_ms
+        )
 
     def _past_segment(
         self, segment: Segment, size_bytes: int, base_offset: int, header: BatchHeader

@@ -148,6 +148,9 @@ class TransactionCoordinator:
         # Transactions answered whose markers are still being synced (`_settle`), by id:
         # set once COMPLETE is recorded, or the round failed (the sweep completes them).
         self._settling: dict[str, anyio.Event] = {}
+        # `_forget_marker_when_durable` tasks waiting on `txn.wal`: compaction, which
+        # starts the file afresh, waits for them.
+        self._forgetting = 0
         # Where `_settle` runs: `run`'s task group, while it runs.
         self._settlers: anyio.abc.TaskGroup | None = None
 
@@ -799,6 +802,10 @@ class TransactionCoordinator:
     ) -> list[TxnEntry]:
         """Decide `entries` in one durable record (with `app`), then complete them
         (`complete`, which `settle_later` lets return before their markers are synced)."""
+        if committed and settle_later and app is None:
+            one_round = await self._commit_in_one_round(entries)
+            if one_round is not None:
+                return one_round
         if committed:
             await self._contents_durable(entries)
             crash_point("txn_contents_durable")
@@ -837,6 +844,83 @@ class TransactionCoordinator:
                     len(before.partitions),
                 )
         return await self.complete(decisions, settle_later=settle_later)
+
+    async def _commit_in_one_round(self, entries: list[TxnEntry]) -> list[TxnEntry] | None:
+        """EndTxn's commit in one fsync round before the answer, where `end_transactions`
+        waits for two (the batches', then the decision's), for a transaction that wrote
+        to one partition and holds no group's offsets: its COMMIT marker goes right
+        behind its batches in the segment holding them, so the segment's round makes
+        them durable together and the marker decides the transaction (`recover` reads
+        it); the decision, COMPLETE already, is written after that round and synced
+        behind the answer. None, nothing done, for any other transaction, or when the
+        marker could not share its batches' segment (docs/transactions.md)."""
+        if len(entries) != 1 or self._settlers is None:
+            return None
+        entry = entries[0]
+        if (
+            entry.state != ONGOING
+            or entry.classic
+            or entry.groups
+            or len(entry.partitions) != 1
+            or entry.producer_epoch >= PRODUCER_EPOCH_MAX
+        ):
+            return None
+        [(topic, index)] = entry.partitions
+        partition = self.topics.partition(topic, index)
+        pid, epoch = entry.producer_id, entry.producer_epoch
+        if partition is None or not partition.producers.in_txn(pid):
+            return None
+        offset = partition.append_commit_first(pid, epoch, now_ms())
+        if offset is None:
+            return None
+        crash_point("txn_marker_written")
+        # The partition's add may still be on its way to the disk (it shares its batch's
+        # round, which EndTxn right behind the batch does not wait for): lost, recovery
+        # adopts the partition by the marker, which names the entry's pid and epoch.
+        self.committer.request_flush(partition, batches=1)
+        failures: list[Exception] = []
+        try:
+            await self._markers_durable([(partition, offset)], failures)
+        finally:
+            self.on_markers()
+        # The marker decided the transaction when it was written: a failed round leaves
+        # it decided, for the sweep to complete once the segment syncs, as `complete` does.
+        decision = decided(entry, True, self._next_ids(entry, entry.principal), now_ms())
+        self.counters.commits += 1
+        if failures:
+            self._write_or_install(decision)
+            raise StorageError(f"the commit's round failed: {failures[0]}")
+        crash_point("txn_markers_durable")
+        done = completed(decision, now_ms())
+        end = self._write_or_install(done)
+        if end:
+            assert self._settlers is not None
+            self._forgetting += 1
+            self._settlers.start_soon(self._forget_marker_when_durable, partition, pid, epoch, end)
+        return [done]
+
+    def _write_or_install(self, entry: TxnEntry) -> int:
+        """`_write` the entry; when the write fails, install it all the same, since a
+        durable marker decided it (recovery reads the outcome there): 0 then."""
+        try:
+            return self._write([entry])
+        except OSError as exc:
+            log.error("event=txn_write_failed id=%r error=%r", entry.transactional_id, str(exc))
+            self._apply([entry], [], [], [])
+            return 0
+
+    async def _forget_marker_when_durable(
+        self, partition: Partition, producer_id: int, producer_epoch: int, end: int
+    ) -> None:
+        """Once `txn.wal` holds the decision of `_commit_in_one_round` on disk, the
+        partition need no longer remember the marker that decided it."""
+        try:
+            await self.log.durable(end)
+            partition.producers.forget_marker(producer_id, producer_epoch)
+        except OSError as exc:
+            log.error("event=txn_decision_sync_failed error=%r", str(exc))
+        finally:
+            self._forgetting -= 1
 
     async def _contents_durable(self, entries: list[TxnEntry]) -> None:
         """Return once every batch and pending offset of the open `entries` is on disk;
@@ -1155,8 +1239,14 @@ class TransactionCoordinator:
         # Only with no lock held: a change written and synced is installed in memory by
         # its task after the sync, and a compaction before that would drop it.
         # Nor while an end is being settled: the state in memory says COMPLETE before
-        # the markers are durable, which only `txn.wal`'s decision may say.
-        if not self._locks and not self._settling and self.log.wants_compaction():
+        # the markers are durable, which only `txn.wal`'s decision may say. Nor while a
+        # task waits for `txn.wal` to reach a size the compacted file may not have.
+        if (
+            not self._locks
+            and not self._settling
+            and not self._forgetting
+            and self.log.wants_compaction()
+        ):
             self.log.compact([self._whole_state()])
 
     def _locks_held(self) -> set[str]:

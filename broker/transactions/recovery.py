@@ -65,6 +65,12 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
     partition holds open that no entry claims, so no last stable offset is stuck, and
     drop pending offsets no open transaction claims, so no OffsetFetch with
     require_stable waits for ever."""
+    for tid, key in _lost_adds(coordinator):
+        # A commit made in one round: its partition add shared its batch's fsync round
+        # and did not reach the disk, its marker did (the marker names the entry's pid
+        # and epoch); the partition is the transaction's, which the marker then decides.
+        log.warning("event=txn_partition_adopted id=%r topic=%s partition=%d", tid, *key)
+        await coordinator.persist([with_partitions(coordinator.entries[tid], {key}, stamp)])
     for entry, committed in _decided_by_markers(coordinator):
         # The decision shared its fsync round with the markers and was lost: a marker
         # is only written for a decided transaction, so the one found decides it.
@@ -134,6 +140,28 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
         await coordinator.offsets.write_markers(
             [(pid, [group_id], False) for group_id, pid in orphans]
         )
+
+
+def _lost_adds(coordinator: Recovering) -> list[tuple[str, tuple[str, int]]]:
+    """(transactional id, partition) where a partition remembers a marker of the entry's current pid
+    and epoch though the entry, ONGOING, EMPTY or COMPLETE_*, does not hold it: the
+    transaction's add was lost. Not for a classic entry, whose markers follow its
+    durable decision (which moves it to its next epoch)."""
+    found = []
+    for partition in coordinator.topics.all_partitions():
+        key = (partition.topic, partition.index)
+        for pid, (_offset, epoch, _committed) in partition.producers.markers.items():
+            owner_id = coordinator.owner_of(pid)
+            entry = None if owner_id is None else coordinator.entries.get(owner_id)
+            if (
+                entry is not None
+                and not entry.classic
+                and (entry.producer_id, entry.producer_epoch) == (pid, epoch)
+                and (entry.state == ONGOING or entry.state in ENDED)
+                and key not in (entry.partitions if entry.state == ONGOING else ())
+            ):
+                found.append((entry.transactional_id, key))
+    return found
 
 
 def _decided_by_markers(coordinator: Recovering) -> list[tuple[TxnEntry, bool]]:

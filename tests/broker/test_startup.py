@@ -165,15 +165,17 @@ def _limit_file_size() -> None:
 def test_a_write_recovery_cannot_make_is_one_line_and_exit_code_3(
     tmp_path: Path, backend: str
 ) -> None:
-    """A commit decided just before a kill gets its marker at the next start; when that
-    write fails, the start ends in one line naming the data dir and the fix."""
+    """A commit decided just before a kill gets its markers at the next start; when that
+    write fails, the start ends in one line naming the data dir and the fix. (Two
+    partitions: a commit of one is decided by its marker, which needs no write.)"""
     data = tmp_path / "data"
     broker = BrokerProcess(data, backend=backend, env={ENV: "txn_decided"}).start()
     try:
         with WireClient(broker.bootstrap) as c:
-            assert c.create_topic("t", 1) == 0
+            assert c.create_topic("t", 2) == 0
             tx = Txn(c)
-            assert tx.send("t", 0, [b"x" * 200])["error"] == 0
+            for p in range(2):
+                assert tx.send("t", p, [b"x" * 200])["error"] == 0
             with pytest.raises((ConnectionError, OSError, EOFError)):
                 tx.end(committed=True)
         assert broker.proc is not None

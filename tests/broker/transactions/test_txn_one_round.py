@@ -1,0 +1,178 @@
+"""A one-partition commit's marker goes behind its batches before anything decides it
+(docs/transactions.md, "One round"): the partition's side of it, and the
+coordinator's when the round fails.
+
+The marker may only share a round with batches in its own segment (recovery cuts a
+torn segment at its first bad batch, so the marker never outlives them there), and
+read_committed must not see the transaction before that round made it durable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from broker.clock import now_ms
+from broker.config import BrokerConfig
+from broker.partitions import StorageError
+from broker.partitions.partition import Partition, ProducerLimits
+from broker.partitions.producer_ids import ProducerIdManager
+from broker.partitions.topics import TopicRegistry
+from broker.storage.log import LogConfig
+from broker.transactions.coordinator import TransactionCoordinator
+from broker.transactions.log import TxnLog
+from broker.transactions.state import COMPLETE_COMMIT, PREPARE_COMMIT
+from protocol import messages as m
+from protocol.batch import build_batch, validate
+from protocol.errors import ErrorCode
+from tests.broker.transactions.test_txn_settle import (
+    _FirstRoundFails,
+    _OffsetsSyncedOnRelease,
+    _states_on_disk,
+)
+
+PID, EPOCH = 7, 3
+LIMITS = ProducerLimits(max_producers=1000, expiration_ms=86_400_000)
+NOW = 10_000
+
+
+def _open(directory: Path, config: LogConfig | None = None) -> Partition:
+    return Partition.open(
+        "t", 0, directory, config or LogConfig(), LIMITS, clean_shutdown=True, now_ms=NOW
+    )
+
+
+def _append_txn(p: Partition, pid: int, seq: int, value: bytes = b"v") -> int:
+    data = build_batch(
+        [(NOW, None, value, None)],
+        producer_id=pid,
+        producer_epoch=EPOCH,
+        base_sequence=seq,
+        transactional=True,
+    )
+    r = p.append(data, validate(data), NOW)
+    assert r.error == ErrorCode.NONE, r
+    return r.base_offset
+
+
+def _flush(p: Partition) -> None:
+    p.log.mark_flushed(p.log.log_end_offset)
+
+
+def test_read_committed_waits_for_the_marker_on_disk(tmp_path: Path) -> None:
+    p = _open(tmp_path)
+    first = _append_txn(p, PID, 0)
+    _append_txn(p, PID, 1)
+    assert p.last_stable_offset == first
+    marker = p.append_commit_first(PID, EPOCH, NOW)
+    assert marker == 2 and not p.producers.in_txn(PID)
+    # Ended here, but not durable: a power loss now could take the whole transaction.
+    assert p.last_stable_offset == first
+    p.log.mark_flushed(marker)  # the batches on disk, the marker not yet
+    assert p.last_stable_offset == first
+    _flush(p)
+    assert p.last_stable_offset == marker + 1
+    # The marker decides the transaction until txn.wal's decision is durable.
+    assert p.producers.last_marker(PID) == (EPOCH, True)
+
+
+def test_the_oldest_unflushed_commit_holds_the_stable_offset(tmp_path: Path) -> None:
+    p = _open(tmp_path)
+    a = _append_txn(p, PID, 0)
+    _append_txn(p, PID + 1, 0)
+    p.append_commit_first(PID + 1, EPOCH, NOW)
+    assert p.last_stable_offset == a  # PID's transaction is open before it anyway
+    p.append_commit_first(PID, EPOCH, NOW)
+    assert p.last_stable_offset == a
+    _flush(p)
+    assert p.last_stable_offset == p.log.log_end_offset
+
+
+def test_no_marker_first_while_an_older_segment_is_not_flushed(tmp_path: Path) -> None:
+    """A round syncs each segment's file on its own: a power loss in it could keep a
+    new segment's marker and lose the older one's batch, so the commit takes the path
+    that syncs the batches before anything decides it."""
+    p = _open(tmp_path)
+    _append_txn(p, PID, 0)
+    p.log.roll(NOW)
+    _append_txn(p, PID, 1)
+    assert p.append_commit_first(PID, EPOCH, NOW) is None
+    assert p.producers.in_txn(PID) and p.log.log_end_offset == 2
+    _flush(p)
+    assert p.append_commit_first(PID, EPOCH, NOW) == 2
+
+
+def test_no_marker_first_when_it_would_start_a_segment(tmp_path: Path) -> None:
+    p = _open(tmp_path, LogConfig(segment_bytes=1024))
+    _append_txn(p, PID, 0, b"x" * 940)
+    assert p.log.segment_bases == [0]
+    assert p.append_commit_first(PID, EPOCH, NOW) is None
+    assert p.producers.in_txn(PID) and p.log.segment_bases == [0]
+    # The ordinary marker, written once the decision is durable, may start one.
+    assert p.append_marker(PID, EPOCH, True, NOW) == 1
+    assert p.log.segment_bases == [0, 1]
+
+
+def test_a_failed_round_leaves_the_commit_decided(tmp_path: Path) -> None:
+    """The round that was to make the batch and its marker durable fails: the marker
+    decided the transaction when it was written, so the entry is left decided
+    (PREPARE_COMMIT, for the sweep), EndTxn gets a storage error, and once a round
+    succeeds the sweep completes it and a retry of EndTxn is answered as committed."""
+    config = BrokerConfig().validate()
+    registry = TopicRegistry(tmp_path, config)
+    registry.open_all(clean_shutdown=True, now_ms=now_ms())
+    registry.create("t", 1, None, now_ms())
+    partition = registry.partition("t", 0)
+    assert partition is not None
+    committer = _FirstRoundFails()
+    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
+    coordinator = TransactionCoordinator(
+        config,
+        registry,
+        ProducerIdManager(tmp_path),
+        committer,  # type: ignore[arg-type]
+        txn_log,
+        _OffsetsSyncedOnRelease(),
+    )
+    coordinator.load()
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(coordinator.run)
+            await anyio.wait_all_tasks_blocked()
+            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            batch = build_batch(
+                [(now_ms(), None, b"v", None)],
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=0,
+                transactional=True,
+            )
+            header = validate(batch)
+            async with coordinator.locked("a"):
+                refused, _ended, _end = coordinator.admit("a", [(("t", 0), header)])
+                assert not refused
+                partition.append(batch, header, now_ms())
+            request = m.EndTxnRequest(
+                transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
+            )
+            with anyio.fail_after(5), pytest.raises(StorageError):
+                await coordinator.end_txn(request, "User:ANONYMOUS")
+            assert committer.failed
+            assert coordinator.entries["a"].state == PREPARE_COMMIT
+            assert _states_on_disk(txn_log.path, "a")[-1] == PREPARE_COMMIT
+            assert partition.last_stable_offset == 0  # the marker is not known durable
+            with anyio.fail_after(5):
+                await coordinator.sweep(now_ms())
+            assert _states_on_disk(txn_log.path, "a")[-1] == COMPLETE_COMMIT
+            assert partition.last_stable_offset == partition.log.log_end_offset == 2
+            with anyio.fail_after(5):
+                answer = await coordinator.end_txn(request, "User:ANONYMOUS")
+            assert (answer.error, answer.producer_epoch) == (0, epoch + 1)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    coordinator.close()
+    registry.close()
