@@ -32,7 +32,7 @@ import kafka.admin
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from client.admin import create_topic
+from client.admin import create_topic, list_group_offsets
 from harness.broker_process import BrokerProcess
 from tests.conftest import BACKENDS
 from tests.kafka.kafka_support import CLIENTS, listeners_config, start_pinned
@@ -437,6 +437,13 @@ def read_all(expected: set[bytes], *members: Member) -> dict[int, list[Read]]:
     raise AssertionError(f"{len(expected - seen)} of {len(expected)} records never read")
 
 
+def committed(stack: Stack, group: str) -> dict[int, int]:
+    """The group's committed offsets by partition, as the broker holds them (read on
+    the minibroker listener)."""
+    offsets = list_group_offsets(stack.broker.address("mb"), group)
+    return {tp.partition: om.offset for tp, om in offsets.items()}
+
+
 def assert_once(expected: set[bytes], reads: dict[int, list[Read]]) -> None:
     values = [v for rs in reads.values() for _, _, v in rs]
     assert sorted(values) == sorted(expected), "a record read twice, or one not sent"
@@ -464,13 +471,27 @@ def test_members_split_then_one_leaves_and_the_others_resume_at_its_commits(
         assert reads[i] and {p for p, _, _ in reads[i]} <= member.assignment()
     for member in group:
         member.commit()
+    # What every commit's answer promised is what the broker holds.
+    ends = {
+        p: 1 + max(o for _, rs in reads.items() for q, o, _ in rs if q == p)
+        for p in range(PARTITIONS)
+    }
+    assert committed(stack, members.group) == ends, LOG[0]()
     leaving, *rest = group
     members.close(leaving)
     late: list[Read] = []
     settle(*rest, reads=late)
     assert late == []
     second = produce(stack, members.topic, 100, "second")
-    assert_once(second, read_all(second, *rest))
+    again = read_all(second, *rest)
+    held = committed(stack, members.group)
+    starts = {
+        p: min(o for _, rs in again.items() for q, o, _ in rs if q == p) for p in range(PARTITIONS)
+    }
+    # Where each partition was read from, against what the group holds: a member that
+    # starts below the committed offset did not take it over.
+    assert starts == ends, f"read from {starts}; committed {held}\n{LOG[0]()}"
+    assert_once(second, again)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
