@@ -27,7 +27,7 @@ from protocol.framing import splice_frame
 
 if TYPE_CHECKING:
     from broker.partitions import GroupCommitter, Partition
-    from broker.storage import FileSpan, RecordLog
+    from broker.storage import FileSpan
 
 DISK_FAILURES: tuple[type[Exception], ...] = (OSError, StorageError)
 """What an API raises when a file it had to write (producer ids, a topic) could not be:
@@ -49,7 +49,7 @@ class NoAnswer:
 class DurableReply:
     """An acks=-1 Produce reply that may only be sent once its batches are on disk."""
 
-    __slots__ = ("_committer", "_durable", "_record_log", "_timeout_ms", "_timeout_s", "response")
+    __slots__ = ("_committer", "_durable", "_timeout_ms", "_timeout_s", "response")
 
     def __init__(
         self,
@@ -64,31 +64,15 @@ class DurableReply:
         self._durable = durable
         self._timeout_ms = timeout_ms
         self._timeout_s = timeout_s
-        self._record_log: tuple[RecordLog, int] | None = None
-
-    def also_durable(self, record_log: RecordLog, end: int) -> None:
-        """Answer only once `record_log` is durable up to `end` too (a transaction's
-        partition add, written beside the batches and synced in the same round)."""
-        self._record_log = (record_log, end)
 
     def ready(self) -> bool:
         """True when completing would not wait: lets the writer batch sends."""
-        if self._record_log is not None and not self._record_log[0].is_durable(self._record_log[1]):
-            return False
         return all(p.log.flushed_offset > last for p, last in self._durable)
 
     async def complete(self) -> m.ProduceResponse:
         if self.ready():
             # Most replies of a round find it done: no timeout scope to set up.
             return self.response
-        if self._record_log is not None:
-            record_log, end = self._record_log
-            try:
-                # Started now, it runs while the partitions' round (already requested) does.
-                await record_log.durable(end)
-            except OSError as exc:
-                storage_failed(self.response, f"transaction log: {exc}")
-                return self.response
         failed: set[int] = set()
         with anyio.move_on_after(self._timeout_s) as scope:
             for partition, last_offset in self._durable:

@@ -190,12 +190,15 @@ class ProduceApi:
                     self._count_rejection(code)
             reply = self._append_checked([(req, checked)])[0]
             crash_point("txn_batch_appended")
-            if not txn_log_end:
+            if not txn_log_end or isinstance(reply, DurableReply):
+                # acks=-1: the add, written, not synced, is durable through the batch
+                # once the batch is: should a crash keep the batch and lose the add,
+                # recovery adopts the partition from the batch, which carries the
+                # entry's pid and epoch (docs/transactions.md, At start, step 5). The
+                # next sync of `txn.wal` takes it (a one-round commit's, behind its
+                # answer; a decision's).
                 return reply
-            if isinstance(reply, DurableReply):
-                # The partition add was written, not synced: it shares this reply's round.
-                reply.also_durable(self.coordinator.log, txn_log_end)
-                return reply
+            self.coordinator.sync_soon(txn_log_end)
             if reply is not None:
                 # acks=1: the batch is not waited for, but the add is, before the answer;
                 # what the connection sends next runs meanwhile.

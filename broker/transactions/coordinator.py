@@ -22,6 +22,7 @@ different ids proceed in parallel and share the log's fsync rounds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -148,9 +149,10 @@ class TransactionCoordinator:
         # Transactions answered whose markers are still being synced (`_settle`), by id:
         # set once COMPLETE is recorded, or the round failed (the sweep completes them).
         self._settling: dict[str, anyio.Event] = {}
-        # `_forget_marker_when_durable` tasks waiting on `txn.wal`: compaction, which
-        # starts the file afresh, waits for them.
-        self._forgetting = 0
+        # Tasks waiting on `txn.wal` to reach a size (`sync_soon`,
+        # `_forget_marker_when_durable`): compaction, which starts the file afresh,
+        # waits for them.
+        self._syncs_behind = 0
         # Where `_settle` runs: `run`'s task group, while it runs.
         self._settlers: anyio.abc.TaskGroup | None = None
 
@@ -577,6 +579,23 @@ class TransactionCoordinator:
         """Return once `txn.wal` is on disk up to `end` (a change `_write` wrote)."""
         await self.log.durable(end)
 
+    def sync_soon(self, end: int) -> None:
+        """Start syncing `txn.wal` up to `end` now, beside the batches' round: a partition
+        add's Produce answer waits for it, and the connection's writer, which waits, may
+        come to that answer only after the requests behind it (an EndTxn's round) ran.
+        Its failure is the answer's to report, when it waits."""
+        if self._settlers is None or self.log.is_durable(end):
+            return
+        self._syncs_behind += 1
+        self._settlers.start_soon(self._sync_behind, end)
+
+    async def _sync_behind(self, end: int) -> None:
+        try:
+            with contextlib.suppress(OSError):
+                await self.log.durable(end)
+        finally:
+            self._syncs_behind -= 1
+
     def is_durable(self, end: int) -> bool:
         """Whether `txn.wal` is on disk up to `end` already (0: nothing was written)."""
         return self.log.is_durable(end)
@@ -874,9 +893,9 @@ class TransactionCoordinator:
         if offset is None:
             return None
         crash_point("txn_marker_written")
-        # The partition's add may still be on its way to the disk (it shares its batch's
-        # round, which EndTxn right behind the batch does not wait for): lost, recovery
-        # adopts the partition by the marker, which names the entry's pid and epoch.
+        # The partition's add may not be durable yet (an acks=-1 batch's answer does not
+        # wait for it): lost, recovery adopts the partition by the marker, which names
+        # the entry's pid and epoch; the COMPLETE synced behind the answer takes it.
         self.committer.request_flush(partition, batches=1)
         failures: list[Exception] = []
         try:
@@ -895,7 +914,7 @@ class TransactionCoordinator:
         end = self._write_or_install(done)
         if end:
             assert self._settlers is not None
-            self._forgetting += 1
+            self._syncs_behind += 1
             self._settlers.start_soon(self._forget_marker_when_durable, partition, pid, epoch, end)
         return [done]
 
@@ -920,7 +939,7 @@ class TransactionCoordinator:
         except OSError as exc:
             log.error("event=txn_decision_sync_failed error=%r", str(exc))
         finally:
-            self._forgetting -= 1
+            self._syncs_behind -= 1
 
     async def _contents_durable(self, entries: list[TxnEntry]) -> None:
         """Return once every batch and pending offset of the open `entries` is on disk;
@@ -1244,7 +1263,7 @@ class TransactionCoordinator:
         if (
             not self._locks
             and not self._settling
-            and not self._forgetting
+            and not self._syncs_behind
             and self.log.wants_compaction()
         ):
             self.log.compact([self._whole_state()])

@@ -286,6 +286,35 @@ def test_a_marker_decides_when_the_decision_was_lost(
         broker.kill()
 
 
+def test_an_acks_all_batch_answered_outlives_the_loss_of_its_add(
+    tmp_path: Path, backend: str
+) -> None:
+    """With acks=-1 the answer waits for the batch, not for its partition add, which
+    the next sync of `txn.wal` takes: a power loss before that (the add cut by hand
+    after a kill -9) leaves the durable batch, from which recovery adopts the partition,
+    so the answered batch is the transaction's and commits with it."""
+    broker = fresh(tmp_path, backend, None)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            assert tx.send("t", 2, [b"answered"])["error"] == 0
+        assert broker.proc is not None
+        broker.proc.kill()
+        broker.proc.wait(15)
+        lose_last_txn_record(broker)
+        broker.restart_after_crash_point()
+        with WireClient(broker.bootstrap) as c:
+            assert "event=txn_partition_adopted" in broker.log_text()
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["partitions"] == [{"topic": "t", "partitions": [2]}]
+            tx.c = c
+            assert tx.send("t", 0, [b"more"])["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert all_committed(c) == [[b"more"], [], [b"answered"]]
+    finally:
+        broker.kill()
+
+
 def test_an_acks_1_batch_answered_is_in_the_transaction_after_a_kill(
     tmp_path: Path, backend: str
 ) -> None:
