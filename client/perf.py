@@ -20,10 +20,13 @@ callback on a sample of records (at most ~100,000 samples per run); with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
+import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from client.config import ConsumerConfig, ProducerConfig, settings_for
@@ -146,6 +149,28 @@ def payloads(record_size: int, count: int = 64) -> list[bytes]:
     return [bytes(rng.choice(letters) for _ in range(record_size)) for _ in range(count)]
 
 
+STOP_CHECK_MASK = 1023
+"""`_send_records` looks for Ctrl-C once every 1,024 records."""
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """Ctrl-C sets the event, which the loops look at, instead of raising
+    KeyboardInterrupt wherever the main thread is: raised inside the client, between a
+    lock's acquire and the block that releases it, it left the lock held, and the
+    close that followed waited for ever (a test's interrupted perf-produce did not
+    exit). Off the main thread, where no handler can be set, the event stays clear."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str, float]:
     """Send --num-records records; KeyboardInterrupt (Ctrl-C) stops it, prints the closing
     line for the records acknowledged so far, and goes on up."""
@@ -168,10 +193,13 @@ def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
         stats.restart()
         throttle = Throttle(args.throughput)
         try:
-            if args.api == "send":
-                _send_records(producer, args, values, stats, throttle)
-            else:
-                _send_batches(producer, args, values, stats, throttle)
+            with _ctrl_c() as stop:
+                if args.api == "send":
+                    _send_records(producer, args, values, stats, throttle, stop)
+                else:
+                    _send_batches(producer, args, values, stats, throttle, stop)
+            if stop.is_set():
+                raise KeyboardInterrupt
             producer.flush()
         except KeyboardInterrupt:
             interrupted = True
@@ -189,6 +217,7 @@ def _send_records(
     values: list[bytes],
     stats: Stats,
     throttle: Throttle,
+    stop: threading.Event,
 ) -> None:
     total = args.num_records
     every = max(1, total // SAMPLES_MAX)
@@ -196,6 +225,8 @@ def _send_records(
     topic, partition = args.topic, args.partition
     n_values = len(values)
     for i in range(total):
+        if not i & STOP_CHECK_MASK and stop.is_set():
+            return
         if i % every == 0:
             sent_at = time.monotonic()
 
@@ -217,12 +248,13 @@ def _send_batches(
     values: list[bytes],
     stats: Stats,
     throttle: Throttle,
+    stop: threading.Event,
 ) -> None:
     total = args.num_records
     per_call = args.records_per_call
     column = (values * (per_call // len(values) + 1))[:per_call]
     sent = 0
-    while sent < total:
+    while sent < total and not stop.is_set():
         n = min(per_call, total - sent)
 
         def acked(
@@ -252,7 +284,10 @@ def perf_consume(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
         "max_partition_fetch_bytes": args.fetch_size,
     }
     settings = settings_for(ConsumerConfig, own, args.client_settings, args.client_config)
-    with Consumer(bootstrap_servers=args.bootstrap_server, **settings) as consumer:
+    with (
+        Consumer(bootstrap_servers=args.bootstrap_server, **settings) as consumer,
+        _ctrl_c() as stop,
+    ):
         partitions = [
             TopicPartition(args.topic, p) for p in consumer.partitions_for_topic(args.topic)
         ]
@@ -265,6 +300,8 @@ def perf_consume(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
         last_data = start
         try:
             while count < target:
+                if stop.is_set():
+                    raise KeyboardInterrupt
                 batch = consumer.poll(timeout_ms=100, max_records=100_000)
                 now = time.monotonic()
                 if batch:
