@@ -15,22 +15,17 @@ import anyio
 import pytest
 
 from broker.clock import now_ms
-from broker.config import BrokerConfig
 from broker.partitions import StorageError
 from broker.partitions.partition import Partition, ProducerLimits
-from broker.partitions.producer_ids import ProducerIdManager
-from broker.partitions.topics import TopicRegistry
 from broker.storage.log import LogConfig
-from broker.transactions.coordinator import TransactionCoordinator
-from broker.transactions.log import TxnLog
 from broker.transactions.state import COMPLETE_COMMIT, PREPARE_COMMIT
 from protocol import messages as m
 from protocol.batch import build_batch, validate
 from protocol.errors import ErrorCode
 from tests.broker.transactions.test_txn_settle import (
-    _FirstRoundFails,
-    _OffsetsSyncedOnRelease,
     _states_on_disk,
+    append_batch,
+    first_round_fails,
 )
 
 PID, EPOCH = 7, 3
@@ -120,41 +115,14 @@ def test_a_failed_round_leaves_the_commit_decided(tmp_path: Path) -> None:
     decided the transaction when it was written, so the entry is left decided
     (PREPARE_COMMIT, for the sweep), EndTxn gets a storage error, and once a round
     succeeds the sweep completes it and a retry of EndTxn is answered as committed."""
-    config = BrokerConfig().validate()
-    registry = TopicRegistry(tmp_path, config)
-    registry.open_all(clean_shutdown=True, now_ms=now_ms())
-    registry.create("t", 1, None, now_ms())
-    partition = registry.partition("t", 0)
-    assert partition is not None
-    committer = _FirstRoundFails()
-    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
-    coordinator = TransactionCoordinator(
-        config,
-        registry,
-        ProducerIdManager(tmp_path),
-        committer,  # type: ignore[arg-type]
-        txn_log,
-        _OffsetsSyncedOnRelease(),
-    )
-    coordinator.load()
+    registry, partition, committer, txn_log, coordinator = first_round_fails(tmp_path, now_ms())
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(coordinator.run)
             await anyio.wait_all_tasks_blocked()
             pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
-            batch = build_batch(
-                [(now_ms(), None, b"v", None)],
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=0,
-                transactional=True,
-            )
-            header = validate(batch)
-            async with coordinator.locked("a"):
-                refused, _ended, _end = coordinator.admit("a", [(("t", 0), header)])
-                assert not refused
-                partition.append(batch, header, now_ms())
+            await append_batch(coordinator, partition, pid, epoch, now_ms())
             request = m.EndTxnRequest(
                 transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
             )

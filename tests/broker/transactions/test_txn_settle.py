@@ -221,6 +221,52 @@ def test_a_failed_sync_of_the_groups_marker_leaves_the_end_decided(
     registry.close()
 
 
+def first_round_fails(
+    tmp_path: Path, stamp: int
+) -> tuple[TopicRegistry, Partition, _FirstRoundFails, TxnLog, TransactionCoordinator]:
+    """A coordinator over topic "t" of one partition, whose group commit's first round
+    that has something to sync fails."""
+    config = BrokerConfig().validate()
+    registry = TopicRegistry(tmp_path, config)
+    registry.open_all(clean_shutdown=True, now_ms=stamp)
+    registry.create("t", 1, None, stamp)
+    partition = registry.partition("t", 0)
+    assert partition is not None
+    committer = _FirstRoundFails()
+    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
+    coordinator = TransactionCoordinator(
+        config,
+        registry,
+        ProducerIdManager(tmp_path),
+        committer,  # type: ignore[arg-type]
+        txn_log,
+        _OffsetsSyncedOnRelease(),
+    )
+    coordinator.load()
+    return registry, partition, committer, txn_log, coordinator
+
+
+async def append_batch(
+    coordinator: TransactionCoordinator, partition: Partition, pid: int, epoch: int, stamp: int
+) -> int:
+    """Id "a"'s transactional batch on `partition`, admitted and appended as a Produce
+    does; the size `txn.wal` must reach for its partition add to be durable."""
+    batch = build_batch(
+        [(stamp, None, b"v", None)],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=0,
+        transactional=True,
+    )
+    header = validate(batch)
+    async with coordinator.locked("a"):
+        key = (partition.topic, partition.index)
+        refused, _ended, end = coordinator.admit("a", [(key, header)])
+        assert not refused
+        partition.append(batch, header, stamp)
+    return end
+
+
 class _FirstRoundFails:
     """The group commit, whose first round that has something to sync fails; the next
     ones flush."""
@@ -247,41 +293,14 @@ def test_a_failed_round_of_the_markers_is_synced_again_before_complete(tmp_path:
     COMPLETE goes to `txn.wal`: else a power loss could keep COMPLETE and lose the
     marker, and recovery would abort the committed transaction's data there as no
     entry's."""
-    config = BrokerConfig().validate()
-    registry = TopicRegistry(tmp_path, config)
-    registry.open_all(clean_shutdown=True, now_ms=NOW)
-    registry.create("t", 1, None, NOW)
-    partition = registry.partition("t", 0)
-    assert partition is not None
-    committer = _FirstRoundFails()
-    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
-    coordinator = TransactionCoordinator(
-        config,
-        registry,
-        ProducerIdManager(tmp_path),
-        committer,  # type: ignore[arg-type]
-        txn_log,
-        _OffsetsSyncedOnRelease(),
-    )
-    coordinator.load()
+    registry, partition, committer, txn_log, coordinator = first_round_fails(tmp_path, NOW)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(coordinator.run)  # where the settling runs
             await anyio.wait_all_tasks_blocked()
             pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
-            batch = build_batch(
-                [(NOW, None, b"v", None)],
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=0,
-                transactional=True,
-            )
-            header = validate(batch)
-            async with coordinator.locked("a"):
-                refused, _ended, end = coordinator.admit("a", [(("t", 0), header)])
-                assert not refused
-                partition.append(batch, header, NOW)
+            end = await append_batch(coordinator, partition, pid, epoch, NOW)
             await coordinator.durable(end)
             partition.log.flush()  # the batch is durable; the marker's round will fail
             request = m.EndTxnRequest(
