@@ -370,8 +370,17 @@ class Partition:
             batch, header, producer_id, producer_epoch, True, now_ms
         )
         assert first is not None and first < offset, (first, offset)
-        self._commits_unflushed.append((first, offset))
+        self._unflushed_commits().append((first, offset))
         return offset
+
+    def _unflushed_commits(self) -> list[tuple[int, int]]:
+        """`_commits_unflushed`, rid of those whose marker is flushed now: it holds no
+        more than the commits of the rounds not yet synced, whoever reads it."""
+        held = self._commits_unflushed
+        flushed = self.log.flushed_offset
+        while held and held[0][1] < flushed:
+            del held[0]
+        return held
 
     def _append_marker(
         self,
@@ -395,11 +404,8 @@ class Partition:
         what read_committed may see."""
         first = self.producers.first_unstable_offset()
         stable = self.log.log_end_offset if first is None else first
-        held = self._commits_unflushed
-        if held:
-            flushed = self.log.flushed_offset
-            while held and held[0][1] < flushed:
-                del held[0]
+        if self._commits_unflushed:
+            held = self._unflushed_commits()
             if held:
                 stable = min(stable, min(f for f, _ in held))
         return stable

@@ -85,6 +85,18 @@ def test_the_oldest_unflushed_commit_holds_the_stable_offset(tmp_path: Path) -> 
     assert p.last_stable_offset == p.log.log_end_offset
 
 
+def test_what_is_held_back_is_bounded_without_readers(tmp_path: Path) -> None:
+    """Commit after commit with no reader asking for the LSO: the commits held back are
+    only those whose marker is not flushed yet, not every one since the start."""
+    p = _open(tmp_path)
+    for i in range(200):
+        _append_txn(p, PID, i)
+        p.append_commit_first(PID, EPOCH, NOW)
+        _flush(p)
+    assert len(p._commits_unflushed) <= 1
+    assert p.last_stable_offset == p.log.log_end_offset
+
+
 def test_no_marker_first_while_an_older_segment_is_not_flushed(tmp_path: Path) -> None:
     """A round syncs each segment's file on its own: a power loss in it could keep a
     new segment's marker and lose the older one's batch, so the commit takes the path
