@@ -78,6 +78,7 @@ from client.config import (
 )
 from client.consumer import Consumer
 from client.errors import MinibrokerError, NonEmptyGroupError, UnknownPartitionError
+from client.interrupt import ctrl_c
 from client.producer import Producer
 from client.progress import Progress
 from client.security import DEFAULT_ITERATIONS, ITERATIONS_MAX, ITERATIONS_MIN, SCRAM_MECHANISMS
@@ -549,20 +550,23 @@ def _consume(args: argparse.Namespace) -> int:
         count = nbytes = 0
         idle_since = time.monotonic()
         try:
-            while args.count is None or count < args.count:
-                wait_s = min(idle_limit_s - (time.monotonic() - idle_since), 1.0)
-                if wait_s <= 0:
-                    break
-                room = 10_000 if args.count is None else min(args.count - count, 10_000)
-                polled = consumer.poll(timeout_ms=wait_s * 1000, max_records=room)
-                if polled:
-                    idle_since = time.monotonic()
-                for records in polled.values():
-                    for record in records:
-                        out.write(_format(record, args.format))
-                        nbytes += len(record.value or b"")
-                    count += len(records)
-                progress.show(count, nbytes)
+            with ctrl_c() as stop:
+                while args.count is None or count < args.count:
+                    if stop.is_set():
+                        raise KeyboardInterrupt
+                    wait_s = min(idle_limit_s - (time.monotonic() - idle_since), 1.0)
+                    if wait_s <= 0:
+                        break
+                    room = 10_000 if args.count is None else min(args.count - count, 10_000)
+                    polled = consumer.poll(timeout_ms=wait_s * 1000, max_records=room)
+                    if polled:
+                        idle_since = time.monotonic()
+                    for records in polled.values():
+                        for record in records:
+                            out.write(_format(record, args.format))
+                            nbytes += len(record.value or b"")
+                        count += len(records)
+                    progress.show(count, nbytes)
             out.flush()
         except KeyboardInterrupt:
             interrupted = True

@@ -20,17 +20,15 @@ callback on a sample of records (at most ~100,000 samples per run); with
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
-import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, TextIO
 
 from client.config import ConsumerConfig, ProducerConfig, settings_for
 from client.consumer import Consumer
+from client.interrupt import ctrl_c
 from client.producer import Producer
 from client.progress import MB, REPORT_INTERVAL_MS, Progress
 from client.types import TopicPartition
@@ -153,24 +151,6 @@ STOP_CHECK_MASK = 1023
 """`_send_records` looks for Ctrl-C once every 1,024 records."""
 
 
-@contextlib.contextmanager
-def _ctrl_c() -> Iterator[threading.Event]:
-    """Ctrl-C sets the event, which the loops look at, instead of raising
-    KeyboardInterrupt wherever the main thread is: raised inside the client, between a
-    lock's acquire and the block that releases it, it left the lock held, and the
-    close that followed waited for ever (a test's interrupted perf-produce did not
-    exit). Off the main thread, where no handler can be set, the event stays clear."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str, float]:
     """Send --num-records records; KeyboardInterrupt (Ctrl-C) stops it, prints the closing
     line for the records acknowledged so far, and goes on up."""
@@ -193,7 +173,7 @@ def perf_produce(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
         stats.restart()
         throttle = Throttle(args.throughput)
         try:
-            with _ctrl_c() as stop:
+            with ctrl_c() as stop:
                 if args.api == "send":
                     _send_records(producer, args, values, stats, throttle, stop)
                 else:
@@ -286,7 +266,7 @@ def perf_consume(args: argparse.Namespace, out: TextIO = sys.stdout) -> dict[str
     settings = settings_for(ConsumerConfig, own, args.client_settings, args.client_config)
     with (
         Consumer(bootstrap_servers=args.bootstrap_server, **settings) as consumer,
-        _ctrl_c() as stop,
+        ctrl_c() as stop,
     ):
         partitions = [
             TopicPartition(args.topic, p) for p in consumer.partitions_for_topic(args.topic)
