@@ -148,7 +148,7 @@ class BrokerProcess:
         port = self.port if port is None else port
         if not port:
             port = reserve_port()
-        if self.metrics_port is None or self.metrics_port == 0:
+        if not self.metrics_port:
             self.metrics_port = reserve_port()
         env = dict(os.environ)
         env.update(self.env or {})

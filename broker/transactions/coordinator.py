@@ -22,7 +22,7 @@ different ids proceed in parallel and share the log's fsync rounds.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -149,9 +149,8 @@ class TransactionCoordinator:
         # Transactions answered whose markers are still being synced (`_settle`), by id:
         # set once COMPLETE is recorded, or the round failed (the sweep completes them).
         self._settling: dict[str, anyio.Event] = {}
-        # Tasks waiting on `txn.wal` to reach a size (`sync_soon`,
-        # `_forget_marker_when_durable`): compaction, which starts the file afresh,
-        # waits for them.
+        # `sync_soon`'s tasks, waiting on `txn.wal` to reach a size: compaction, which
+        # starts the file afresh, waits for them.
         self._syncs_behind = 0
         # Where `_settle` runs: `run`'s task group, while it runs.
         self._settlers: anyio.abc.TaskGroup | None = None
@@ -579,20 +578,26 @@ class TransactionCoordinator:
         """Return once `txn.wal` is on disk up to `end` (a change `_write` wrote)."""
         await self.log.durable(end)
 
-    def sync_soon(self, end: int) -> None:
-        """Start syncing `txn.wal` up to `end` now, beside the batches' round: a partition
-        add's Produce answer waits for it, and the connection's writer, which waits, may
-        come to that answer only after the requests behind it (an EndTxn's round) ran.
-        Its failure is the answer's to report, when it waits."""
-        if self._settlers is None or self.log.is_durable(end):
+    def sync_soon(self, end: int, then: Callable[[], object] = lambda: None) -> None:
+        """Start syncing `txn.wal` up to `end` now, in the background, and call `then`
+        once it is on disk (not if the sync fails, which whoever waits for `end` learns
+        too). For an acks=1 partition add, whose Produce answer waits for it: the
+        connection's writer may come to that answer only after the requests behind it
+        (an EndTxn's round) ran. For a one-round commit's decision, behind its answer."""
+        if self.log.is_durable(end):
+            then()
+            return
+        if self._settlers is None:
             return
         self._syncs_behind += 1
-        self._settlers.start_soon(self._sync_behind, end)
+        self._settlers.start_soon(self._sync_behind, end, then)
 
-    async def _sync_behind(self, end: int) -> None:
+    async def _sync_behind(self, end: int, then: Callable[[], object]) -> None:
         try:
-            with contextlib.suppress(OSError):
-                await self.log.durable(end)
+            await self.log.durable(end)
+            then()
+        except OSError as exc:
+            log.error("event=txn_log_sync_failed error=%r", str(exc))
         finally:
             self._syncs_behind -= 1
 
@@ -913,9 +918,8 @@ class TransactionCoordinator:
         done = completed(decision, now_ms())
         end = self._write_or_install(done)
         if end:
-            assert self._settlers is not None
-            self._syncs_behind += 1
-            self._settlers.start_soon(self._forget_marker_when_durable, partition, pid, epoch, end)
+            # Until `txn.wal` holds the decision on disk, the marker decides it.
+            self.sync_soon(end, functools.partial(partition.producers.forget_marker, pid, epoch))
         return [done]
 
     def _write_or_install(self, entry: TxnEntry) -> int:
@@ -927,19 +931,6 @@ class TransactionCoordinator:
             log.error("event=txn_write_failed id=%r error=%r", entry.transactional_id, str(exc))
             self._apply([entry], [], [], [])
             return 0
-
-    async def _forget_marker_when_durable(
-        self, partition: Partition, producer_id: int, producer_epoch: int, end: int
-    ) -> None:
-        """Once `txn.wal` holds the decision of `_commit_in_one_round` on disk, the
-        partition need no longer remember the marker that decided it."""
-        try:
-            await self.log.durable(end)
-            partition.producers.forget_marker(producer_id, producer_epoch)
-        except OSError as exc:
-            log.error("event=txn_decision_sync_failed error=%r", str(exc))
-        finally:
-            self._syncs_behind -= 1
 
     async def _contents_durable(self, entries: list[TxnEntry]) -> None:
         """Return once every batch and pending offset of the open `entries` is on disk;

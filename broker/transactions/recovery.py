@@ -66,9 +66,9 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
     drop pending offsets no open transaction claims, so no OffsetFetch with
     require_stable waits for ever."""
     for tid, key in _lost_adds(coordinator):
-        # A commit made in one round: its partition add shared its batch's fsync round
-        # and did not reach the disk, its marker did (the marker names the entry's pid
-        # and epoch); the partition is the transaction's, which the marker then decides.
+        # A commit made in one round: its partition add, which no answer waited for, did
+        # not reach the disk and its marker did (the marker names the entry's pid and
+        # epoch); the partition is the transaction's, which the marker then decides.
         log.warning("event=txn_partition_adopted id=%r topic=%s partition=%d", tid, *key)
         await coordinator.persist([with_partitions(coordinator.entries[tid], {key}, stamp)])
     for entry, committed in _decided_by_markers(coordinator):
@@ -143,10 +143,10 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
 
 
 def _lost_adds(coordinator: Recovering) -> list[tuple[str, tuple[str, int]]]:
-    """(transactional id, partition) where a partition remembers a marker of the entry's current pid
-    and epoch though the entry, ONGOING, EMPTY or COMPLETE_*, does not hold it: the
-    transaction's add was lost. Not for a classic entry, whose markers follow its
-    durable decision (which moves it to its next epoch)."""
+    """(transactional id, partition) where a partition remembers a marker of the entry's
+    current pid and epoch though the entry, ONGOING, EMPTY or COMPLETE_* (which hold
+    none), does not hold it: the transaction's add was lost. Not for a classic entry,
+    whose markers follow its durable decision (which moves it to its next epoch)."""
     found = []
     for partition in coordinator.topics.all_partitions():
         key = (partition.topic, partition.index)
@@ -158,7 +158,7 @@ def _lost_adds(coordinator: Recovering) -> list[tuple[str, tuple[str, int]]]:
                 and not entry.classic
                 and (entry.producer_id, entry.producer_epoch) == (pid, epoch)
                 and (entry.state == ONGOING or entry.state in ENDED)
-                and key not in (entry.partitions if entry.state == ONGOING else ())
+                and key not in entry.partitions
             ):
                 found.append((entry.transactional_id, key))
     return found
