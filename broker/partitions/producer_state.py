@@ -41,7 +41,9 @@ txn.wal has been synced at open and every decision it lacked was written and
 synced): from then on txn.wal decides the transaction, and a marker of that pid
 and epoch can decide nothing else, because a decision moves the producer to a new
 epoch. A marker not yet forgotten is replaced by the producer's next one here,
-whose transaction could only start once the previous decision was durable.
+which is written only once the previous decision is durable: a transaction could
+only start after it, or, for a commit decided by its marker alone (one round, its
+COMPLETE synced behind the answer), the id's next EndTxn waits for it.
 
 Snapshot layout, all big-endian:
 

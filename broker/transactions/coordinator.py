@@ -152,6 +152,9 @@ class TransactionCoordinator:
         # `sync_soon`'s tasks, waiting on `txn.wal` to reach a size: compaction, which
         # starts the file afresh, waits for them.
         self._syncs_behind = 0
+        # The size `txn.wal` must reach on disk for a one-round commit's COMPLETE, by id,
+        # until it has: the id's next marker waits for it (`_previous_ends_durable`).
+        self._one_round_ends: dict[str, int] = {}
         # Where `_settle` runs: `run`'s task group, while it runs.
         self._settlers: anyio.abc.TaskGroup | None = None
 
@@ -826,6 +829,7 @@ class TransactionCoordinator:
     ) -> list[TxnEntry]:
         """Decide `entries` in one durable record (with `app`), then complete them
         (`complete`, which `settle_later` lets return before their markers are synced)."""
+        await self._previous_ends_durable(entries)
         if committed and settle_later and app is None:
             one_round = await self._commit_in_one_round(entries)
             if one_round is not None:
@@ -919,8 +923,38 @@ class TransactionCoordinator:
         end = self._write_or_install(done)
         if end:
             # Until `txn.wal` holds the decision on disk, the marker decides it.
-            self.sync_soon(end, functools.partial(partition.producers.forget_marker, pid, epoch))
+            self._one_round_ends[entry.transactional_id] = end
+            self.sync_soon(
+                end,
+                functools.partial(
+                    self._one_round_synced, entry.transactional_id, end, partition, pid, epoch
+                ),
+            )
         return [done]
+
+    def _one_round_synced(
+        self, transactional_id: str, end: int, partition: Partition, pid: int, epoch: int
+    ) -> None:
+        """A one-round commit's COMPLETE is on disk: `txn.wal` decides it from now on."""
+        if self._one_round_ends.get(transactional_id) == end:
+            del self._one_round_ends[transactional_id]
+        partition.producers.forget_marker(pid, epoch)
+
+    async def _previous_ends_durable(self, entries: list[TxnEntry]) -> None:
+        """Return once the previous one-round commit of each of `entries`' ids is on disk
+        in `txn.wal` (StorageError if it cannot be). Its marker decides it until then, and
+        a partition remembers one marker per producer: a marker of the id's next
+        transaction written before would replace it, and after a power loss that kept
+        the new marker and lost the old COMPLETE nothing would decide the old one."""
+        ends = self._one_round_ends
+        end = max((ends.get(e.transactional_id, 0) for e in entries), default=0)
+        if end and not self.log.is_durable(end):
+            try:
+                await self.log.durable(end)
+            except OSError as exc:
+                raise StorageError(f"the previous commit's record is not durable: {exc}") from exc
+        for e in entries:
+            ends.pop(e.transactional_id, None)
 
     def _write_or_install(self, entry: TxnEntry) -> int:
         """`_write` the entry; when the write fails, install it all the same, since a

@@ -156,3 +156,64 @@ def test_a_failed_round_leaves_the_commit_decided(tmp_path: Path) -> None:
     anyio.run(main)
     coordinator.close()
     registry.close()
+
+
+def test_the_next_marker_waits_for_the_previous_commit_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-round commit's COMPLETE is synced behind its answer, its marker deciding it
+    meanwhile. A partition remembers one marker per producer, so the id's next marker
+    must not be written before that record is on disk: after a power loss that kept the
+    newer marker and lost the older COMPLETE, nothing would decide the older commit.
+    Tried: `txn.wal`'s sync held open after the first commit; the next EndTxn waits,
+    its marker unwritten, until the sync is released."""
+    registry, partition, committer, txn_log, coordinator = first_round_fails(tmp_path, now_ms())
+    committer.failed = True  # every round flushes
+    release = anyio.Event()
+    sync = txn_log.durable
+
+    async def held(end: int) -> None:
+        await release.wait()
+        await sync(end)
+
+    async def end(pid: int, epoch: int) -> m.EndTxnResponse:
+        request = m.EndTxnRequest(
+            transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
+        )
+        return await coordinator.end_txn(request, "User:ANONYMOUS")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(coordinator.run)
+            await anyio.wait_all_tasks_blocked()
+            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            monkeypatch.setattr(txn_log, "durable", held)
+            await append_batch(coordinator, partition, pid, epoch, now_ms())
+            with anyio.fail_after(5):
+                first = await end(pid, epoch)
+            assert (first.error, first.producer_epoch) == (0, epoch + 1)
+            assert partition.log.log_end_offset == 2  # the batch and its marker
+            assert partition.producers.last_marker(pid) == (epoch, True)
+            await append_batch(coordinator, partition, pid, epoch + 1, now_ms())
+            answers: list[m.EndTxnResponse] = []
+
+            async def second() -> None:
+                answers.append(await end(pid, epoch + 1))
+
+            tg.start_soon(second)
+            await anyio.wait_all_tasks_blocked()
+            assert not answers
+            assert partition.log.log_end_offset == 3  # no marker yet
+            assert partition.producers.last_marker(pid) == (epoch, True)
+            release.set()
+            with anyio.fail_after(5):
+                while not answers:
+                    await anyio.sleep(0)
+            assert (answers[0].error, answers[0].producer_epoch) == (0, epoch + 2)
+            assert partition.log.log_end_offset == 4
+            assert partition.producers.last_marker(pid) in (None, (epoch + 1, True))
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    coordinator.close()
+    registry.close()
