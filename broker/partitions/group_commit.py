@@ -20,6 +20,7 @@ import anyio
 
 from broker.crash_points import crash_point
 from broker.partitions.partition import Partition
+from broker.storage import sync_threads
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -91,7 +92,7 @@ class GroupCommitter:
             self._syncing = {key: end_offset for key, _p, _fds, end_offset in targets}
             crash_point("flush_round_started")
             started = time.perf_counter()
-            failed = await anyio.to_thread.run_sync(_sync_all, [t[2] for t in targets])
+            failed = await sync_threads.run_sync(_sync_all, [t[2] for t in targets])
             self._metrics.observe_fsync(time.perf_counter() - started, batches)
             self._failed = set()
             for i, (key, p, _fds, end_offset) in enumerate(targets):

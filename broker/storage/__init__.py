@@ -5,7 +5,8 @@ record log that the transaction and offset logs are written in, the aborted-
 transaction index, the data directory's lock and marker, and the durable-file
 primitives. The pure parts (`offset_index`, `recovery`, `txn_index`) take and
 return bytes and values; `segment`, `log`, `record_log`, `data_dir` and
-`fileio` do the file IO around them. Other domains import from here, not from
+`fileio` do the file IO around them, and `sync_threads` runs their fsyncs off
+the event loop. Other domains import from here, not from
 the modules.
 """
 

@@ -38,6 +38,7 @@ from typing import Any
 import anyio
 import msgpack
 
+from broker.storage import sync_threads
 from broker.storage.data_dir import DataDirError
 from broker.storage.fileio import fsync_dir, write_atomic
 
@@ -180,7 +181,7 @@ class RecordLog:
             target = self._written
             self._round_error = None
             try:
-                await anyio.to_thread.run_sync(os.fdatasync, self._fd)
+                await sync_threads.run_sync(os.fdatasync, self._fd)
                 self._flushed = max(self._flushed, target)
             except OSError as exc:
                 self._round_error = exc
