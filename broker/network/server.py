@@ -684,7 +684,7 @@ class Server:
                             close = CloseConnection("authentication failed")
                             break
                     if group and sock is not None and send.statistics().tasks_waiting_receive:
-                        group = _send_now(sock, group, conn)
+                        group = _send_now(sock, self._encode_ready(group, conn), conn)
                     if group:
                         if sock is None:
                             # The event loop's turn before the hand-over, as a send to the
@@ -904,6 +904,28 @@ class Server:
                 raise
         return result
 
+    def _encode_ready(self, group: list[Reply], conn: Connection) -> list[Reply]:
+        """`group`, each answer whose sync is already done encoded: a commit's Produce
+        answer, durable once the EndTxn behind it returns, then goes out with EndTxn's
+        from the reader rather than at the writer's next turn."""
+        return [
+            self._encode_awaited(r, r.reply.response, conn)
+            if type(r) is AwaitingDurability and r.reply.ready()
+            else r
+            for r in group
+        ]
+
+    def _encode_awaited(
+        self, reply: AwaitingDurability, response: Response, conn: Connection
+    ) -> bytes:
+        """The frame of an answer that waited for its sync (`response`, once complete)."""
+        self.metrics.observe_request(
+            reply.api, response.error, time.perf_counter() - reply.started_s
+        )
+        data = conn.codec.encode(response, reply.cid)
+        conn.unsent_bytes += len(data)  # counted from now, when it takes memory
+        return data
+
     async def _writer(
         self,
         stream: ByteStream,
@@ -946,13 +968,7 @@ class Server:
                     continue
                 if pending and not reply.reply.ready():
                     await self._flush(stream, pending, conn)
-                response = await reply.reply.complete()
-                self.metrics.observe_request(
-                    reply.api, response.error, time.perf_counter() - reply.started_s
-                )
-                data = conn.codec.encode(response, reply.cid)
-                conn.unsent_bytes += len(data)  # counted from now, when it takes memory
-                pending.append(data)
+                pending.append(self._encode_awaited(reply, await reply.reply.complete(), conn))
             if pending and not receive.statistics().current_buffer_used:
                 await self._flush(stream, pending, conn)
         if pending:
