@@ -164,17 +164,19 @@ class RecordLog:
         return self._written
 
     def is_durable(self, end: int) -> bool:
-        """True once the file is fdatasynced up to `end`."""
-        return self._flushed >= end
+        """True once the file is fdatasynced up to `end`. An `end` past what was written
+        dates from before a compaction, which starts only once everything is synced."""
+        return self._flushed >= min(end, self._written)
 
     async def durable(self, end: int) -> None:
-        """Return once the file is fdatasynced up to `end`; one sync serves every record
-        written before it starts. Raises OSError when the sync fails."""
-        while self._flushed < end:
+        """Return once the file is fdatasynced up to `end` (see `is_durable`); one sync
+        serves every record written before it starts. Raises OSError when the sync
+        fails."""
+        while not self.is_durable(end):
             current = self._round
             if current is not None:
                 await current.wait()
-                if self._round_error is not None and self._flushed < end:
+                if self._round_error is not None and not self.is_durable(end):
                     raise self._round_error
                 continue
             self._round = done = anyio.Event()
@@ -225,7 +227,7 @@ class RecordLog:
         file's state on disk is unknown, and raises. Once it refused, a record not known
         durable then never is: a later fdatasync that succeeds does not say the pages
         the failed one dropped reached the disk."""
-        if self.failed is not None and self._flushed < end:
+        if self.failed is not None and not self.is_durable(end):
             raise OSError(f"{self.path} failed earlier ({self.failed}): not known durable")
         try:
             await self.durable(end)

@@ -179,6 +179,29 @@ def test_txn_log_cuts_a_torn_tail_and_compacts(tmp_path: Path) -> None:
     anyio.run(main)
 
 
+def test_an_end_from_before_a_compaction_is_durable(tmp_path: Path) -> None:
+    """A size the log reached before compacting to a smaller file (a one-round commit's
+    COMPLETE, whose sync failed, say) is on disk: compaction starts only once every
+    record is synced. Waiting for it used to sync the new file for ever, the size
+    never reached again."""
+
+    async def main() -> None:
+        log = TxnLog(tmp_path, max_bytes=4096)
+        log.open(lambda body: None)
+        end = 0
+        while not log.wants_compaction():
+            end = log.write([[], [["app", 9, 9]], []])
+            await log.durable(end)
+        log.compact([[[], [["app", 9, 9]], []]])
+        assert log.path.stat().st_size < end
+        assert log.is_durable(end)
+        with anyio.fail_after(5):
+            await log.durable(end)
+        log.close()
+
+    anyio.run(main)
+
+
 def test_txn_log_refuses_damage_before_intact_records(tmp_path: Path) -> None:
     log = TxnLog(tmp_path, max_bytes=4096)
     log.open(lambda body: None)
