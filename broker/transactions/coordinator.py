@@ -82,6 +82,9 @@ log = logging.getLogger(f"minibroker.{__name__}")
 
 TopicPartition = tuple[str, int]
 
+UNWRITTEN = -1
+"""`_one_round_ends`' value for a one-round commit whose COMPLETE could not be written."""
+
 
 class CoordinatorError(ProtocolError):
     """A request the coordinator refuses; `code` is the answer."""
@@ -934,9 +937,10 @@ class TransactionCoordinator:
         crash_point("txn_markers_durable")
         done = completed(decision, now_ms())
         end = self._write_or_install(done)
+        # Until `txn.wal` holds the decision on disk, the marker decides it; should the
+        # write have failed, the id's state is written before its next marker.
+        self._one_round_ends[entry.transactional_id] = end or UNWRITTEN
         if end:
-            # Until `txn.wal` holds the decision on disk, the marker decides it.
-            self._one_round_ends[entry.transactional_id] = end
             self.sync_soon(
                 end,
                 functools.partial(
@@ -960,13 +964,17 @@ class TransactionCoordinator:
         transaction written before would replace it, and after a power loss that kept
         the new marker and lost the old COMPLETE nothing would decide the old one."""
         ends = self._one_round_ends
-        end = max((ends.get(e.transactional_id, 0) for e in entries), default=0)
-        if end and not self.log.is_durable(end):
+        for e in entries:
+            end = ends.get(e.transactional_id)
+            if end is None:
+                continue
             try:
+                if end == UNWRITTEN:
+                    # Any record of the id's state now says the commit ended.
+                    end = self._write([e])
                 await self.log.durable(end)
             except OSError as exc:
                 raise StorageError(f"the previous commit's record is not durable: {exc}") from exc
-        for e in entries:
             ends.pop(e.transactional_id, None)
 
     def _write_or_install(self, entry: TxnEntry) -> int:

@@ -9,7 +9,9 @@ read_committed must not see the transaction before that round made it durable.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -212,6 +214,70 @@ def test_the_next_marker_waits_for_the_previous_commit_on_disk(
             assert (answers[0].error, answers[0].producer_epoch) == (0, epoch + 2)
             assert partition.log.log_end_offset == 4
             assert partition.producers.last_marker(pid) in (None, (epoch + 1, True))
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    coordinator.close()
+    registry.close()
+
+
+def test_a_commit_whose_complete_was_not_written_is_recorded_before_the_next_marker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-round commit's COMPLETE could not be written (the marker decided it, the
+    answer went out): the id's next end writes the id's state and waits for it on disk
+    before its marker, which would otherwise replace the only record of that commit.
+    Tried: the write fails once; the writes, syncs and markers after it are logged."""
+    registry, partition, committer, txn_log, coordinator = first_round_fails(tmp_path, now_ms())
+    committer.failed = True  # every round flushes
+    write, sync, marker = txn_log.write, txn_log.durable, partition.append_commit_first
+    failures = [OSError(errno.EIO, "injected")]
+    events: list[tuple[str, int]] = []
+
+    def logged_write(body: Any) -> int:
+        if failures:
+            raise failures.pop()
+        end = write(body)
+        events.append(("written", end))
+        return end
+
+    async def logged_sync(end: int) -> None:
+        await sync(end)
+        events.append(("durable", end))
+
+    def logged_marker(pid: int, epoch: int, stamp: int) -> int | None:
+        offset = marker(pid, epoch, stamp)
+        events.append(("marker", -1 if offset is None else offset))
+        return offset
+
+    async def end(pid: int, epoch: int) -> m.EndTxnResponse:
+        request = m.EndTxnRequest(
+            transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
+        )
+        return await coordinator.end_txn(request, "User:ANONYMOUS")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(coordinator.run)
+            await anyio.wait_all_tasks_blocked()
+            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+            await append_batch(coordinator, partition, pid, epoch, now_ms())
+            monkeypatch.setattr(txn_log, "write", logged_write)
+            monkeypatch.setattr(txn_log, "durable", logged_sync)
+            monkeypatch.setattr(partition, "append_commit_first", logged_marker)
+            with anyio.fail_after(5):
+                first = await end(pid, epoch)
+            assert not failures  # the COMPLETE's write was the one that failed
+            assert (first.error, first.producer_epoch) == (0, epoch + 1)
+            assert events == [("marker", 1)]
+            await append_batch(coordinator, partition, pid, epoch + 1, now_ms())
+            with anyio.fail_after(5):
+                second = await end(pid, epoch + 1)
+            assert (second.error, second.producer_epoch) == (0, epoch + 2)
+            at = events.index(("marker", 3))
+            written = [e for kind, e in events[1:at] if kind == "written"]
+            assert len(written) == 2  # the add, then the id's state
+            assert ("durable", written[-1]) in events[1:at], events
             tg.cancel_scope.cancel()
 
     anyio.run(main)
