@@ -20,7 +20,7 @@ import anyio
 
 from broker.crash_points import crash_point
 from broker.partitions.partition import Partition
-from broker.storage import sync_threads
+from broker.storage import in_sync_thread
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -92,7 +92,7 @@ class GroupCommitter:
             self._syncing = {key: end_offset for key, _p, _fds, end_offset in targets}
             crash_point("flush_round_started")
             started = time.perf_counter()
-            failed = await sync_threads.run_sync(_sync_all, [t[2] for t in targets])
+            failed = await in_sync_thread(_sync_all, [t[2] for t in targets])
             self._metrics.observe_fsync(time.perf_counter() - started, batches)
             self._failed = set()
             for i, (key, p, _fds, end_offset) in enumerate(targets):

@@ -22,6 +22,7 @@ from broker.storage.log import (
 )
 from broker.storage.record_log import RecordLog, RecordLogError
 from broker.storage.segment import TXN_INDEX_SUFFIX, file_name
+from broker.storage.sync_threads import run_sync as in_sync_thread
 from broker.storage.txn_index import (
     AbortedIndex,
     AbortedTxn,
@@ -51,6 +52,7 @@ __all__ = [
     "encode_entries",
     "file_name",
     "fsync_dir",
+    "in_sync_thread",
     "seal",
     "unseal",
     "write_atomic",
