@@ -10,16 +10,20 @@ read_committed must not see the transaction before that round made it durable.
 from __future__ import annotations
 
 import errno
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from broker.clock import now_ms
 from broker.partitions import StorageError
 from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage.log import LogConfig
+from broker.transactions.coordinator import TransactionCoordinator
 from broker.transactions.state import COMPLETE_COMMIT, PREPARE_COMMIT
 from protocol import messages as m
 from protocol.batch import build_batch, validate
@@ -132,11 +136,7 @@ def test_a_failed_round_leaves_the_commit_decided(tmp_path: Path) -> None:
     registry, partition, committer, txn_log, coordinator = first_round_fails(tmp_path, now_ms())
 
     async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(coordinator.run)
-            await anyio.wait_all_tasks_blocked()
-            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
-            await append_batch(coordinator, partition, pid, epoch, now_ms())
+        async with _started(coordinator, partition) as (_tg, pid, epoch):
             request = m.EndTxnRequest(
                 transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
             )
@@ -153,11 +153,33 @@ def test_a_failed_round_leaves_the_commit_decided(tmp_path: Path) -> None:
             with anyio.fail_after(5):
                 answer = await coordinator.end_txn(request, "User:ANONYMOUS")
             assert (answer.error, answer.producer_epoch) == (0, epoch + 1)
-            tg.cancel_scope.cancel()
 
     anyio.run(main)
     coordinator.close()
     registry.close()
+
+
+@asynccontextmanager
+async def _started(
+    coordinator: TransactionCoordinator, partition: Partition
+) -> AsyncIterator[tuple[anyio.abc.TaskGroup, int, int]]:
+    """The coordinator running, id "a" initialised, its first batch on `partition`:
+    the task group, pid and epoch. The group's tasks are cancelled on exit."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(coordinator.run)
+        await anyio.wait_all_tasks_blocked()
+        pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+        await append_batch(coordinator, partition, pid, epoch, now_ms())
+        yield tg, pid, epoch
+        tg.cancel_scope.cancel()
+
+
+async def _commit(coordinator: TransactionCoordinator, pid: int, epoch: int) -> m.EndTxnResponse:
+    """Id "a"'s EndTxn(commit) at `pid` and `epoch`."""
+    request = m.EndTxnRequest(
+        transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
+    )
+    return await coordinator.end_txn(request, "User:ANONYMOUS")
 
 
 def test_the_next_marker_waits_for_the_previous_commit_on_disk(
@@ -178,21 +200,11 @@ def test_the_next_marker_waits_for_the_previous_commit_on_disk(
         await release.wait()
         await sync(end)
 
-    async def end(pid: int, epoch: int) -> m.EndTxnResponse:
-        request = m.EndTxnRequest(
-            transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
-        )
-        return await coordinator.end_txn(request, "User:ANONYMOUS")
-
     async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(coordinator.run)
-            await anyio.wait_all_tasks_blocked()
-            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
+        async with _started(coordinator, partition) as (tg, pid, epoch):
             monkeypatch.setattr(txn_log, "durable", held)
-            await append_batch(coordinator, partition, pid, epoch, now_ms())
             with anyio.fail_after(5):
-                first = await end(pid, epoch)
+                first = await _commit(coordinator, pid, epoch)
             assert (first.error, first.producer_epoch) == (0, epoch + 1)
             assert partition.log.log_end_offset == 2  # the batch and its marker
             assert partition.producers.last_marker(pid) == (epoch, True)
@@ -200,7 +212,7 @@ def test_the_next_marker_waits_for_the_previous_commit_on_disk(
             answers: list[m.EndTxnResponse] = []
 
             async def second() -> None:
-                answers.append(await end(pid, epoch + 1))
+                answers.append(await _commit(coordinator, pid, epoch + 1))
 
             tg.start_soon(second)
             await anyio.wait_all_tasks_blocked()
@@ -214,7 +226,6 @@ def test_the_next_marker_waits_for_the_previous_commit_on_disk(
             assert (answers[0].error, answers[0].producer_epoch) == (0, epoch + 2)
             assert partition.log.log_end_offset == 4
             assert partition.producers.last_marker(pid) in (None, (epoch + 1, True))
-            tg.cancel_scope.cancel()
 
     anyio.run(main)
     coordinator.close()
@@ -250,35 +261,24 @@ def test_a_commit_whose_complete_was_not_written_is_recorded_before_the_next_mar
         events.append(("marker", -1 if offset is None else offset))
         return offset
 
-    async def end(pid: int, epoch: int) -> m.EndTxnResponse:
-        request = m.EndTxnRequest(
-            transactional_id="a", producer_id=pid, producer_epoch=epoch, committed=True
-        )
-        return await coordinator.end_txn(request, "User:ANONYMOUS")
-
     async def main() -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(coordinator.run)
-            await anyio.wait_all_tasks_blocked()
-            pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
-            await append_batch(coordinator, partition, pid, epoch, now_ms())
+        async with _started(coordinator, partition) as (_tg, pid, epoch):
             monkeypatch.setattr(txn_log, "write", logged_write)
             monkeypatch.setattr(txn_log, "durable", logged_sync)
             monkeypatch.setattr(partition, "append_commit_first", logged_marker)
             with anyio.fail_after(5):
-                first = await end(pid, epoch)
+                first = await _commit(coordinator, pid, epoch)
             assert not failures  # the COMPLETE's write was the one that failed
             assert (first.error, first.producer_epoch) == (0, epoch + 1)
             assert events == [("marker", 1)]
             await append_batch(coordinator, partition, pid, epoch + 1, now_ms())
             with anyio.fail_after(5):
-                second = await end(pid, epoch + 1)
+                second = await _commit(coordinator, pid, epoch + 1)
             assert (second.error, second.producer_epoch) == (0, epoch + 2)
             at = events.index(("marker", 3))
             written = [e for kind, e in events[1:at] if kind == "written"]
             assert len(written) == 2  # the add, then the id's state
             assert ("durable", written[-1]) in events[1:at], events
-            tg.cancel_scope.cancel()
 
     anyio.run(main)
     coordinator.close()
