@@ -79,22 +79,35 @@ def _states_on_disk(path: Path, transactional_id: str) -> list[str]:
     return states
 
 
+def _coordinator(
+    tmp_path: Path,
+    config: BrokerConfig,
+    registry: TopicRegistry,
+    committer: object,
+    offsets: object,
+) -> tuple[TransactionCoordinator, TxnLog]:
+    """A loaded coordinator over `registry`, with these stand-ins or stores for the group
+    commit and the offsets, and its `txn.wal`."""
+    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
+    coordinator = TransactionCoordinator(
+        config,
+        registry,
+        ProducerIdManager(tmp_path),
+        committer,  # type: ignore[arg-type]
+        txn_log,
+        offsets,  # type: ignore[arg-type]
+    )
+    coordinator.load()
+    return coordinator, txn_log
+
+
 @pytest.mark.parametrize("committed", [True, False])
 def test_end_txn_answers_before_its_markers_are_synced(tmp_path: Path, committed: bool) -> None:
     config = BrokerConfig().validate()
     registry = TopicRegistry(tmp_path, config)
     registry.open_all(clean_shutdown=True, now_ms=NOW)
     offsets = _OffsetsSyncedOnRelease()
-    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
-    coordinator = TransactionCoordinator(
-        config,
-        registry,
-        ProducerIdManager(tmp_path),
-        _Committer(),  # type: ignore[arg-type]
-        txn_log,
-        offsets,
-    )
-    coordinator.load()
+    coordinator, txn_log = _coordinator(tmp_path, config, registry, _Committer(), offsets)
     decided = "PREPARE_COMMIT" if committed else "PREPARE_ABORT"
     complete = "COMPLETE_COMMIT" if committed else "COMPLETE_ABORT"
 
@@ -156,16 +169,7 @@ def test_a_failed_sync_of_the_groups_marker_leaves_the_end_decided(
         offsets_log = OffsetLog(tmp_path, config.offsets_log_max_bytes)
         offsets = OffsetStore(config, registry, offsets_log, NoMembers())
         offsets.load()
-        txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
-        coordinator = TransactionCoordinator(
-            config,
-            registry,
-            ProducerIdManager(tmp_path),
-            _Committer(),  # type: ignore[arg-type]
-            txn_log,
-            offsets,
-        )
-        coordinator.load()
+        coordinator, txn_log = _coordinator(tmp_path, config, registry, _Committer(), offsets)
         return coordinator, offsets, txn_log, offsets_log
 
     coordinator, offsets, txn_log, offsets_log = open_coordinator()
@@ -233,16 +237,9 @@ def first_round_fails(
     partition = registry.partition("t", 0)
     assert partition is not None
     committer = _FirstRoundFails()
-    txn_log = TxnLog(tmp_path, config.transaction_log_max_bytes)
-    coordinator = TransactionCoordinator(
-        config,
-        registry,
-        ProducerIdManager(tmp_path),
-        committer,  # type: ignore[arg-type]
-        txn_log,
-        _OffsetsSyncedOnRelease(),
+    coordinator, txn_log = _coordinator(
+        tmp_path, config, registry, committer, _OffsetsSyncedOnRelease()
     )
-    coordinator.load()
     return registry, partition, committer, txn_log, coordinator
 
 
@@ -354,15 +351,7 @@ def test_making_room_never_forgets_an_id_whose_end_is_being_settled(tmp_path: Pa
     registry = TopicRegistry(tmp_path, config)
     registry.open_all(clean_shutdown=True, now_ms=NOW)
     offsets = _OffsetsSyncedOneByOne()
-    coordinator = TransactionCoordinator(
-        config,
-        registry,
-        ProducerIdManager(tmp_path),
-        _Committer(),  # type: ignore[arg-type]
-        TxnLog(tmp_path, config.transaction_log_max_bytes),
-        offsets,
-    )
-    coordinator.load()
+    coordinator, _txn_log = _coordinator(tmp_path, config, registry, _Committer(), offsets)
 
     async def begin(tid: str) -> m.EndTxnRequest:
         pid, epoch = await coordinator.init_producer(tid, None, "User:ANONYMOUS")
