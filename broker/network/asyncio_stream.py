@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -111,7 +110,6 @@ class ReadAheadStream(anyio.abc.ByteStream):
         self._transport = transport
         self._protocol = protocol
         self._closed = False
-        self._fd: int = transport.get_extra_info("socket").fileno()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         # Bytes that are waiting must not hide a cancellation: it is how a shutdown's
@@ -151,22 +149,18 @@ class ReadAheadStream(anyio.abc.ByteStream):
             self._check_writable()
 
     def send_nowait(self, data: bytes) -> int:
-        """Write `data` to the socket at once, as a non-blocking `socket.send` does: the
-        bytes the kernel took, which may be fewer, the rest left to the caller; raises
-        BlockingIOError while the transport holds bytes not yet sent (they go first)
-        and OSError if the connection broke. Nothing is left in the transport, so the
-        writer that counts what this took as sent holds no hidden buffer."""
-        if (
-            self._closed
-            or not self._protocol.writable.is_set()
-            or self._transport.get_write_buffer_size()
-        ):
-            raise BlockingIOError
+        """Hand `data` to the transport without waiting, when nothing it holds waits to
+        be sent: the bytes taken, all of them, or 0 (the writer's `send` then waits for
+        the drain). What the kernel did not take at once is the transport's, and the
+        next `send` waits until it has gone."""
+        if self._closed or not self._protocol.writable.is_set():
+            return 0
         try:
             self._check_writable()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
-            raise BrokenPipeError from exc
-        return os.write(self._fd, data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return 0
+        self._transport.write(data)
+        return len(data)
 
     def _check_writable(self) -> None:
         if self._closed:
