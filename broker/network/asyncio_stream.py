@@ -148,20 +148,6 @@ class ReadAheadStream(anyio.abc.ByteStream):
             await self._protocol.writable.wait()
             self._check_writable()
 
-    def send_nowait(self, data: bytes) -> int:
-        """Hand `data` to the transport without waiting, when nothing it holds waits to
-        be sent: the bytes taken, all of them, or 0 (the writer's `send` then waits for
-        the drain). What the kernel did not take at once is the transport's, and the
-        next `send` waits until it has gone."""
-        if self._closed or not self._protocol.writable.is_set():
-            return 0
-        try:
-            self._check_writable()
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return 0
-        self._transport.write(data)
-        return len(data)
-
     def _check_writable(self) -> None:
         if self._closed:
             raise anyio.ClosedResourceError

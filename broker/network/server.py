@@ -683,16 +683,8 @@ class Server:
                             # Its answer (58) goes out first; nothing after it is run.
                             close = CloseConnection("authentication failed")
                             break
-                    if group and send.statistics().tasks_waiting_receive:
-                        # The writer waits with nothing unsent: this read's answers may go
-                        # out now. On asyncio only when nothing more has arrived: a
-                        # pipelining client then refills its window in larger reads.
-                        if sock is not None:
-                            group = _send_now(sock.send, self._encode_ready(group, conn), conn)
-                        elif read_ahead is not None and not read_ahead.buffered_bytes:
-                            group = _send_now(
-                                read_ahead.send_nowait, self._encode_ready(group, conn), conn
-                            )
+                    if group and sock is not None and send.statistics().tasks_waiting_receive:
+                        group = _send_now(sock, self._encode_ready(group, conn), conn)
                     if group:
                         if sock is None:
                             # The event loop's turn before the hand-over, as a send to the
@@ -1024,16 +1016,15 @@ async def _send_spliced(stream: ByteStream, frame: SplicedFrame, *, zero_copy: b
         frame.reply.close()
 
 
-def _send_now(send: Callable[[bytes], int], group: list[Reply], conn: Connection) -> list[Reply]:
+def _send_now(sock: socket.socket, group: list[Reply], conn: Connection) -> list[Reply]:
     """Send a read's answers from the reader, while the writer waits with nothing unsent
-    (so nothing older can be overtaken): one non-blocking `send` (a trio socket's, or
-    the asyncio transport's `send_nowait`) when they are all whole frames. Returns what
-    is left for the writer."""
+    (so nothing older can be overtaken): one non-blocking send when they are all whole
+    frames. Returns what is left for the writer."""
     if not all(isinstance(reply, bytes) for reply in group):
         return group
     frames = cast(list[bytes], group)
     try:
-        sent = send(b"".join(frames))
+        sent = sock.send(b"".join(frames))
     except OSError:  # full (BlockingIOError) or broken: the writer waits, or meets it too
         return group
     whole, left = 0, sent

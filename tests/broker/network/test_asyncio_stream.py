@@ -210,35 +210,3 @@ def test_receive_nowait_takes_what_waits_and_never_waits(use_uvloop: bool) -> No
             await stream.receive()
 
     run_case(case, use_uvloop)
-
-
-@pytest.mark.parametrize("use_uvloop", [True, False])
-def test_send_nowait_hands_over_only_while_nothing_waits_to_be_sent(use_uvloop: bool) -> None:
-    """The reader's shortcut: `send_nowait` hands an answer to the transport at once
-    while nothing waits to be sent; against a peer that does not read, once the kernel
-    is full it takes nothing more (0), leaving the answer to the writer's `send`, and
-    takes again after the peer read everything."""
-    chunk = b"a" * (256 * 1024)
-
-    async def case(stream: ReadAheadStream, peer: anyio.abc.SocketStream) -> None:
-        assert stream.send_nowait(b"first") == 5
-        assert await peer.receive() == b"first"
-        taken = 0
-        for _ in range(200):
-            sent = stream.send_nowait(chunk)
-            if not sent:
-                break
-            taken += sent
-        else:
-            raise AssertionError("the transport took 50 MiB a peer never read")
-        assert not protocol_of(stream).writable.is_set()
-        received = 0
-        while received < taken:
-            received += len(await peer.receive(1 << 20))
-        await until(lambda: protocol_of(stream).writable.is_set())
-        assert stream.send_nowait(b"again") == 5
-        assert await peer.receive() == b"again"
-        await stream.aclose()
-        assert stream.send_nowait(b"closed") == 0
-
-    run_case(case, use_uvloop)
