@@ -87,6 +87,7 @@ class FakeGroupBroker:
         self.hooks: dict[str, Callable[[Request], None]] = {}  # api -> called before answering
         self.seen: list[Request] = []
         self.joins = 0
+        self.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS
         self.port = 0
         self._data = anyio.Event()
 
@@ -225,7 +226,7 @@ class FakeGroupBroker:
         return ConsumerGroupHeartbeatResponse(
             member_id=member.member_id,
             member_epoch=member.epoch,
-            heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
             assignment=wire,
         )
 

@@ -280,15 +280,24 @@ async def test_a_stale_epoch_commit_is_refused_unless_the_member_moved_on_meanwh
             with pytest.raises(StaleMemberEpochError, match="STALE_MEMBER_EPOCH"):
                 await c.commit({tp: 1})
             assert tp not in fake.offsets
-            with anyio.fail_after(10):  # the refusal made it heartbeat at once; let that end
-                while len(fake.requests("ConsumerGroupHeartbeat")) < heartbeats + 2:
+            # The refusal made it heartbeat at once. Let that end, and let the member adopt
+            # a long interval: a heartbeat answer it read after the hook below set its epoch
+            # would set the older one back.
+            fake.heartbeat_interval_ms = 60_000
+            membership = c._coordinator.membership  # type: ignore[union-attr]
+            with anyio.fail_after(10):
+                while (
+                    len(fake.requests("ConsumerGroupHeartbeat")) <= heartbeats
+                    or membership.heartbeat_interval_ms != 60_000
+                    or membership._in_flight
+                ):
                     await anyio.sleep(0.01)
 
             def epoch_moves(request: Any) -> None:
                 # A heartbeat answer with a newer epoch reached the member while its commit,
                 # sent with the older one, was on its way.
                 fake.members["m1"].epoch += 1
-                c._coordinator.membership.member_epoch = fake.members["m1"].epoch  # type: ignore[union-attr]
+                membership.member_epoch = fake.members["m1"].epoch
                 del fake.hooks["OffsetCommit"]
 
             fake.hooks["OffsetCommit"] = epoch_moves
