@@ -573,7 +573,7 @@ def test_a_restarted_exactly_once_loop_takes_its_partitions_over_at_once(
                 loop.send_signal(signal.SIGKILL)
                 loop.wait(10)
             killed_at = time.monotonic()
-        output = _finish_and_read(command, env, bootstrap, idle_exit_ms=3_000)
+        output = _finish_and_read(command, env, bootstrap)
         expected = Counter(v.upper() for v in inputs)
         missing, doubled = sorted(expected - output), sorted(output - expected)
         assert output == expected, f"missing {missing[:5]}, doubled {doubled[:5]}"
@@ -647,7 +647,7 @@ def test_exactly_once_loop_killed_twenty_times(tmp_path: Path, backend: str) -> 
             assert loop.returncode == -signal.SIGKILL, f"kill {kill}: the loop exited (seed {seed})"
             if not kill % 2:
                 committed_runs += any(line.startswith("committed") for line in loop.stdout)
-        output = _finish_and_read(command, env, bootstrap, idle_exit_ms=5_000)
+        output = _finish_and_read(command, env, bootstrap)
         expected = Counter(v.upper() for values in inputs.values() for v in values)
         missing, doubled = sorted(expected - output), sorted(output - expected)
         assert output == expected, f"seed {seed}: missing {missing[:5]}, doubled {doubled[:5]}"
@@ -745,25 +745,34 @@ def test_cli_lists_describes_and_resets_a_group(broker: BrokerProcess) -> None:
     assert missing.returncode == 1 and "nobody" in missing.stderr
 
 
-def _finish_and_read(
-    command: list[str], env: dict[str, str], bootstrap: str, idle_exit_ms: int
-) -> Counter[str]:
-    """Run the loop once more until it has been idle `idle_exit_ms`, then read topic b as a
-    read_committed consumer: what the loop wrote, counted."""
-    final = subprocess.run(
-        [*command, "--idle-exit-ms", str(idle_exit_ms)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert final.returncode == 0, final.stderr
+def _finish_and_read(command: list[str], env: dict[str, str], bootstrap: str) -> Counter[str]:
+    """Run the loop again, each run until it has been idle for a second, until the group
+    has committed all of topic a; then read topic b to its end as a read_committed
+    consumer: what the loop wrote, counted. (Waiting for the offsets, not for a long
+    idle spell, is what keeps this short.)"""
+    with Consumer(bootstrap_servers=bootstrap) as probe:
+        inputs = [TopicPartition("a", p) for p in probe.partitions_for_topic("a")]
+        ends = probe.end_offsets(inputs)
+    deadline = time.monotonic() + 120
+    while {tp: om.offset for tp, om in list_group_offsets(bootstrap, "upper").items()} != ends:
+        assert time.monotonic() < deadline, "the loop never committed all of topic a"
+        final = subprocess.run(
+            [*command, "--idle-exit-ms", "1000"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert final.returncode == 0, final.stderr
     with Consumer(
-        "b",
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        consumer_timeout_ms=5_000,
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
     ) as reader:
-        return Counter(r.value.decode() for r in reader)
+        outputs = [TopicPartition("b", p) for p in reader.partitions_for_topic("b")]
+        reader.assign(outputs)
+        last = reader.end_offsets(outputs)
+        written: Counter[str] = Counter()
+        while any(reader.position(tp) < last[tp] for tp in outputs):
+            for records in reader.poll(timeout_ms=200).values():
+                written.update(r.value.decode() for r in records if r.value is not None)
+        return written
