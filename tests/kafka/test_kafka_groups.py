@@ -55,6 +55,9 @@ GENERATION = re.compile(r"generation=(\d+)")
 LOG: list[Callable[[], str]] = [str]
 """What the broker logged of the test's group, for a failure's message (set per test)."""
 
+TRACE = {"debug": "cgrp,topic"}
+"""librdkafka's debug contexts that log its assignment and offsets."""
+
 Read = tuple[int, int, bytes]
 """(partition, offset, value) of a record a member read."""
 
@@ -335,15 +338,12 @@ class ConfluentMember(ConfluentReader):
         }
         if instance is not None:
             config["group.instance.id"] = instance
-        # librdkafka's account of its offsets (what OffsetFetch returned, each reset and
-        # why), kept for a failure's message: a reset to auto.offset.reset after an
-        # OffsetFetch is logged at debug level only.
+        # What librdkafka logs (with TRACE: what OffsetFetch returned, each reset and why,
+        # which it logs at debug level only), kept for a failure's message.
         self.log: collections.deque[str] = collections.deque(maxlen=2_000)
-        logger = logging.getLogger(f"rdkafka.{uuid.uuid4().hex[:8]}")
-        logger.propagate = False
-        logger.setLevel(logging.DEBUG)
+        logger = logging.Logger(f"rdkafka.{group}", logging.DEBUG)
         logger.addHandler(_Kept(self.log))
-        config |= {"debug": "cgrp,topic", "logger": logger}
+        config["logger"] = logger
         self.consumer = confluent_kafka.Consumer({**config, **(settings or {})})
         self.consumer.subscribe([topic])
 
@@ -487,7 +487,9 @@ def test_members_split_then_one_leaves_and_the_others_resume_at_its_commits(
     partitions over from the committed offsets: they read the records sent since, none
     twice."""
     members = group_of(client)
-    group = [members.new() for _ in range(count)]
+    group = [
+        members.new(settings=TRACE if client == "confluent-kafka" else None) for _ in range(count)
+    ]
     settle(*group)
     first = produce(stack, members.topic, 200, "first")
     reads = read_all(first, *group)

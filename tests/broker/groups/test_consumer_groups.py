@@ -746,16 +746,15 @@ def test_cli_lists_describes_and_resets_a_group(broker: BrokerProcess) -> None:
 
 
 def _finish_and_read(command: list[str], env: dict[str, str], bootstrap: str) -> Counter[str]:
-    """Run the loop again, each run until it has been idle for a second, until the group
-    has committed all of topic a; then read topic b to its end as a read_committed
-    consumer: what the loop wrote, counted. (Waiting for the offsets, not for a long
-    idle spell, is what keeps this short.)"""
+    """Run the loop again, each run until it has been idle for a second (and exits 0),
+    until the group has committed all of topic a; then read topic b to its end as a
+    read_committed consumer: what the loop wrote, counted. (Waiting for the offsets,
+    not for a long idle spell, is what keeps this short.)"""
     with Consumer(bootstrap_servers=bootstrap) as probe:
         inputs = [TopicPartition("a", p) for p in probe.partitions_for_topic("a")]
         ends = probe.end_offsets(inputs)
     deadline = time.monotonic() + 120
-    while {tp: om.offset for tp, om in list_group_offsets(bootstrap, "upper").items()} != ends:
-        assert time.monotonic() < deadline, "the loop never committed all of topic a"
+    while True:
         final = subprocess.run(
             [*command, "--idle-exit-ms", "1000"],
             cwd=ROOT,
@@ -765,6 +764,10 @@ def _finish_and_read(command: list[str], env: dict[str, str], bootstrap: str) ->
             timeout=120,
         )
         assert final.returncode == 0, final.stderr
+        held = {tp: om.offset for tp, om in list_group_offsets(bootstrap, "upper").items()}
+        if all(held.get(tp, 0) == end for tp, end in ends.items()):
+            break
+        assert time.monotonic() < deadline, f"committed {held}, topic a ends at {ends}"
     with Consumer(
         bootstrap_servers=bootstrap, auto_offset_reset="earliest", isolation_level="read_committed"
     ) as reader:
@@ -772,7 +775,10 @@ def _finish_and_read(command: list[str], env: dict[str, str], bootstrap: str) ->
         reader.assign(outputs)
         last = reader.end_offsets(outputs)
         written: Counter[str] = Counter()
+        deadline = time.monotonic() + 60
         while any(reader.position(tp) < last[tp] for tp in outputs):
+            positions = {tp: reader.position(tp) for tp in outputs}
+            assert time.monotonic() < deadline, f"read to {positions} of {last}"
             for records in reader.poll(timeout_ms=200).values():
                 written.update(r.value.decode() for r in records if r.value is not None)
         return written
