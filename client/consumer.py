@@ -1324,13 +1324,20 @@ class Consumer:
                     return
             entry = local[0]
             records = entry[1]
-            end = len(records)
+            last = len(records) - 1
             # entry[2] is the shared cursor: progress survives a `break` in the caller's
             # loop, and a seek (which empties the buffer) ends this entry at once.
-            while (index := entry[2]) < end:
+            while (index := entry[2]) < last:
                 entry[2] = index + 1
                 yield records[index]
-            if local and local[0] is entry:
+            if entry[2] == last:
+                # Off the buffer before the caller has its last record: a `break` there
+                # must not leave a used-up entry for poll(), position() or next().
+                entry[2] = last + 1
+                if local and local[0] is entry:
+                    local.popleft()
+                yield records[last]
+            elif local and local[0] is entry:
                 local.popleft()
 
     def __next__(self) -> ConsumerRecord:

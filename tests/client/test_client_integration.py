@@ -6,6 +6,7 @@ The async tests run the client on the same AnyIO backend as the broker
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -426,7 +427,27 @@ def test_iteration_break_position_and_seek_keep_their_place(broker: BrokerProces
         ]
         c.seek(tp, 90)
         assert [int(r.value) for r in c.poll(timeout_ms=5_000)[tp]] == list(range(90, 100))
-        assert next(iter(c.poll(timeout_ms=100).values()), []) == []
+        assert c.poll(timeout_ms=100) == {}
+
+
+def test_a_break_at_the_last_record_held_leaves_nothing_used_up_behind(
+    broker: BrokerProcess,
+) -> None:
+    """An iteration broken off at the last record the consumer holds (one fetched batch):
+    poll(), position() and next() go on from the next offset. The used-up batch stayed
+    at the head of the buffer: poll() answered {tp: []}, position() and next() raised
+    IndexError."""
+    tp = TopicPartition("held", 0)
+    with (
+        Producer(broker.bootstrap) as producer,
+        Consumer(tp, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest") as c,
+    ):
+        producer.send_batch("held", [b"a", b"b", b"c"], partition=0).get(10)
+        assert [r.value for r in itertools.islice(c, 3)] == [b"a", b"b", b"c"]
+        assert c.position(tp) == 3
+        assert c.poll(timeout_ms=100) == {}
+        producer.send("held", b"d", partition=0).get(10)
+        assert next(c).value == b"d"
 
 
 def test_corrupt_fetched_batch_raises_naming_topic_partition_offset(

@@ -178,6 +178,7 @@ def test_the_guide_secures_a_broker_for_a_producer_a_group_and_spark(
         ) as c:
             # Five records, the topic's all (its end offsets are checked below).
             values = sorted(r.value for r in itertools.islice(c, 5))
+            assert c.poll(timeout_ms=300) == {}
             c.commit()
         assert values == [b"etl-0", b"etl-1", b"order-0", b"order-1", b"order-2"]
         # Another group is not billing's.
