@@ -1330,15 +1330,13 @@ class Consumer:
             while (index := entry[2]) < last:
                 entry[2] = index + 1
                 yield records[index]
-            if entry[2] == last:
-                # Off the buffer before the caller has its last record: a `break` there
-                # must not leave a used-up entry for poll(), position() or next().
-                entry[2] = last + 1
-                if local and local[0] is entry:
-                    local.popleft()
-                yield records[last]
-            elif local and local[0] is entry:
+            # Off the buffer before the caller has its last record: a `break` there must
+            # not leave a used-up entry for poll(), position() or next().
+            if local and local[0] is entry:
                 local.popleft()
+            if entry[2] == last:
+                entry[2] = last + 1
+                yield records[last]
 
     def __next__(self) -> ConsumerRecord:
         local = self._local
