@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -110,6 +111,7 @@ class ReadAheadStream(anyio.abc.ByteStream):
         self._transport = transport
         self._protocol = protocol
         self._closed = False
+        self._fd: int = transport.get_extra_info("socket").fileno()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         # Bytes that are waiting must not hide a cancellation: it is how a shutdown's
@@ -147,6 +149,24 @@ class ReadAheadStream(anyio.abc.ByteStream):
         if not self._protocol.writable.is_set():
             await self._protocol.writable.wait()
             self._check_writable()
+
+    def send_nowait(self, data: bytes) -> int:
+        """Write `data` to the socket at once, as a non-blocking `socket.send` does: the
+        bytes the kernel took, which may be fewer, the rest left to the caller; raises
+        BlockingIOError while the transport holds bytes not yet sent (they go first)
+        and OSError if the connection broke. Nothing is left in the transport, so the
+        writer that counts what this took as sent holds no hidden buffer."""
+        if (
+            self._closed
+            or not self._protocol.writable.is_set()
+            or self._transport.get_write_buffer_size()
+        ):
+            raise BlockingIOError
+        try:
+            self._check_writable()
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            raise BrokenPipeError from exc
+        return os.write(self._fd, data)
 
     def _check_writable(self) -> None:
         if self._closed:

@@ -210,3 +210,39 @@ def test_receive_nowait_takes_what_waits_and_never_waits(use_uvloop: bool) -> No
             await stream.receive()
 
     run_case(case, use_uvloop)
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False])
+def test_send_nowait_writes_only_what_the_kernel_takes(use_uvloop: bool) -> None:
+    """The reader's shortcut: `send_nowait` writes to the socket at once and returns what
+    the kernel took, as a non-blocking `socket.send`; against a peer that does not read,
+    once the kernel is full it takes part or raises BlockingIOError, and the transport
+    never holds a byte of it (a writer counting it as sent holds no hidden buffer). It
+    refuses while the transport holds unsent bytes, which must go first."""
+    chunk = b"a" * (256 * 1024)
+
+    async def case(stream: ReadAheadStream, peer: anyio.abc.SocketStream) -> None:
+        transport = stream._transport
+        assert stream.send_nowait(b"first") == 5
+        assert await peer.receive() == b"first"
+        taken = 0
+        with pytest.raises(BlockingIOError):
+            for _ in range(200):
+                taken += stream.send_nowait(chunk)
+                assert transport.get_write_buffer_size() == 0
+        assert taken
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stream.send, b"b" * 1000)  # the transport keeps what the kernel refuses
+            await until(lambda: transport.get_write_buffer_size() > 0)
+            with pytest.raises(BlockingIOError):
+                stream.send_nowait(b"overtaking")
+            received = 0
+            while received < taken + 1000:
+                received += len(await peer.receive(1 << 20))
+        assert stream.send_nowait(b"again") == 5
+        assert await peer.receive() == b"again"
+        await stream.aclose()
+        with pytest.raises(OSError):
+            stream.send_nowait(b"closed")
+
+    run_case(case, use_uvloop)

@@ -8,6 +8,7 @@ broker process, on both backends, with the broker's memory read from
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import socket
 import threading
@@ -24,7 +25,7 @@ from broker.security import Session
 from harness.broker_process import BrokerProcess
 from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode
-from protocol.framing import encode_frame
+from protocol.framing import FrameDecoder, encode_frame
 
 MIB = 1024 * 1024
 # Far below what the unbounded broker reached (400 MiB to 1 GiB), well above what
@@ -431,7 +432,7 @@ async def _reader_sends_itself() -> None:
         )
         conn.inflight, conn.unsent_bytes = 3, 900_000
 
-        rest = cast(list[bytes], _send_now(left, answers, conn))
+        rest = cast(list[bytes], _send_now(left.send, answers, conn))
 
         sent = 900_000 - sum(map(len, rest))
         assert 0 < sent < 900_000
@@ -447,17 +448,19 @@ async def _reader_sends_itself() -> None:
         with contextlib.suppress(BlockingIOError):
             while True:
                 left.send(b"f" * 65536)
-        assert _send_now(left, [b"x" * 300_000], conn) == [b"x" * 300_000]
+        assert _send_now(left.send, [b"x" * 300_000], conn) == [b"x" * 300_000]
         durable = AwaitingDurability(1, 0.0, "Produce", cast(DurableReply, None))
-        assert _send_now(left, [b"x", durable], conn) == [b"x", durable]
+        assert _send_now(left.send, [b"x", durable], conn) == [b"x", durable]
         assert (conn.inflight, conn.unsent_bytes) == still
 
 
-def test_a_quick_answer_never_overtakes_one_waiting_for_its_fsync(tmp_path: Path) -> None:
+def test_a_quick_answer_never_overtakes_one_waiting_for_its_fsync(
+    tmp_path: Path, backend: str
+) -> None:
     """An acks=-1 Produce (its answer waits in the writer for the fsync), then, in a read
-    of its own, an ApiVersions whose answer is ready at once: on trio the reader may send
-    ready answers itself only while the writer has nothing unsent, so the order holds."""
-    broker = BrokerProcess(tmp_path / "data", backend="trio").start()
+    of its own, an ApiVersions whose answer is ready at once: the reader may send ready
+    answers itself only while the writer has nothing unsent, so the order holds."""
+    broker = BrokerProcess(tmp_path / "data", backend=backend).start()
     try:
         with WireClient(broker.bootstrap) as c:
             assert c.create_topic("d") == 0
@@ -472,6 +475,59 @@ def test_a_quick_answer_never_overtakes_one_waiting_for_its_fsync(tmp_path: Path
                 time.sleep(0.002)  # a read of its own
                 second = c.send("ApiVersions")
                 assert [c.recv()["cid"], c.recv()["cid"]] == [first, second]
+    finally:
+        broker.kill()
+
+
+def test_an_answer_the_reader_sent_arrives_whole_after_the_client_half_closes(
+    tmp_path: Path, backend: str
+) -> None:
+    """A client that reads slowly (a 4 KiB receive buffer) asks for 8 MB of records and
+    half-closes at once: the reader sends what the kernel takes of the answer and then
+    meets the end of the stream, and the rest must still go out before the connection
+    closes. (The asyncio reader's first direct send handed the whole answer to the
+    transport, counted it sent, and the close dropped what the transport held.)"""
+    broker = BrokerProcess(tmp_path / "data", backend=backend).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("big") == 0
+            for _ in range(16):
+                batch = values_batch([os.urandom(100_000) for _ in range(5)])
+                assert c.produce("big", 0, batch, acks=1)["error"] == 0
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", broker.port))
+            s.settimeout(15)
+            s.sendall(encode_frame({"api": "Metadata", "v": 1, "cid": 1, "topics": None}))
+            decoder = FrameDecoder(1 << 30)
+            while not decoder.feed(s.recv(65536)):
+                pass  # the writer is up, waiting: the next answers may go from the reader
+            fetch = {
+                "api": "Fetch",
+                "v": 1,
+                "cid": 2,
+                "max_wait_ms": 0,
+                "min_bytes": 1,
+                "max_bytes": 50 << 20,
+                "isolation_level": 0,
+                "topics": [
+                    {
+                        "topic": "big",
+                        "partitions": [
+                            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 45 << 20}
+                        ],
+                    }
+                ],
+            }
+            s.sendall(encode_frame(fetch))
+            s.shutdown(socket.SHUT_WR)
+            data = bytearray()
+            while chunk := s.recv(1 << 20):
+                data += chunk
+        [answer] = FrameDecoder(1 << 30).feed(bytes(data))
+        assert answer["cid"] == 2 and answer["error"] == 0
+        [topic] = answer["topics"]
+        assert len(topic["partitions"][0]["records"]) > 8_000_000
     finally:
         broker.kill()
 
