@@ -6,7 +6,9 @@ batches into Produce requests (at most max_in_flight_requests_per_connection
 outstanding on one connection), and sleeps until the accumulator's next
 deadline or a wakeup. Answers come back through the connection's callbacks and
 are fed to the accumulator; batches it reports finished are signalled here,
-outside its lock.
+outside its lock. An answer wakes the sender only when the accumulator has
+something for it (`sender_needed`), so a caller waiting for the answer runs
+first.
 
 A transactional producer's own requests (InitProducerId, EndTxn, PrepareTxn)
 are not part of the loop: the caller's task sends them with `request`, on the
@@ -395,4 +397,5 @@ class Sender:
                         batch, result.error, result.base_offset, now, result.message
                     )
         self.finish(done)
-        self._set_wakeup()
+        if self._trailer is not None or acc.sender_needed():
+            self._set_wakeup()

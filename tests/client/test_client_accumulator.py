@@ -820,3 +820,43 @@ def test_the_producer_passes_adaptive_batching_and_its_in_flight_limit_on() -> N
     assert (default.adaptive_batching, default.max_in_flight) == (True, 5)
     capped = AsyncProducer(adaptive_batching=False, max_in_flight_requests_per_connection=3)._acc
     assert (capped.adaptive_batching, capped.max_in_flight) == (False, 3)
+
+
+def test_an_answer_needs_the_sender_only_when_it_has_something_to_do() -> None:
+    """`sender_needed` after an answer: not while the sender sleeps on a deadline appends
+    know of with nothing queued; yes with a batch queued, a retry, the in-flight limit
+    reached (appends then do not wake it), an epoch bump, or a close."""
+    acc = make()
+    fill_batches(acc, 1)
+    (batch,) = drain_one_each(acc, 0, 1)
+    acc.next_deadline(0)  # the sender goes to sleep
+    acc.on_response(batch, E.NONE, 0, 1)
+    assert not acc.sender_needed()
+
+    fill_batches(acc, 2)
+    [[first]] = acc.drain(1, 1)  # one request, one batch: the other stays queued
+    acc.next_deadline(1)
+    acc.on_response(first, E.NONE, 2, 2)
+    assert acc.sender_needed()
+    (second,) = drain_one_each(acc, 2, 1)
+    acc.next_deadline(2)
+    acc.on_response(second, E.KAFKA_STORAGE_ERROR, -1, 3)  # retried: queued again
+    assert acc.sender_needed()
+    (second,) = drain_one_each(acc, 200, 1)
+    acc.next_deadline(200, can_send=False)  # the limit reached: appends wake nobody
+    acc.on_response(second, E.NONE, 4, 201)
+    assert acc.sender_needed()
+
+    fill_batches(acc, 1)
+    (third,) = drain_one_each(acc, 202, 1)
+    acc.next_deadline(202)
+    acc.on_response(third, E.OUT_OF_ORDER_SEQUENCE_NUMBER, -1, 203)  # KIP-360: a bump
+    assert acc.sender_needed()
+
+    closing = make()
+    fill_batches(closing, 1)
+    (batch,) = drain_one_each(closing, 0, 1)
+    closing.next_deadline(0)
+    closing.close()
+    closing.on_response(batch, E.NONE, 0, 1)
+    assert closing.sender_needed()

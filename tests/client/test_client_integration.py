@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pyarrow as pa
@@ -240,6 +241,46 @@ async def test_async_producer_fails_the_same_way(broker: BrokerProcess) -> None:
             await producer.send("orders", b"x", partition=7)
         assert time.monotonic() - started < 10  # at once, not after max_block_ms
     assert str(info.value) == "partition 7 of 'orders' does not exist (3 partitions)"
+
+
+def _record_wakes(producer: AsyncProducer) -> list[bool]:
+    """After each Produce answer of `producer`, whether it left its sender woken."""
+    sender = producer._sender
+    woken_after: list[bool] = []
+    answer = sender._on_produce_answer
+
+    def recorded(*args: Any) -> None:
+        answer(*args)
+        assert sender._wakeup_event is not None
+        woken_after.append(sender._wakeup_event.is_set())
+
+    sender._on_produce_answer = recorded  # type: ignore[method-assign]
+    return woken_after
+
+
+@pytest.mark.anyio
+async def test_an_answer_wakes_the_sender_only_when_something_waits_to_be_sent(
+    broker: BrokerProcess,
+) -> None:
+    """The answer of the only batch in flight, nothing queued behind it, leaves the
+    sender asleep, so the caller waiting for it runs first (a woken sender's turn came
+    before it: about 40 µs of every `flush()` and commit); with the in-flight limit
+    reached, every answer wakes it (batches wait behind the limit, and appends leave
+    the waking to answers then), and everything is delivered."""
+    await create_topic_async(broker.bootstrap, "wake", partitions=1)
+    async with AsyncProducer(broker.bootstrap, linger_ms=0) as producer:
+        woken_after = _record_wakes(producer)
+        for i in range(5):
+            await producer.send_and_wait("wake", b"alone %d" % i)
+        assert woken_after == [False] * 5
+    async with AsyncProducer(
+        broker.bootstrap, linger_ms=0, max_in_flight_requests_per_connection=1
+    ) as producer:
+        woken_after = _record_wakes(producer)
+        handles = [await producer.send("wake", b"x" * 20_000) for _ in range(4)]
+        await producer.flush()
+        assert [(await h).offset for h in handles] == [5, 6, 7, 8]
+        assert woken_after == [True, True, True, True], woken_after
 
 
 def test_missing_partition_fails_at_once(broker: BrokerProcess) -> None:
