@@ -825,7 +825,8 @@ class RecordAccumulator:
                 or self._needs_producer_id
                 or self._bump_needed
                 # Every unfinished batch in flight: none queued (a split's parent counts
-                # as queued, and so does an expired batch whose answer is still out).
+                # as queued; a batch finished while in flight, by a fatal error or a
+                # close, makes the counts differ too, and those wake it anyway).
                 or len(self._incomplete) != self._in_flight
             )
 

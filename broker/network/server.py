@@ -555,6 +555,10 @@ class Server:
         last_read_full = False
         # Whether the reader gave the event loop a turn since its last read.
         turned = False
+        # When the reader must give the loop a turn again: TURN_S after it last did. It
+        # holds across reads and groups, since frames that wait already and answers
+        # sent from here may run many groups without an await.
+        turn_end_s = time.perf_counter() + TURN_S
         idle_s = self.config.connections_max_idle_ms / 1000
         receive_ms = self.config.request_receive_timeout_ms
         # Time left for the request that has partly arrived. Only time spent
@@ -622,6 +626,7 @@ class Server:
                             isinstance(received, bytes) and len(received) >= receive_bytes
                         )
                         turned = False
+                        turn_end_s = time.perf_counter() + TURN_S
                         data = received
                     # Before SASL completes, only frames as small as authentication needs.
                     unauthenticated = conn.session.sasl is not None and (
@@ -659,8 +664,10 @@ class Server:
                     # Whether the read held only runs of Produce requests, which is what
                     # a pipelining client sends.
                     produce_only = True
+                    # As the read began: the answer that completes a login is not sent
+                    # from here either.
+                    authenticated = conn.authenticated
                     close: CloseConnection | None = None
-                    turn_end_s = time.perf_counter() + TURN_S
                     while backlog and not conn.full():
                         if time.perf_counter() > turn_end_s:
                             shield.on()
@@ -705,7 +712,7 @@ class Server:
                         elif (
                             read_ahead is not None
                             and not produce_only
-                            and conn.authenticated
+                            and authenticated
                             and not read_ahead.buffered_bytes
                         ):
                             group = _send_now(
@@ -724,6 +731,7 @@ class Server:
                                 _hand_over(send, group)
                                 raise
                             turned = True
+                            turn_end_s = time.perf_counter() + TURN_S
                         if not _hand_over(send, group):
                             return  # the writer found the peer gone
                     if close is not None:
