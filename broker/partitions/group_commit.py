@@ -11,16 +11,15 @@ per round rather than per batch.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import anyio
 
 from broker.crash_points import crash_point
 from broker.partitions.partition import Partition
-from broker.storage import in_sync_thread
+from broker.storage import fdatasync_each
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -92,7 +91,10 @@ class GroupCommitter:
             self._syncing = {key: end_offset for key, _p, _fds, end_offset in targets}
             crash_point("flush_round_started")
             started = time.perf_counter()
-            failed = await in_sync_thread(_sync_all, [t[2] for t in targets])
+            failed = _failed_targets(
+                [fds for _key, _p, fds, _end in targets],
+                await fdatasync_each([fd for _key, _p, fds, _end in targets for fd in fds]),
+            )
             self._metrics.observe_fsync(time.perf_counter() - started, batches)
             self._failed = set()
             for i, (key, p, _fds, end_offset) in enumerate(targets):
@@ -106,12 +108,12 @@ class GroupCommitter:
             done.set()
 
 
-def _sync_all(fd_lists: list[list[int]]) -> set[int]:
+def _failed_targets(fd_lists: list[list[int]], errors: Sequence[int]) -> set[int]:
+    """The indices of the fd lists one of whose fdatasyncs (`errors`, in order) failed."""
     failed: set[int] = set()
+    at = 0
     for i, fds in enumerate(fd_lists):
-        for fd in fds:
-            try:
-                os.fdatasync(fd)
-            except OSError:
-                failed.add(i)
+        if any(errors[at : at + len(fds)]):
+            failed.add(i)
+        at += len(fds)
     return failed

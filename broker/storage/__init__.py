@@ -22,7 +22,7 @@ from broker.storage.log import (
 )
 from broker.storage.record_log import RecordLog, RecordLogError
 from broker.storage.segment import TXN_INDEX_SUFFIX, file_name
-from broker.storage.sync_threads import run_sync as in_sync_thread
+from broker.storage.sync_threads import fdatasync_each
 from broker.storage.txn_index import (
     AbortedIndex,
     AbortedTxn,
@@ -50,9 +50,9 @@ __all__ = [
     "cannot_use",
     "decode_entries",
     "encode_entries",
+    "fdatasync_each",
     "file_name",
     "fsync_dir",
-    "in_sync_thread",
     "seal",
     "unseal",
     "write_atomic",

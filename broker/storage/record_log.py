@@ -183,7 +183,9 @@ class RecordLog:
             target = self._written
             self._round_error = None
             try:
-                await sync_threads.run_sync(os.fdatasync, self._fd)
+                (error,) = await sync_threads.fdatasync_each([self._fd])
+                if error:
+                    raise OSError(error, f"fdatasync of {self.path}: {os.strerror(error)}")
                 self._flushed = max(self._flushed, target)
             except OSError as exc:
                 self._round_error = exc

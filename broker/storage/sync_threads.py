@@ -1,26 +1,36 @@
-"""fdatasync off the event loop, in threads that wake the loop with its own call.
+"""fdatasync off the event loop, in threads that wake the loop without costing it turns.
 
-`anyio.to_thread.run_sync` costs about 200 µs a round trip on trio here and 120
-on asyncio (its thread cache, an outcome, a copied context, the loop's wake-up);
-a thread waiting on a queue that hands its result back with the backend's own
-thread-safe call costs about 130 and 75 (docs/benchmark-notes.md, "Where a
-commit's time goes"). Every durable write pays a round trip per fsync round, so
-the group commit and the record logs hand their syncs over here. The threads are
-shared by every caller of the process and leave after `IDLE_S` without work, so
-a process that opens many logs does not keep a thread per log.
+`fdatasync_each` hands a round's files to C threads (broker/storage/_fdatasync_fast.c)
+that sync them and add to an eventfd the loop waits on, neither step taking the GIL;
+a Python thread pays a GIL hand-over each way, about 0.1 ms of each fsync round
+(docs/benchmark-notes.md, "The fsync hand-over in C"). Where the extension did not
+build, or a test replaced `os.fdatasync`, the syncs run in Python threads through
+`run_sync`, the reference: a thread waiting on a queue that hands its result back with
+the backend's own thread-safe call, about 130 µs a round trip on trio and 75 on asyncio
+against `anyio.to_thread.run_sync`'s 200 and 120 ("Where a commit's time goes"). Both
+kinds of thread are shared by every caller of the process; the Python ones leave after
+`IDLE_S` without work, so a process that opens many logs does not keep a thread per log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import queue
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
 import sniffio
+
+try:
+    from broker.storage import _fdatasync_fast
+except ImportError:  # the optional extension did not build: Python threads sync
+    _fdatasync_fast = None  # type: ignore[assignment]
 
 T = TypeVar("T")
 
@@ -87,3 +97,107 @@ def _work() -> None:
         # Should the caller's loop have ended, no one waits.
         with contextlib.suppress(Exception):
             call_soon(finished)
+
+
+async def fdatasync_each(fds: Sequence[int]) -> tuple[int, ...]:
+    """fdatasync each of `fds` in order, off the event loop: each call's errno, 0 where
+    it succeeded. Not cancellable, as `run_sync` is not."""
+    if _fdatasync_fast is None or os.fdatasync is not _FDATASYNC:
+        return await run_sync(_fdatasync_each, fds)
+    waker = _waker()
+    job = _fdatasync_fast.submit(waker.fd, fds)
+    done = anyio.Event()
+    waker.pending.append((job, done.set))
+    with anyio.CancelScope(shield=True):
+        await done.wait()
+    return job.errors
+
+
+_FDATASYNC = os.fdatasync
+
+
+def _fdatasync_each(fds: Sequence[int]) -> tuple[int, ...]:
+    """fdatasync_each's reference, for a Python thread."""
+    errors = []
+    for fd in fds:
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            errors.append(exc.errno or errno.EIO)
+        else:
+            errors.append(0)
+    return tuple(errors)
+
+
+# Eventfds of event loops that ended, for the next ones: never closed, since a C thread
+# may still add to one (it only wakes its next loop once, for nothing).
+_spare_eventfds: list[int] = []
+
+
+class _Waker:
+    """One event loop's end of the C threads: the eventfd it waits readable on and the
+    jobs it waits for, each with what to call when it ends."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = _spare_eventfds.pop()
+        except IndexError:
+            self.fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self.pending: list[tuple[Any, Callable[[], object]]] = []
+
+    def reap(self) -> None:
+        """Call the ends of the jobs done. The count is read first: a job marks itself
+        done before it adds to it, so one that ends after the read wakes us again."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)
+        waiting = []
+        for job, finished in self.pending:
+            if job.done:
+                finished()
+            else:
+                waiting.append((job, finished))
+        self.pending = waiting
+
+    def retire(self) -> None:
+        _spare_eventfds.append(self.fd)
+
+
+_asyncio_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = (
+    weakref.WeakKeyDictionary()
+)
+_trio_waker: Any = None  # a trio.lowlevel.RunVar, made on trio's first use
+
+
+def _waker() -> _Waker:
+    """The running loop's waker, made and watched on its first use."""
+    global _trio_waker
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        if _trio_waker is None:
+            _trio_waker = trio.lowlevel.RunVar("minibroker_fdatasync_waker")
+        try:
+            waker: _Waker = _trio_waker.get()
+        except LookupError:
+            waker = _Waker()
+            _trio_waker.set(waker)
+            trio.lowlevel.spawn_system_task(_watch_on_trio, waker, name="minibroker-fdatasync")
+        return waker
+    loop = asyncio.get_running_loop()
+    waker = _asyncio_wakers.get(loop)  # type: ignore[assignment]
+    if waker is None:
+        waker = _asyncio_wakers[loop] = _Waker()
+        loop.add_reader(waker.fd, waker.reap)
+        weakref.finalize(loop, waker.retire)
+    return waker
+
+
+async def _watch_on_trio(waker: _Waker) -> None:
+    import trio
+
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(waker.fd)
+            waker.reap()
+    finally:
+        waker.retire()

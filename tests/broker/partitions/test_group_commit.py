@@ -1,11 +1,13 @@
 """Group commit: every batch appended while an fsync runs rides the next fsync.
 
-The flusher's sync is replaced by one that blocks until the test lets it go,
-so "while an fsync runs" is a fact of the test, not a timing guess.
+`os.fdatasync` is replaced by one that blocks until the test lets it go (a replaced
+one runs in broker/storage/sync_threads.py's Python threads), so "while an fsync
+runs" is a fact of the test, not a timing guess.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -13,7 +15,6 @@ import anyio
 import pytest
 
 from broker.metrics import BrokerMetrics
-from broker.partitions import group_commit
 from broker.partitions.group_commit import GroupCommitter
 from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage.log import LogConfig
@@ -26,19 +27,18 @@ BACKENDS = ["trio", "asyncio"]
 def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rounds: list[list[list[int]]] = []
+    synced: list[int] = []
     release = threading.Event()
     entered = threading.Semaphore(0)
 
-    def blocking_sync(fd_lists: list[list[int]]) -> set[int]:
-        rounds.append(fd_lists)
-        if len(rounds) <= 2:  # a waiter may ask for a later round, with nothing new
+    def blocking_fdatasync(fd: int) -> None:
+        synced.append(fd)
+        if len(synced) <= 2:  # the first sync of rounds 1 and 2 (one fd a partition)
             entered.release()
             assert release.wait(30)
             release.clear()
-        return set()
 
-    monkeypatch.setattr(group_commit, "_sync_all", blocking_sync)
+    monkeypatch.setattr(os, "fdatasync", blocking_fdatasync)
     partitions = [
         Partition.open(
             "t",
@@ -53,9 +53,13 @@ def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
     ]
     metrics = BrokerMetrics(enabled=True)
     batches_per_round: list[int] = []
-    monkeypatch.setattr(
-        metrics, "observe_fsync", lambda _s, batches: batches_per_round.append(batches)
-    )
+    round_ends: list[int] = []
+
+    def observe_fsync(_seconds: float, batches: int) -> None:
+        batches_per_round.append(batches)
+        round_ends.append(len(synced))
+
+    monkeypatch.setattr(metrics, "observe_fsync", observe_fsync)
     committer = GroupCommitter(metrics)
     batch = build_batch_from_columns([b"v"], None, 0)
     header = read_header(batch)
@@ -65,12 +69,15 @@ def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
         committer.request_flush(p, batches=1)
         return result.last_offset
 
+    segments: list[int] = []
+
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(committer.run)
             first = append(partitions[0])
             await anyio.to_thread.run_sync(entered.acquire)  # round 1 is syncing
             later = [append(partitions[i % 2]) for i in range(10)]
+            segments.extend(p.log.sync_targets()[0][0] for p in partitions)
             release.set()
             await committer.wait_durable(partitions[0], first)
             await anyio.to_thread.run_sync(entered.acquire)  # round 2 is syncing
@@ -89,7 +96,7 @@ def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
     # round was a waiter's, with no batch of its own.
     assert batches_per_round[:2] == [1, 10]
     assert not any(batches_per_round[2:])
-    assert sorted(len(fds) for fds in rounds[1]) == [1, 1]
+    assert sorted(synced[round_ends[0] : round_ends[1]]) == sorted(segments)
     assert [p.log.flushed_offset for p in partitions] == [6, 5]
 
 
@@ -101,18 +108,17 @@ def test_a_waiter_the_round_in_flight_covers_asks_for_no_other(
     reply's does): it waits for that round. Asking for another would sync the file
     again with nothing new, and a marker appended meanwhile (a commit right behind its
     batch) would wait for that empty round to end before its own."""
-    rounds: list[list[list[int]]] = []
+    synced: list[int] = []
     release = threading.Event()
     entered = threading.Semaphore(0)
 
-    def blocking_sync(fd_lists: list[list[int]]) -> set[int]:
-        rounds.append(fd_lists)
+    def blocking_fdatasync(fd: int) -> None:
+        synced.append(fd)
         entered.release()
         assert release.wait(30)
         release.clear()
-        return set()
 
-    monkeypatch.setattr(group_commit, "_sync_all", blocking_sync)
+    monkeypatch.setattr(os, "fdatasync", blocking_fdatasync)
     p = Partition.open(
         "t",
         0,
@@ -137,7 +143,7 @@ def test_a_waiter_the_round_in_flight_covers_asks_for_no_other(
             release.set()
             await committer.wait_durable(p, last)
             await anyio.wait_all_tasks_blocked()
-            assert len(rounds) == 1, "a round was asked for with nothing to sync"
+            assert len(synced) == 1, "a round was asked for with nothing to sync"
             tg.cancel_scope.cancel()
 
     try:

@@ -1,12 +1,16 @@
 """The fsync threads (broker/storage/sync_threads.py) on both backends: a job's result
 and its exception come back to the caller, jobs run side by side, a cancelled caller
 still waits for its job (the file must not be closed under its sync), and idle
-threads leave."""
+threads leave; the C threads (broker/storage/_fdatasync_fast.c) answer as the Python
+reference does, for many callers at once."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -77,3 +81,99 @@ def test_idle_threads_leave(backend: str, monkeypatch: pytest.MonkeyPatch) -> No
         assert await sync_threads.run_sync(lambda: 7) == 7  # a new one starts
 
     _run(backend, main)
+
+
+def _files(tmp_path: Path) -> tuple[list[int], list[int]]:
+    """A written file, a pipe's end (EINVAL), a descriptor never opened (EBADF), the file
+    again: what to sync, and the descriptors to close after."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"x" * 4096)
+    r, w = os.pipe()
+    never_opened = 999_999  # above this process's descriptor limit
+    return [fd, r, never_opened, fd], [fd, r, w]
+
+
+def test_the_c_threads_answer_as_the_python_reference_does(backend: str, tmp_path: Path) -> None:
+    """A differential test: each fd's errno from the C threads equals the reference's,
+    and the C path was the one taken (the loop's waker exists)."""
+    fast = pytest.importorskip("broker.storage._fdatasync_fast")
+    assert fast is sync_threads._fdatasync_fast
+    fds, to_close = _files(tmp_path)
+    expected = (0, errno.EINVAL, errno.EBADF, 0)
+
+    async def main() -> None:
+        assert sync_threads._fdatasync_each(fds) == expected
+        assert await sync_threads.fdatasync_each(fds) == expected
+        assert sync_threads._waker().pending == []
+
+    try:
+        _run(backend, main)
+    finally:
+        for fd in to_close:
+            os.close(fd)
+
+
+def test_many_jobs_at_once_each_get_their_own_answer(backend: str, tmp_path: Path) -> None:
+    """Forty callers at once on four C threads: each gets its own fds' errnos, however
+    the threads' ends fold into one wake-up of the loop."""
+    fds, to_close = _files(tmp_path)
+    answers: dict[int, tuple[int, ...]] = {}
+
+    async def one(i: int) -> None:
+        answers[i] = await sync_threads.fdatasync_each(fds[i % 4 :])
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(40):
+                tg.start_soon(one, i)
+
+    try:
+        for _ in range(2):  # the second run's loop may take the first one's eventfd
+            answers.clear()
+            _run(backend, main)
+            expected = (0, errno.EINVAL, errno.EBADF, 0)
+            assert answers == {i: expected[i % 4 :] for i in range(40)}
+    finally:
+        for fd in to_close:
+            os.close(fd)
+
+
+def test_a_replaced_fdatasync_runs_in_python_threads(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that injects a failure by replacing os.fdatasync gets it called (the C
+    threads could not call it)."""
+    seen: list[int] = []
+
+    def broken(fd: int) -> None:
+        seen.append(fd)
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+
+    async def main() -> None:
+        assert await sync_threads.fdatasync_each([7, 8]) == (errno.EIO, errno.EIO)
+
+    _run(backend, main)
+    assert seen == [7, 8]
+
+
+def test_a_cancelled_caller_waits_for_its_c_job(backend: str, tmp_path: Path) -> None:
+    """The C path is not cancellable either: a caller cancelled before it asks still
+    waits for the sync's answer (the file must not be closed under its sync)."""
+    pytest.importorskip("broker.storage._fdatasync_fast")
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    os.write(fd, b"x" * 4096)
+    answers: list[tuple[int, ...]] = []
+
+    async def main() -> None:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            answers.append(await sync_threads.fdatasync_each([fd]))
+        assert scope.cancel_called
+
+    try:
+        _run(backend, main)
+    finally:
+        os.close(fd)
+    assert answers == [(0,)]

@@ -1,0 +1,9 @@
+from collections.abc import Sequence
+
+class Job:
+    @property
+    def done(self) -> bool: ...
+    @property
+    def errors(self) -> tuple[int, ...]: ...
+
+def submit(eventfd: int, fds: Sequence[int], /) -> Job: ...
