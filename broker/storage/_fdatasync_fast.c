@@ -13,12 +13,15 @@
  * The caller keeps `eventfd` open for as long as any job it named may be running
  * (sync_threads.py never closes one). A job's memory is freed by the last of its
  * Python object and its thread to let go. At most THREADS_MAX threads run; they
- * are started as jobs find none idle and stay for the process's life.
+ * are started as jobs find none idle and stay for the process's life, with every
+ * signal blocked (they are the main thread's), and an fdatasync interrupted all the
+ * same (EINTR) is made again, as os.fdatasync does.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -76,7 +79,11 @@ worker(void *unused)
         pthread_mutex_unlock(&queue_lock);
 
         for (Py_ssize_t i = 0; i < job->count; i++) {
-            job->errors[i] = fdatasync(job->fds[i]) == 0 ? 0 : errno;
+            int failed;
+            do { /* as os.fdatasync does: an interrupted call is not a failed one */
+                failed = fdatasync(job->fds[i]);
+            } while (failed != 0 && errno == EINTR);
+            job->errors[i] = failed == 0 ? 0 : errno;
         }
         int eventfd = job->eventfd;
         atomic_store_explicit(&job->done, 1, memory_order_release);
@@ -114,10 +121,15 @@ enqueue(job_t *job)
     if (jobs_queued + 1 > threads_idle && threads_started < THREADS_MAX) {
         pthread_attr_t attr;
         pthread_t thread;
+        sigset_t all, before;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&attr, THREAD_STACK_BYTES);
+        /* The thread inherits a mask blocking every signal: they are the main thread's. */
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &before);
         int failed = pthread_create(&thread, &attr, worker, NULL);
+        pthread_sigmask(SIG_SETMASK, &before, NULL);
         pthread_attr_destroy(&attr);
         if (failed == 0) {
             threads_started++;
@@ -214,11 +226,13 @@ submit(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "eventfd must be a file descriptor");
         return NULL;
     }
-    PyObject *fds = PySequence_Fast(fds_arg, "fds must be a sequence of file descriptors");
+    /* A tuple of our own: converting an item may run Python code, which could change a
+     * list under us, never a tuple. */
+    PyObject *fds = PySequence_Tuple(fds_arg);
     if (fds == NULL) {
         return NULL;
     }
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(fds);
+    Py_ssize_t count = PyTuple_GET_SIZE(fds);
     if (count > FDS_MAX) {
         Py_DECREF(fds);
         PyErr_Format(PyExc_ValueError, "at most %d file descriptors a job", FDS_MAX);
@@ -235,7 +249,7 @@ submit(PyObject *module, PyObject *args)
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(fds, i));
+        long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
         if (fd == -1 && PyErr_Occurred()) {
             goto refused;
         }
@@ -300,6 +314,10 @@ PyInit__fdatasync_fast(void)
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "FDS_MAX", FDS_MAX) < 0) {
+        Py_DECREF(m);
         return NULL;
     }
     Py_INCREF(&JobType);

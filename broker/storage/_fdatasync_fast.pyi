@@ -1,5 +1,7 @@
 from collections.abc import Sequence
 
+FDS_MAX: int
+
 class Job:
     @property
     def done(self) -> bool: ...

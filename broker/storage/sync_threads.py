@@ -102,10 +102,19 @@ def _work() -> None:
 async def fdatasync_each(fds: Sequence[int]) -> tuple[int, ...]:
     """fdatasync each of `fds` in order, off the event loop: each call's errno, 0 where
     it succeeded. Not cancellable, as `run_sync` is not."""
-    if _fdatasync_fast is None or os.fdatasync is not _FDATASYNC:
+    job = waker = None
+    if (
+        _fdatasync_fast is not None
+        and os.fdatasync is _FDATASYNC
+        and len(fds) <= _fdatasync_fast.FDS_MAX
+    ):
+        # No eventfd or no C thread to be had (EMFILE, EAGAIN) is not a failed sync:
+        # Python's threads sync instead.
+        with contextlib.suppress(OSError):
+            waker = _waker()
+            job = None if waker is None else _fdatasync_fast.submit(waker.fd, fds)
+    if job is None or waker is None:
         return await run_sync(_fdatasync_each, fds)
-    waker = _waker()
-    job = _fdatasync_fast.submit(waker.fd, fds)
     done = anyio.Event()
     waker.pending.append((job, done.set))
     with anyio.CancelScope(shield=True):
@@ -144,6 +153,7 @@ class _Waker:
         except IndexError:
             self.fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.pending: list[tuple[Any, Callable[[], object]]] = []
+        self.closed = False
 
     def reap(self) -> None:
         """Call the ends of the jobs done. The count is read first: a job marks itself
@@ -168,8 +178,9 @@ _asyncio_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = 
 _trio_waker: Any = None  # a trio.lowlevel.RunVar, made on trio's first use
 
 
-def _waker() -> _Waker:
-    """The running loop's waker, made and watched on its first use."""
+def _waker() -> _Waker | None:
+    """The running loop's waker, made and watched on its first use; None once its
+    watcher has ended (a trio run shutting down)."""
     global _trio_waker
     if sniffio.current_async_library() == "trio":
         import trio
@@ -182,14 +193,14 @@ def _waker() -> _Waker:
             waker = _Waker()
             _trio_waker.set(waker)
             trio.lowlevel.spawn_system_task(_watch_on_trio, waker, name="minibroker-fdatasync")
-        return waker
+        return None if waker.closed else waker
     loop = asyncio.get_running_loop()
-    waker = _asyncio_wakers.get(loop)  # type: ignore[assignment]
-    if waker is None:
-        waker = _asyncio_wakers[loop] = _Waker()
-        loop.add_reader(waker.fd, waker.reap)
-        weakref.finalize(loop, waker.retire)
-    return waker
+    found = _asyncio_wakers.get(loop)
+    if found is None:
+        found = _asyncio_wakers[loop] = _Waker()
+        loop.add_reader(found.fd, found.reap)
+        weakref.finalize(loop, found.retire)
+    return found
 
 
 async def _watch_on_trio(waker: _Waker) -> None:
@@ -200,4 +211,28 @@ async def _watch_on_trio(waker: _Waker) -> None:
             await trio.lowlevel.wait_readable(waker.fd)
             waker.reap()
     finally:
+        # The run is ending: later callers (a system task's shielded sync) use Python's
+        # threads, and the jobs already given end before the eventfd goes.
+        waker.closed = True
+        with trio.CancelScope(shield=True):
+            while waker.pending:
+                await trio.lowlevel.wait_readable(waker.fd)
+                waker.reap()
         waker.retire()
+
+
+def _forget_after_fork() -> None:
+    """A forked child has none of its parent's threads, and shares its parent's spare
+    eventfds, where a loop of each would read the other's wake-ups: the child starts
+    its own threads and its loops make their own eventfds."""
+    global _trio_waker, _jobs, _lock, _idle
+    _jobs, _lock, _idle = queue.SimpleQueue(), threading.Lock(), 0
+    for fd in _spare_eventfds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _spare_eventfds.clear()
+    _asyncio_wakers.clear()
+    _trio_waker = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

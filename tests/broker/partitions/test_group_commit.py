@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from broker.metrics import BrokerMetrics
-from broker.partitions.group_commit import GroupCommitter
+from broker.partitions.group_commit import FlushFailed, GroupCommitter
 from broker.partitions.partition import Partition, ProducerLimits
 from broker.storage.log import LogConfig
 from protocol.batch import build_batch_from_columns, read_header
@@ -150,3 +150,61 @@ def test_a_waiter_the_round_in_flight_covers_asks_for_no_other(
         anyio.run(main, backend=backend)
     finally:
         p.log.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_round_fails_only_the_partitions_whose_sync_failed(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C threads' errnos, one per file, map back to their partitions: in a round of
+    three, the middle one's files start with a pipe's end (its fdatasync fails with
+    EINVAL), so its waiter gets FlushFailed and its offsets stay unflushed, while the
+    partitions on either side are durable."""
+    pytest.importorskip("broker.storage._fdatasync_fast")
+    partitions = [
+        Partition.open(
+            "t",
+            i,
+            tmp_path / f"t-{i}",
+            LogConfig(),
+            ProducerLimits(10, 60_000),
+            clean_shutdown=True,
+            now_ms=0,
+        )
+        for i in range(3)
+    ]
+    read_end, write_end = os.pipe()
+    bad = partitions[1].log
+    targets = bad.sync_targets
+
+    def with_a_pipe_first() -> tuple[list[int], int]:
+        fds, end = targets()
+        return [read_end, *fds], end
+
+    monkeypatch.setattr(bad, "sync_targets", with_a_pipe_first)
+    committer = GroupCommitter(BrokerMetrics(enabled=True))
+    batch = build_batch_from_columns([b"v"], None, 0)
+    header = read_header(batch)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(committer.run)
+            lasts = []
+            for p in partitions:
+                lasts.append(p.append(batch, header, 0).last_offset)
+                committer.request_flush(p, batches=1)
+            await committer.wait_durable(partitions[0], lasts[0])
+            await committer.wait_durable(partitions[2], lasts[2])
+            with pytest.raises(FlushFailed):
+                await committer.wait_durable(partitions[1], lasts[1])
+            assert [p.log.flushed_offset for p in partitions] == [1, 0, 1]
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main, backend=backend)
+    finally:
+        monkeypatch.undo()
+        for p in partitions:
+            p.log.close()
+        os.close(read_end)
+        os.close(write_end)

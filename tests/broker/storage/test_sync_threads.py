@@ -6,14 +6,18 @@ reference does, for many callers at once."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
+import select
 import threading
 import time
 from pathlib import Path
 
 import anyio
 import pytest
+import sniffio
+import trio
 
 from broker.storage import sync_threads
 
@@ -102,15 +106,24 @@ def test_the_c_threads_answer_as_the_python_reference_does(backend: str, tmp_pat
     expected = (0, errno.EINVAL, errno.EBADF, 0)
 
     async def main() -> None:
+        assert not _has_waker()
         assert sync_threads._fdatasync_each(fds) == expected
         assert await sync_threads.fdatasync_each(fds) == expected
-        assert sync_threads._waker().pending == []
+        assert _has_waker()
 
     try:
         _run(backend, main)
     finally:
         for fd in to_close:
             os.close(fd)
+
+
+def _has_waker() -> bool:
+    """Whether the running loop has a waker for the C threads (without making one)."""
+    if sniffio.current_async_library() == "trio":
+        var = sync_threads._trio_waker
+        return var is not None and var.get(None) is not None
+    return asyncio.get_running_loop() in sync_threads._asyncio_wakers
 
 
 def test_many_jobs_at_once_each_get_their_own_answer(backend: str, tmp_path: Path) -> None:
@@ -177,3 +190,80 @@ def test_a_cancelled_caller_waits_for_its_c_job(backend: str, tmp_path: Path) ->
     finally:
         os.close(fd)
     assert answers == [(0,)]
+
+
+def test_a_sync_asked_while_a_trio_run_ends_is_answered(tmp_path: Path) -> None:
+    """A system task's shielded sync in its `finally`, asked once the run's waker has
+    gone (its eventfd back among the spares): Python's threads answer it, where the
+    ended waker would have waited for ever. Run in a thread, so a hang fails."""
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    answers: list[tuple[int, ...]] = []
+
+    async def late(waker_fd: int) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                while waker_fd not in sync_threads._spare_eventfds:
+                    await trio.sleep(0.001)
+                answers.append(await sync_threads.fdatasync_each([fd]))
+
+    async def main() -> None:
+        await sync_threads.fdatasync_each([fd])  # the run's waker and its watcher
+        waker = sync_threads._waker()
+        assert waker is not None
+        trio.lowlevel.spawn_system_task(late, waker.fd)
+
+    runner = threading.Thread(target=trio.run, args=(main,), daemon=True)
+    try:
+        runner.start()
+        runner.join(30)
+    finally:
+        os.close(fd)
+    assert not runner.is_alive(), "the late sync was never answered"
+    assert answers == [(0,)]
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_a_forked_child_and_its_parent_each_get_their_answers(
+    tmp_path: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a fork, a child's loop that waits on its own eventfd while the parent's loop
+    syncs: the child made its own (sharing the parent's spare, it would have read the
+    parent's wake-ups, leaving a parent's sync unanswered for ever). On the Python path
+    the child starts its own thread (counting the parent's idle ones, it waited for ever)."""
+    pytest.importorskip("broker.storage._fdatasync_fast")
+    if path == "python":
+        real = os.fdatasync
+        monkeypatch.setattr(os, "fdatasync", lambda fd: real(fd))
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    read_end, write_end = os.pipe()
+
+    async def syncs(count: int) -> None:
+        for _ in range(count):
+            assert await sync_threads.fdatasync_each([fd]) == (0,)
+
+    async def child() -> None:
+        await syncs(1)
+        os.write(write_end, b"r")  # ready: its watcher waits on its eventfd from now on
+        await trio.sleep(5)
+
+    trio.run(syncs, 1)  # leaves a spare eventfd behind
+    pid = os.fork()
+    if pid == 0:
+        try:
+            trio.run(child)
+        finally:
+            os._exit(0)
+    try:
+        ready, _, _ = select.select([read_end], [], [], 30)
+        assert ready, "the child's sync was never answered"
+        runner = threading.Thread(target=trio.run, args=(syncs, 200), daemon=True)
+        runner.start()
+        runner.join(30)
+        assert not runner.is_alive(), "a parent's sync was never answered"
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        for each in (fd, read_end, write_end):
+            os.close(each)
