@@ -23,6 +23,33 @@ from protocol.batch import build_batch_from_columns, read_header
 BACKENDS = ["trio", "asyncio"]
 
 
+BATCH = build_batch_from_columns([b"v"], None, 0)
+HEADER = read_header(BATCH)
+
+
+def _append(committer: GroupCommitter, p: Partition) -> int:
+    """One acks=-1 batch appended to `p`, its round asked of `committer`: its offset."""
+    last = p.append(BATCH, HEADER, 0).last_offset
+    committer.request_flush(p, batches=1)
+    return last
+
+
+def _open(tmp_path: Path, count: int) -> list[Partition]:
+    """Partitions 0 to count - 1 of topic "t", each in a directory of its own."""
+    return [
+        Partition.open(
+            "t",
+            i,
+            tmp_path / f"t-{i}",
+            LogConfig(),
+            ProducerLimits(10, 60_000),
+            clean_shutdown=True,
+            now_ms=0,
+        )
+        for i in range(count)
+    ]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
@@ -39,18 +66,7 @@ def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
             release.clear()
 
     monkeypatch.setattr(os, "fdatasync", blocking_fdatasync)
-    partitions = [
-        Partition.open(
-            "t",
-            i,
-            tmp_path / f"t-{i}",
-            LogConfig(),
-            ProducerLimits(10, 60_000),
-            clean_shutdown=True,
-            now_ms=0,
-        )
-        for i in range(2)
-    ]
+    partitions = _open(tmp_path, 2)
     metrics = BrokerMetrics(enabled=True)
     batches_per_round: list[int] = []
     round_ends: list[int] = []
@@ -61,22 +77,15 @@ def test_batches_appended_during_an_fsync_all_go_into_the_next_one(
 
     monkeypatch.setattr(metrics, "observe_fsync", observe_fsync)
     committer = GroupCommitter(metrics)
-    batch = build_batch_from_columns([b"v"], None, 0)
-    header = read_header(batch)
-
-    def append(p: Partition) -> int:
-        result = p.append(batch, header, 0)
-        committer.request_flush(p, batches=1)
-        return result.last_offset
 
     segments: list[int] = []
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(committer.run)
-            first = append(partitions[0])
+            first = _append(committer, partitions[0])
             await anyio.to_thread.run_sync(entered.acquire)  # round 1 is syncing
-            later = [append(partitions[i % 2]) for i in range(10)]
+            later = [_append(committer, partitions[i % 2]) for i in range(10)]
             segments.extend(p.log.sync_targets()[0][0] for p in partitions)
             release.set()
             await committer.wait_durable(partitions[0], first)
@@ -119,24 +128,13 @@ def test_a_waiter_the_round_in_flight_covers_asks_for_no_other(
         release.clear()
 
     monkeypatch.setattr(os, "fdatasync", blocking_fdatasync)
-    p = Partition.open(
-        "t",
-        0,
-        tmp_path / "t-0",
-        LogConfig(),
-        ProducerLimits(10, 60_000),
-        clean_shutdown=True,
-        now_ms=0,
-    )
+    (p,) = _open(tmp_path, 1)
     committer = GroupCommitter(BrokerMetrics(enabled=True))
-    batch = build_batch_from_columns([b"v"], None, 0)
-    header = read_header(batch)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(committer.run)
-            last = p.append(batch, header, 0).last_offset
-            committer.request_flush(p, batches=1)
+            last = _append(committer, p)
             await anyio.to_thread.run_sync(entered.acquire)  # its round is syncing
             tg.start_soon(committer.wait_durable, p, last)
             await anyio.wait_all_tasks_blocked()
@@ -161,18 +159,7 @@ def test_a_round_fails_only_the_partitions_whose_sync_failed(
     EINVAL), so its waiter gets FlushFailed and its offsets stay unflushed, while the
     partitions on either side are durable."""
     pytest.importorskip("broker.storage._fdatasync_fast")
-    partitions = [
-        Partition.open(
-            "t",
-            i,
-            tmp_path / f"t-{i}",
-            LogConfig(),
-            ProducerLimits(10, 60_000),
-            clean_shutdown=True,
-            now_ms=0,
-        )
-        for i in range(3)
-    ]
+    partitions = _open(tmp_path, 3)
     read_end, write_end = os.pipe()
     bad = partitions[1].log
     targets = bad.sync_targets
@@ -183,16 +170,11 @@ def test_a_round_fails_only_the_partitions_whose_sync_failed(
 
     monkeypatch.setattr(bad, "sync_targets", with_a_pipe_first)
     committer = GroupCommitter(BrokerMetrics(enabled=True))
-    batch = build_batch_from_columns([b"v"], None, 0)
-    header = read_header(batch)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(committer.run)
-            lasts = []
-            for p in partitions:
-                lasts.append(p.append(batch, header, 0).last_offset)
-                committer.request_flush(p, batches=1)
+            lasts = [_append(committer, p) for p in partitions]
             await committer.wait_durable(partitions[0], lasts[0])
             await committer.wait_durable(partitions[2], lasts[2])
             with pytest.raises(FlushFailed):
