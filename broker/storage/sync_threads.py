@@ -154,6 +154,7 @@ class _Waker:
             self.fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         self.pending: list[tuple[Any, Callable[[], object]]] = []
         self.closed = False
+        self._pid = os.getpid()
 
     def reap(self) -> None:
         """Call the ends of the jobs done. The count is read first: a job marks itself
@@ -169,7 +170,9 @@ class _Waker:
         self.pending = waiting
 
     def retire(self) -> None:
-        _spare_eventfds.append(self.fd)
+        # Not in a forked child (a parent's loop collected there): the fd is shared.
+        if os.getpid() == self._pid:
+            _spare_eventfds.append(self.fd)
 
 
 _asyncio_wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import os
 import select
 import threading
@@ -267,3 +268,31 @@ def test_a_forked_child_and_its_parent_each_get_their_answers(
         os.waitpid(pid, 0)
         for each in (fd, read_end, write_end):
             os.close(each)
+
+
+def test_a_forked_child_keeps_no_eventfd_of_its_parents_loops(tmp_path: Path) -> None:
+    """A parent's ended loop collected in a forked child gives the child no spare: the
+    eventfd is the parent's too."""
+    pytest.importorskip("broker.storage._fdatasync_fast")
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(sync_threads.fdatasync_each([fd])) == (0,)
+        shared = sync_threads._asyncio_wakers[loop].fd
+    finally:
+        loop.close()
+        os.close(fd)
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            del loop
+            gc.collect()
+            code = 1 if shared in sync_threads._spare_eventfds else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    del loop
+    gc.collect()
+    assert shared in sync_threads._spare_eventfds  # the parent's own to use again
