@@ -396,6 +396,12 @@ def test_dockerfile() -> None:
     entry = " ".join(rest for word, rest in final if word in ("ENTRYPOINT", "CMD"))
     assert "minibroker" in entry and "serve" in entry
     assert "/etc/minibroker/minibroker.toml" in entry
+    # The build stage has a compiler before it builds the wheel: without one pip leaves
+    # out the optional C extensions, and the image runs on their Python references.
+    build = ins[: max(i for i, (w, _) in enumerate(ins) if w == "FROM")]
+    runs = [i for i, (w, rest) in enumerate(build) if w == "RUN" and "install" in rest]
+    wheel = next(i for i, (w, rest) in enumerate(build) if w == "RUN" and "pip wheel" in rest)
+    assert any("gcc" in build[i][1] and i < wheel for i in runs), "no compiler for the wheel"
     # Every file the Dockerfile copies from the context exists.
     for word, rest in ins:
         if word == "COPY" and "--from" not in rest:
