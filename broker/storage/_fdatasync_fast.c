@@ -238,15 +238,13 @@ submit(PyObject *module, PyObject *args)
         PyErr_Format(PyExc_ValueError, "at most %d file descriptors a job", FDS_MAX);
         return NULL;
     }
+    JobObject *result = NULL;
     job_t *job = calloc(1, sizeof *job);
     int *fd_values = malloc(sizeof(int) * (size_t)(count ? count : 1));
     int *errors = calloc((size_t)(count ? count : 1), sizeof(int));
     if (job == NULL || fd_values == NULL || errors == NULL) {
-        free(job);
-        free(fd_values);
-        free(errors);
-        Py_DECREF(fds);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        goto refused;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         long fd = PyLong_AsLong(PyTuple_GET_ITEM(fds, i));
@@ -259,6 +257,10 @@ submit(PyObject *module, PyObject *args)
         }
         fd_values[i] = (int)fd;
     }
+    result = PyObject_New(JobObject, &JobType);
+    if (result == NULL) {
+        goto refused;
+    }
     Py_DECREF(fds);
     job->eventfd = eventfd;
     job->count = count;
@@ -266,18 +268,12 @@ submit(PyObject *module, PyObject *args)
     job->errors = errors;
     atomic_init(&job->done, 0);
     atomic_init(&job->holders, 2);
-
-    JobObject *result = PyObject_New(JobObject, &JobType);
-    if (result == NULL) {
-        free(job);
-        free(fd_values);
-        free(errors);
-        return NULL;
-    }
     result->job = job;
     if (enqueue(job) != 0) {
+        int failed = errno;
         atomic_store(&job->holders, 1);
         Py_DECREF(result);
+        errno = failed;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     return (PyObject *)result;

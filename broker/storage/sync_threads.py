@@ -34,6 +34,9 @@ except ImportError:  # the optional extension did not build: Python threads sync
 
 T = TypeVar("T")
 
+# The C threads call the real fdatasync: a test that replaces it gets Python's threads.
+_FDATASYNC = os.fdatasync
+
 IDLE_S = 10.0
 
 CallSoon = Callable[[Callable[[], object]], object]
@@ -120,9 +123,6 @@ async def fdatasync_each(fds: Sequence[int]) -> tuple[int, ...]:
     with anyio.CancelScope(shield=True):
         await done.wait()
     return job.errors
-
-
-_FDATASYNC = os.fdatasync
 
 
 def _fdatasync_each(fds: Sequence[int]) -> tuple[int, ...]:
