@@ -3,7 +3,8 @@
 
 Per group: the committed offsets, {(topic, partition): (offset, metadata,
 commit_ms)}; the pending transactional ones, {producer_id: {(topic, partition):
-(offset, metadata)}}, which a transaction's marker commits or drops; and
+(offset, metadata)}}, with the producer epoch of the transaction that wrote them,
+which that transaction's marker commits or drops; and
 `empty_since_ms`, when the group was first seen with no members (None while it
 has members). Every change is one record, a msgpack list whose first item names
 its kind; broker/groups/offset_store.py appends them to `groups/offsets.wal`
@@ -15,7 +16,8 @@ state:
 | "commit"  | group_id, empty_since_ms, commit_ms, [[topic, partition, offset,   |
 |           | metadata], ...]  (OffsetCommit)                                    |
 | "pending" | group_id, empty_since_ms, producer_id, [[topic, partition, offset, |
-|           | metadata], ...]  (TxnOffsetCommit)                                 |
+|           | metadata], ...], producer_epoch  (TxnOffsetCommit; the epoch is    |
+|           | missing from records written before it was kept)                   |
 | "markers" | commit_ms, [[group_id, producer_id, committed], ...]  (a           |
 |           | transaction's end: its pending offsets become committed, or go)    |
 | "empty"   | group_id, empty_since_ms  (the group's members came or went)       |
@@ -23,7 +25,8 @@ state:
 | "deleted" | topic  (DeleteTopics: every group's offsets of the topic go)        |
 | "group"   | group_id, empty_since_ms, [[topic, partition, offset, metadata,    |
 |           | commit_ms], ...], [[producer_id, [[topic, partition, offset,       |
-|           | metadata], ...]], ...]  (a whole group: what compaction writes)    |
+|           | metadata], ...], producer_epoch], ...]  (a whole group: what       |
+|           | compaction writes; the epoch as in "pending")                      |
 
 A group holding no offset, committed or pending, is forgotten. No IO, no clock:
 time comes in as `now_ms`.
@@ -66,6 +69,9 @@ class GroupOffsets:
     empty_since_ms: int | None
     committed: dict[TopicPartition, Committed] = field(default_factory=dict)
     pending: dict[int, dict[TopicPartition, Pending]] = field(default_factory=dict)
+    # The epoch of the transaction each producer's pending offsets belong to; none for
+    # offsets read from a record that predates it.
+    pending_epochs: dict[int, int] = field(default_factory=dict)
 
     def is_pending(self, key: TopicPartition) -> bool:
         """Whether an open transaction holds an offset for `key` (OffsetFetch require_stable)."""
@@ -97,9 +103,14 @@ class OffsetState:
         held = group.committed if producer_id < 0 else group.pending.get(producer_id, {})
         return len({k for k in keys if k not in held})
 
-    def holds_pending(self, group_id: str, producer_id: int) -> bool:
+    def holds_pending(self, group_id: str, producer_id: int, producer_epoch: int | None) -> bool:
+        """Whether the group holds pending offsets of the producer's transaction at
+        `producer_epoch` (None, or offsets whose epoch is unknown: of any epoch)."""
         group = self.groups.get(group_id)
-        return group is not None and producer_id in group.pending
+        if group is None or producer_id not in group.pending:
+            return False
+        held = group.pending_epochs.get(producer_id)
+        return producer_epoch is None or held is None or held == producer_epoch
 
     def holds_topic(self, topic: str) -> list[str]:
         """The groups holding an offset of `topic`, committed or pending."""
@@ -119,9 +130,14 @@ class OffsetState:
             if any(t == topic for t, _ in offsets)
         ]
 
-    def pending_owners(self) -> set[tuple[str, int]]:
-        """(group_id, producer_id) of every pending transactional offset."""
-        return {(g, pid) for g, group in self.groups.items() for pid in group.pending}
+    def pending_owners(self) -> set[tuple[str, int, int | None]]:
+        """(group_id, producer_id, producer_epoch or None where unknown) of every pending
+        transactional offset."""
+        return {
+            (g, pid, group.pending_epochs.get(pid))
+            for g, group in self.groups.items()
+            for pid in group.pending
+        }
 
     def expired(self, group_id: str, now_ms: int, retention_ms: int) -> list[TopicPartition]:
         """Offsets of an empty group past retention: `retention_ms` after the later of
@@ -152,14 +168,19 @@ class OffsetState:
                     self.held += key not in group.committed
                     group.committed[key] = Committed(offset, metadata, stamp)
             elif kind == PENDING:
-                _, group_id, since, pid, items = record
+                _, group_id, since, pid, items, *epoch = record
                 entries = [self._entry(i) for i in items]
                 group_id, since, pid = _str(group_id), _since(since), _int(pid)
+                epochs = [_int(e) for e in epoch]
+                if len(epochs) > 1:
+                    raise ValueError("a pending record holds one producer epoch")
                 group = self._fetch_group(group_id, since)
                 offsets = group.pending.setdefault(pid, {})
                 for key, value in entries:
                     self.held += key not in offsets
                     offsets[key] = value
+                if epochs:
+                    group.pending_epochs[pid] = epochs[0]
             elif kind == MARKERS:
                 _, stamp, markers = record
                 checked = [(_str(g), _int(pid), _bool(c)) for g, pid, c in markers]
@@ -199,6 +220,7 @@ class OffsetState:
         offsets = None if group is None else group.pending.pop(pid, None)
         if group is None or offsets is None:
             return  # written twice (a retry after a storage failure): the first one ended it
+        group.pending_epochs.pop(pid, None)
         self.held -= len(offsets)
         if committed:
             for key, (offset, metadata) in offsets.items():
@@ -226,6 +248,7 @@ class OffsetState:
                     self.held -= 1
                 if not offsets:
                     del group.pending[pid]
+                    group.pending_epochs.pop(pid, None)
             self._forget_if_bare(group_id, group)
         self._keys = {k: v for k, v in self._keys.items() if k[0] != topic}
 
@@ -234,8 +257,12 @@ class OffsetState:
         for topic, partition, offset, metadata, stamp in committed:
             key, value = self._entry([topic, partition, offset, metadata])
             new.committed[key] = Committed(*value, _int(stamp))
-        for pid, items in pending:
+        for pid, items, *epoch in pending:
             new.pending[_int(pid)] = dict(self._entry(i) for i in items)
+            if len(epoch) > 1:
+                raise ValueError("a group's pending offsets hold one producer epoch")
+            if epoch:
+                new.pending_epochs[_int(pid)] = _int(epoch[0])
         old = self.groups.pop(_str(group_id), None)
         self.held -= 0 if old is None else old.held()
         self.groups[group_id] = new
@@ -270,7 +297,11 @@ class OffsetState:
                     for (t, p), c in group.committed.items()
                 ],
                 [
-                    [pid, [[t, p, *v] for (t, p), v in offsets.items()]]
+                    [
+                        pid,
+                        [[t, p, *v] for (t, p), v in offsets.items()],
+                        *_known(group.pending_epochs.get(pid)),
+                    ]
                     for pid, offsets in group.pending.items()
                 ],
             ]
@@ -294,9 +325,13 @@ def commit_record(
 
 
 def pending_record(
-    group_id: str, empty_since_ms: int | None, producer_id: int, entries: Iterable[Entry]
+    group_id: str,
+    empty_since_ms: int | None,
+    producer_id: int,
+    producer_epoch: int,
+    entries: Iterable[Entry],
 ) -> list[Any]:
-    return [PENDING, group_id, empty_since_ms, producer_id, _entries(entries)]
+    return [PENDING, group_id, empty_since_ms, producer_id, _entries(entries), producer_epoch]
 
 
 def markers_record(now_ms: int, markers: Iterable[tuple[str, int, bool]]) -> list[Any]:
@@ -344,3 +379,8 @@ def _bool(value: Any) -> bool:
 
 def _since(value: Any) -> int | None:
     return None if value is None else _int(value)
+
+
+def _known(epoch: int | None) -> list[int]:
+    """A pending entry's epoch as a record's optional last field."""
+    return [] if epoch is None else [epoch]

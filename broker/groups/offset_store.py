@@ -55,6 +55,10 @@ from protocol.errors import ErrorCode, ProtocolError
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
+GroupMarker = tuple[int, int | None, Iterable[str], bool]
+"""A transaction's end in its groups: (producer_id, producer_epoch, group_ids,
+committed); an epoch of None ends the producer's pending offsets of any epoch."""
+
 DIRECTORY = "groups"
 FILE = "offsets.wal"
 
@@ -356,7 +360,9 @@ class OffsetStore:
             since = empty_since(
                 self.state.group(req.group_id), self.members.has_members(req.group_id), now_ms()
             )
-            record = pending_record(req.group_id, since, req.producer_id, verdicts.accepted)
+            record = pending_record(
+                req.group_id, since, req.producer_id, req.producer_epoch, verdicts.accepted
+            )
             try:
                 end = self.log.write(record)
             except OSError as exc:
@@ -410,8 +416,9 @@ class OffsetStore:
 
     # ------------------------------------------------------------------ markers
 
-    def pending_owners(self) -> set[tuple[str, int]]:
-        """(group_id, producer_id) of every pending transactional offset."""
+    def pending_owners(self) -> set[tuple[str, int, int | None]]:
+        """(group_id, producer_id, producer_epoch or None) of every pending
+        transactional offset."""
         return self.state.pending_owners()
 
     async def settled(self, group_ids: Iterable[str]) -> None:
@@ -422,33 +429,29 @@ class OffsetStore:
             pass
         await self.log.durable_or_refuse(self.log.size_bytes)
 
-    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
-        """End transactions in their groups: for each (producer_id, groups, committed),
-        the pending offsets the producer holds there become committed, or are dropped.
-        One record for all, durable on return; a group where the producer holds none
-        is skipped (its marker was written before a crash, or by `write_markers_now`,
-        whose round may have failed: so the log is synced up to its end first, and a
-        log that refuses writes raises). OSError on a storage failure."""
-        wanted = [(g, pid, committed) for pid, groups, committed in markers for g in sorted(groups)]
-        async with self._locked(g for g, _, _ in wanted):
-            due = [w for w in wanted if self.state.holds_pending(w[0], w[1])]
+    async def write_markers(self, markers: Sequence[GroupMarker]) -> None:
+        """End transactions in their groups: for each (producer_id, producer_epoch,
+        groups, committed), the pending offsets the producer's transaction at that epoch
+        holds there become committed, or are dropped. One record for all, durable on
+        return; a group where it holds none is skipped (its marker was written before a
+        crash, or by `write_markers_now`, whose round may have failed: so the log is
+        synced up to its end first, and a log that refuses writes raises). OSError on a
+        storage failure."""
+        wanted = _wanted(markers)
+        async with self._locked(g for g, _, _, _ in wanted):
+            due, committed_offsets = self._due(wanted)
             if not due:
                 # In force is not durable: the ending's COMPLETE, which follows this
                 # return, must never stand in txn.wal for a marker the disk may lack.
                 await self.log.durable_or_refuse(self.log.size_bytes)
                 return
-            committed_offsets = sum(
-                len(group.pending[pid])
-                for g, pid, committed in due
-                if committed and (group := self.state.group(g)) is not None
-            )
             await self._write_durably(
                 markers_record(now_ms(), due),
                 written_point="txn_group_markers_written",
             )
             self._commits["TxnOffsetCommit"] += committed_offsets
 
-    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+    async def write_markers_now(self, markers: Sequence[GroupMarker]) -> int:
         """`write_markers`, in force at once and written, not synced: return the size the
         log must reach on disk for them to be (0: nothing written), for `durable`.
 
@@ -456,22 +459,36 @@ class OffsetStore:
         this record, is what recovery ends their groups by should this one be lost, so
         memory may show the offsets committed before the disk does. OSError when the
         record could not be written: nothing changed."""
-        wanted = [(g, pid, committed) for pid, groups, committed in markers for g in sorted(groups)]
-        async with self._locked(g for g, _, _ in wanted):
-            due = [w for w in wanted if self.state.holds_pending(w[0], w[1])]
+        wanted = _wanted(markers)
+        async with self._locked(g for g, _, _, _ in wanted):
+            due, committed_offsets = self._due(wanted)
             if not due:
                 return 0
-            committed_offsets = sum(
-                len(group.pending[pid])
-                for g, pid, committed in due
-                if committed and (group := self.state.group(g)) is not None
-            )
             record = markers_record(now_ms(), due)
             end = self.log.write(record)
             crash_point("txn_group_markers_written")
             self.state.apply(record)
             self._commits["TxnOffsetCommit"] += committed_offsets
             return end
+
+    def _due(
+        self, wanted: list[tuple[str, int, int | None, bool]]
+    ) -> tuple[list[tuple[str, int, bool]], int]:
+        """The markers of `wanted` whose transaction holds pending offsets in the group,
+        as a markers record lists them, and how many offsets they commit. A marker of
+        an ended transaction ends its own offsets only: recovery may write it again
+        after the producer's next transaction wrote offsets to the same group."""
+        due = [
+            (g, pid, committed)
+            for g, pid, epoch, committed in wanted
+            if self.state.holds_pending(g, pid, epoch)
+        ]
+        committed_offsets = sum(
+            len(group.pending[pid])
+            for g, pid, committed in due
+            if committed and (group := self.state.group(g)) is not None
+        )
+        return due, committed_offsets
 
     async def durable(self, end: int) -> None:
         """Return once the log is on disk up to `end` (`write_markers_now`); OSError if
@@ -728,3 +745,12 @@ def _partition_message(verdicts: Verdicts) -> str | None:
     if codes:
         return "some partitions do not exist"
     return None
+
+
+def _wanted(markers: Sequence[GroupMarker]) -> list[tuple[str, int, int | None, bool]]:
+    """(group_id, producer_id, producer_epoch, committed) per group of `markers`."""
+    return [
+        (g, pid, epoch, committed)
+        for pid, epoch, groups, committed in markers
+        for g in sorted(groups)
+    ]

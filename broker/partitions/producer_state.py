@@ -269,6 +269,15 @@ class PartitionProducerState:
         """True while `producer_id` has a transaction open here (a marker is due)."""
         return producer_id in self._open_txns
 
+    def in_txn_at(self, producer_id: int, producer_epoch: int) -> bool:
+        """True while `producer_id` has a transaction open here whose batches carry
+        `producer_epoch`: an ended transaction's marker, written again after a crash,
+        is not due where the producer's next transaction (a later epoch) is open."""
+        entry = self._producers.get(producer_id)
+        return (
+            producer_id in self._open_txns and entry is not None and entry.epoch == producer_epoch
+        )
+
     def first_unstable_offset(self) -> int | None:
         """The first offset of the oldest open transaction: the last stable offset."""
         return next(iter(self._open_txns.values()), None)

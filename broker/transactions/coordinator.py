@@ -93,20 +93,26 @@ class CoordinatorError(ProtocolError):
 class GroupMarkers(Protocol):
     """The committed-offsets store (broker/groups/offset_store.py), as transactions end."""
 
-    def pending_owners(self) -> set[tuple[str, int]]:
-        """(group_id, producer_id) of every pending transactional offset."""
+    def pending_owners(self) -> set[tuple[str, int, int | None]]:
+        """(group_id, producer_id, producer_epoch or None where unknown) of every pending
+        transactional offset."""
         ...
 
     async def settled(self, group_ids: Iterable[str]) -> None:
         """Return once no TxnOffsetCommit is still writing offsets of these groups."""
         ...
 
-    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
-        """For each (producer_id, groups, committed): the producer's pending offsets in
-        those groups become committed, or are dropped; durable on return."""
+    async def write_markers(
+        self, markers: Sequence[tuple[int, int | None, Iterable[str], bool]]
+    ) -> None:
+        """For each (producer_id, producer_epoch, groups, committed): the pending offsets
+        of the producer's transaction at that epoch (any epoch: None) in those groups
+        become committed, or are dropped; durable on return."""
         ...
 
-    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+    async def write_markers_now(
+        self, markers: Sequence[tuple[int, int | None, Iterable[str], bool]]
+    ) -> int:
         """`write_markers`, in force at once and written, not synced: return the size the
         offsets log must reach on disk for them to be (0: nothing written), for `durable`."""
         ...
@@ -1046,7 +1052,7 @@ class TransactionCoordinator:
             await self.log.durable(decisions_end)
         written = self._append_markers(pending)
         groups = [
-            (e.marker_ids()[0], e.groups, e.state == PREPARE_COMMIT) for e in pending if e.groups
+            (*e.marker_ids(), e.groups, e.state == PREPARE_COMMIT) for e in pending if e.groups
         ]
         if settle_later and pending and self._settlers is not None:
             return await self._answer_then_settle(
@@ -1091,9 +1097,10 @@ class TransactionCoordinator:
                 partition = self.topics.partition(topic, index)
                 if partition is None:
                     continue
-                if not partition.producers.in_txn(pid):
-                    # No batch of the transaction landed here, or its marker did before:
-                    # none is due, but one written may not be durable yet.
+                if not partition.producers.in_txn_at(pid, epoch):
+                    # No batch of the transaction landed here, or its marker did before
+                    # (the producer's next transaction may be open here since): none is
+                    # due, but one written may not be durable yet.
                     last = partition.log.log_end_offset - 1
                     if partition.log.flushed_offset <= last:
                         written.append((partition, last))
@@ -1140,7 +1147,7 @@ class TransactionCoordinator:
         entries: list[TxnEntry],
         pending: list[TxnEntry],
         written: list[tuple[Partition, int]],
-        groups: list[tuple[int, frozenset[str], bool]],
+        groups: list[tuple[int, int, frozenset[str], bool]],
         decisions_end: int,
         settlers: anyio.abc.TaskGroup,
     ) -> list[TxnEntry]:

@@ -23,9 +23,11 @@ class PendingOffsets(Protocol):
     """What recovery asks of the committed-offsets store: whose transactional offsets
     are pending, and how to settle them."""
 
-    def pending_owners(self) -> set[tuple[str, int]]: ...
+    def pending_owners(self) -> set[tuple[str, int, int | None]]: ...
 
-    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None: ...
+    async def write_markers(
+        self, markers: Sequence[tuple[int, int | None, Iterable[str], bool]]
+    ) -> None: ...
 
 
 class AbortCounts(Protocol):
@@ -127,18 +129,25 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
         # marker is needed to decide a transaction any more.
         partition.producers.forget_markers()
     claimed_groups = {
-        (group_id, entry.producer_id)
+        (group_id, entry.producer_id): entry.producer_epoch
         for entry in coordinator.entries.values()
         if entry.state in OPEN
         for group_id in entry.groups
     }
-    orphans = sorted(coordinator.offsets.pending_owners() - claimed_groups)
+    # Pending offsets of an epoch other than the open transaction's are an ended
+    # transaction's that its decision no longer ends (a marker ends its own epoch's).
+    orphans = sorted(
+        (group_id, pid)
+        for group_id, pid, epoch in coordinator.offsets.pending_owners()
+        if (group_id, pid) not in claimed_groups
+        or epoch not in (None, claimed_groups[group_id, pid])
+    )
     for group_id, pid in orphans:
         log.warning("event=txn_orphan_offsets_dropped group=%r producer_id=%d", group_id, pid)
         coordinator.counters.aborts["recovery"] += 1
     if orphans:
         await coordinator.offsets.write_markers(
-            [(pid, [group_id], False) for group_id, pid in orphans]
+            [(pid, None, [group_id], False) for group_id, pid in orphans]
         )
 
 

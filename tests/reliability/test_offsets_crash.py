@@ -10,7 +10,9 @@ synced, (f) after every marker is durable but before COMPLETE (behind EndTxn's
 answer, which may be out before the kill). Points are armed with
 MINIBROKER_CRASH_AT (broker/crash_points.py). Last, (g) pending offsets whose
 transaction the coordinator lost (its last txn.wal record cut) are dropped at start,
-so OffsetFetch with require_stable does not answer UNSTABLE_OFFSET_COMMIT for ever.
+so OffsetFetch with require_stable does not answer UNSTABLE_OFFSET_COMMIT for ever,
+and (h) a transaction finished again from its decision after a power loss ends its own
+batches and offsets, not those of the producer's next transaction.
 """
 
 from __future__ import annotations
@@ -317,5 +319,57 @@ def test_answers_stay_in_order_behind_a_txn_offset_commit(tmp_path: Path, backen
             assert pending == [(-1, UNSTABLE), (-1, UNSTABLE)]
             assert committed == [(10, 0), (11, 0)]
             assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"out"]
+    finally:
+        broker.kill()
+
+
+@pytest.mark.parametrize("offsets", [True, False])
+def test_an_ended_transaction_finished_again_leaves_the_next_one_open(
+    tmp_path: Path, backend: str, offsets: bool
+) -> None:
+    """Transaction N commits a batch on each partition and offset 10 (answered); N+1
+    writes a batch to partition 0 (answered) and offset 20. N's COMPLETE is written
+    behind N's answer without a sync, N+1's partition add is durable through its batch
+    and its group add shares a round with its pending offsets: a power loss can keep
+    N+1's batch and offsets and lose everything `txn.wal` took after N's decision (cut
+    here after a kill -9). Recovery finishes N again from its decision: its markers
+    end N's batches and offsets, not N+1's (a later epoch), so N+1's batch is adopted,
+    still open, and its offsets, which no transaction holds, are dropped: the group
+    reads 10 and read_committed sees N alone, until the client, never answered for
+    the offsets, sends them again and commits."""
+    broker = fresh(tmp_path, backend, None)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            # Two partitions, so that N's commit writes a decision to txn.wal.
+            assert tx.send("t", 0, [b"n"])["error"] == 0
+            assert tx.send("t", 1, [b"n"])["error"] == 0
+            assert txn_commit(tx, "g", {0: 10})["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert tx.send("t", 0, [b"n+1"])["error"] == 0
+            if offsets:
+                assert txn_commit(tx, "g", {0: 20})["error"] == 0
+        assert broker.proc is not None
+        broker.proc.kill()
+        broker.proc.wait(15)
+        # Keep `txn.wal` up to N's decision: its COMPLETE, N+1's adds, all after it.
+        path = broker.data_dir / "transactions" / "txn.wal"
+        records = list(scan_records(path.read_bytes(), path))
+        [decision_end] = [end for body, end in records if "PREPARE_COMMIT" in repr(body)]
+        assert "COMPLETE_COMMIT" in repr([body for body, end in records if end > decision_end])
+        with path.open("r+b") as f:
+            f.truncate(decision_end)
+        broker.restart_after_crash_point()
+        with WireClient(broker.bootstrap) as c:
+            assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"n"]
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "ONGOING"
+            assert broker.log_shows("event=txn_partition_adopted")
+            tx.c = c
+            assert txn_commit(tx, "g", {0: 20})["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert fetch(c, "g") == {0: (20, 0), 1: (-1, 0)}
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"n", b"n+1"]
     finally:
         broker.kill()

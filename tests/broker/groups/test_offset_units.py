@@ -61,6 +61,7 @@ def view(state: OffsetState) -> dict[str, Any]:
             group.empty_since_ms,
             dict(group.committed),
             {p: dict(o) for p, o in group.pending.items()},
+            dict(group.pending_epochs),
         )
         for g, group in state.groups.items()
     }
@@ -86,15 +87,15 @@ def test_a_commit_marker_makes_pending_offsets_committed_and_an_abort_drops_them
         [
             commit_record("g", 1, 1, [(("t", 0), Pending(3, None))]),
             pending_record(
-                "g", 1, 42, [(("t", 0), Pending(10, "a")), (("t", 1), Pending(4, None))]
+                "g", 1, 42, 0, [(("t", 0), Pending(10, "a")), (("t", 1), Pending(4, None))]
             ),
-            pending_record("g", 1, 43, [(("t", 2), Pending(8, None))]),
+            pending_record("g", 1, 43, 3, [(("t", 2), Pending(8, None))]),
         ]
     )
     g = state.group("g")
     assert g is not None
     assert state.held == 4 and g.is_pending(("t", 1)) and not g.is_pending(("t", 3))
-    assert state.pending_owners() == {("g", 42), ("g", 43)}
+    assert state.pending_owners() == {("g", 42, 0), ("g", 43, 3)}
     assert state.new_keys("g", [("t", 0), ("t", 1)], 42) == 0
     assert state.new_keys("g", [("t", 0)], 43) == 1
     state.apply(markers_record(500, [("g", 42, True), ("g", 43, False)]))
@@ -108,7 +109,7 @@ def test_a_commit_marker_makes_pending_offsets_committed_and_an_abort_drops_them
 def test_a_group_with_only_aborted_pending_offsets_is_forgotten() -> None:
     state = replayed(
         [
-            pending_record("g", None, 7, [(("t", 0), Pending(1, None))]),
+            pending_record("g", None, 7, 0, [(("t", 0), Pending(1, None))]),
             markers_record(10, [("g", 7, False)]),
         ]
     )
@@ -131,7 +132,7 @@ def test_offsets_expire_retention_after_the_later_of_commit_and_the_group_emptyi
     assert state.expired("g", 10 * DAY_MS, retention) == [("t", 0)]
     assert state.expired("g", 12 * DAY_MS, retention) == [("t", 0), ("t", 1)]
     # A partition an open transaction holds is kept.
-    state.apply(pending_record("g", 3 * DAY_MS, 9, [(("t", 1), Pending(2, None))]))
+    state.apply(pending_record("g", 3 * DAY_MS, 9, 0, [(("t", 1), Pending(2, None))]))
     assert state.expired("g", 12 * DAY_MS, retention) == [("t", 0)]
     state.apply(expire_record("g", [("t", 0)]))
     g = state.group("g")
@@ -155,25 +156,42 @@ def test_a_snapshot_replays_to_the_same_state_and_count() -> None:
             commit_record(
                 "g", None, 1, [(("t", 0), Pending(3, "x")), (("u", 2), Pending(0, None))]
             ),
-            pending_record("g", None, 5, [(("t", 0), Pending(9, None))]),
+            pending_record("g", None, 5, 2, [(("t", 0), Pending(9, None))]),
             commit_record("h", 4, 4, [(("t", 1), Pending(8, None))]),
+            # Written before pending records held the epoch: it stays unknown.
+            ["pending", "h", 4, 6, [["t", 2, 7, None]]],
         ]
     )
     again = replayed(list(state.snapshot()))
-    assert view(again) == view(state) and again.held == state.held == 4
+    assert view(again) == view(state) and again.held == state.held == 5
+    assert again.pending_owners() == {("g", 5, 2), ("h", 6, None)}
     # A "group" record replaces the group it names, count included.
     again.apply(
         next(iter(replayed([commit_record("g", 1, 1, [(("t", 0), Pending(1, None))])]).snapshot()))
     )
-    assert again.held == 2
+    assert again.held == 3
+
+
+def test_a_marker_ends_the_pending_offsets_of_its_own_epoch_only() -> None:
+    """A producer's transaction at epoch 4 wrote offsets; the ending of its transaction
+    at epoch 3 (written again by recovery) must not commit them, and does not hold them;
+    an epoch of None (recovery's orphans) holds them, and so does a legacy record's."""
+    state = replayed([pending_record("g", None, 9, 4, [(("t", 0), Pending(20, None))])])
+    assert not state.holds_pending("g", 9, 3)
+    assert state.holds_pending("g", 9, 4) and state.holds_pending("g", 9, None)
+    assert not state.holds_pending("g", 8, 4) and not state.holds_pending("h", 9, 4)
+    legacy = replayed([["pending", "g", None, 9, [["t", 0, 20, None]]]])
+    assert legacy.holds_pending("g", 9, 3) and legacy.pending_owners() == {("g", 9, None)}
+    state.apply(markers_record(5, [("g", 9, True)]))
+    assert state.pending_owners() == set() and state.group("g") is not None
 
 
 def test_a_deleted_topic_leaves_every_group_committed_and_pending() -> None:
     records = [
         commit_record("g", 1, 1, [(("t", 0), Pending(3, None)), (("u", 0), Pending(1, None))]),
         commit_record("h", 1, 1, [(("t", 1), Pending(5, None))]),
-        pending_record("g", 1, 42, [(("t", 0), Pending(4, None)), (("u", 0), Pending(2, None))]),
-        pending_record("g", 1, 43, [(("t", 1), Pending(6, None))]),
+        pending_record("g", 1, 42, 0, [(("t", 0), Pending(4, None)), (("u", 0), Pending(2, None))]),
+        pending_record("g", 1, 43, 0, [(("t", 1), Pending(6, None))]),
     ]
     state = replayed(records)
     assert sorted(state.holds_topic("t")) == ["g", "h"] and state.holds_topic("v") == []

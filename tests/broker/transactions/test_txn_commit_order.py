@@ -48,7 +48,7 @@ class _OffsetsBeingSynced:
         self.waited_for: list[set[str]] = []
         self.markers: list[object] = []
 
-    def pending_owners(self) -> set[tuple[str, int]]:
+    def pending_owners(self) -> set[tuple[str, int, int | None]]:
         return set()
 
     async def settled(self, group_ids: Iterable[str]) -> None:

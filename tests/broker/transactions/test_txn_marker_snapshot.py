@@ -211,7 +211,7 @@ class _Committer:
 
 
 class _NoGroups:
-    def pending_owners(self) -> set[tuple[str, int]]:
+    def pending_owners(self) -> set[tuple[str, int, int | None]]:
         return set()
 
     async def write_markers(self, markers: object) -> None:

@@ -51,16 +51,20 @@ class _OffsetsSyncedOnRelease:
         self.released = anyio.Event()
         self.pending = True
 
-    def pending_owners(self) -> set[tuple[str, int]]:
+    def pending_owners(self) -> set[tuple[str, int, int | None]]:
         return set()
 
     async def settled(self, group_ids: Iterable[str]) -> None:
         pass
 
-    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
+    async def write_markers(
+        self, markers: Sequence[tuple[int, int | None, Iterable[str], bool]]
+    ) -> None:
         await self.released.wait()  # a synced write: the answer would wait for it
 
-    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+    async def write_markers_now(
+        self, markers: Sequence[tuple[int, int | None, Iterable[str], bool]]
+    ) -> int:
         self.pending = False  # in force at once
         return 1
 
@@ -192,7 +196,7 @@ def test_a_failed_sync_of_the_groups_marker_leaves_the_end_decided(
             await anyio.wait_all_tasks_blocked()
             pid, epoch = await coordinator.init_producer("a", None, "User:ANONYMOUS")
             await coordinator.durable(coordinator.add_group("a", "g"))
-            pending = pending_record("g", None, pid, [(("t", 0), Pending(5, None))])
+            pending = pending_record("g", None, pid, epoch, [(("t", 0), Pending(5, None))])
             await offsets_log.durable(offsets_log.write(pending))
             offsets.state.apply(pending)
             armed = True
@@ -324,16 +328,20 @@ class _OffsetsSyncedOneByOne:
     def __init__(self) -> None:
         self.rounds: list[anyio.Event] = []
 
-    def pending_owners(self) -> set[tuple[str, int]]:
+    def pending_owners(self) -> set[tuple[str, int, int | None]]:
         return set()
 
     async def settled(self, group_ids: Iterable[str]) -> None:
         pass
 
-    async def write_markers(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> None:
+    async def write_markers(
+        self, markers: Sequence[tuple[int, int | None, Iterable[str], bool]]
+    ) -> None:
         pass
 
-    async def write_markers_now(self, markers: Sequence[tuple[int, Iterable[str], bool]]) -> int:
+    async def write_markers_now(
+        self, markers: Sequence[tuple[int, int | None, Iterable[str], bool]]
+    ) -> int:
         self.rounds.append(anyio.Event())
         return len(self.rounds)
 
