@@ -898,19 +898,21 @@ class TransactionCoordinator:
     async def _commit_in_one_round(self, entries: list[TxnEntry]) -> list[TxnEntry] | None:
         """EndTxn's commit in one fsync round before the answer, where `end_transactions`
         waits for two (the batches', then the decision's), for a transaction that wrote
-        to one partition and holds no group's offsets: its COMMIT marker goes right
-        behind its batches in the segment holding them, so the segment's round makes
-        them durable together and the marker decides the transaction (`recover` reads
-        it); the decision, COMPLETE already, is written after that round and synced
-        behind the answer. None, nothing done, for any other transaction, or when the
-        marker could not share its batches' segment (docs/transactions.md)."""
+        to one partition: its COMMIT marker goes right behind its batches in the segment
+        holding them, so the segment's round makes them durable together and the marker
+        decides the transaction (`recover` reads it); the decision, COMPLETE already, is
+        written after that round and synced behind the answer. A transaction holding
+        groups' offsets has them and its groups durable first (they are, once its
+        TxnOffsetCommit was answered), and its groups' marker written and in force
+        before the answer, synced behind it before COMPLETE is written
+        (`_settle_one_round`). None, nothing done, for any other transaction, or when
+        the marker could not share its batches' segment (docs/transactions.md)."""
         if len(entries) != 1 or self._settlers is None:
             return None
         entry = entries[0]
         if (
             entry.state != ONGOING
             or entry.classic
-            or entry.groups
             or len(entry.partitions) != 1
             or entry.producer_epoch >= PRODUCER_EPOCH_MAX
         ):
@@ -920,6 +922,11 @@ class TransactionCoordinator:
         pid, epoch = entry.producer_id, entry.producer_epoch
         if partition is None or not partition.producers.in_txn(pid):
             return None
+        if entry.groups:
+            # Once the marker is durable it commits the offsets, at recovery too: the
+            # pending offsets and the entry's hold of their groups come first.
+            await self.offsets.settled(entry.groups)
+            await self.log.durable(self.log.size_bytes)
         offset = partition.append_commit_first(pid, epoch, now_ms())
         if offset is None:
             return None
@@ -942,18 +949,79 @@ class TransactionCoordinator:
             raise StorageError(f"the commit's round failed: {failures[0]}")
         crash_point("txn_markers_durable")
         done = completed(decision, now_ms())
+        if entry.groups:
+            return [await self._groups_then_settle(decision, done, partition, self._settlers)]
+        self._complete_one_round(done, partition, pid, epoch)
+        return [done]
+
+    def _complete_one_round(
+        self, done: TxnEntry, partition: Partition, pid: int, epoch: int
+    ) -> None:
+        """Write a one-round commit's COMPLETE, synced behind the answer: until then its
+        marker decides it."""
         end = self._write_or_install(done)
         # Until `txn.wal` holds the decision on disk, the marker decides it; should the
         # write have failed, the id's state is written before its next marker.
-        self._one_round_ends[entry.transactional_id] = end or UNWRITTEN
+        self._one_round_ends[done.transactional_id] = end or UNWRITTEN
         if end:
             self.sync_soon(
                 end,
                 functools.partial(
-                    self._one_round_synced, entry.transactional_id, end, partition, pid, epoch
+                    self._one_round_synced, done.transactional_id, end, partition, pid, epoch
                 ),
             )
-        return [done]
+
+    async def _groups_then_settle(
+        self,
+        decision: TxnEntry,
+        done: TxnEntry,
+        partition: Partition,
+        settlers: anyio.abc.TaskGroup,
+    ) -> TxnEntry:
+        """A one-round commit holding groups, its marker durable: the groups' marker
+        written and in force, the entry COMPLETE in memory, and `_settle_one_round`
+        started, which the id's next request waits for (`_locked`). Should the groups'
+        marker not be written, StorageError, and the decision is written for the sweep
+        to complete."""
+        pid, epoch = decision.marker_ids()
+        try:
+            groups_end = await self.offsets.write_markers_now([(pid, epoch, decision.groups, True)])
+        except OSError as exc:
+            self._write_or_install(decision)
+            raise StorageError(f"the groups' marker could not be written: {exc}") from exc
+        self._apply([done], [], [], [])
+        settled = anyio.Event()
+        self._settling[done.transactional_id] = settled
+        settlers.start_soon(self._settle_one_round, decision, done, partition, groups_end, settled)
+        return done
+
+    async def _settle_one_round(
+        self,
+        decision: TxnEntry,
+        done: TxnEntry,
+        partition: Partition,
+        groups_end: int,
+        settled: anyio.Event,
+    ) -> None:
+        """`_groups_then_settle`'s end: the groups' marker synced, then COMPLETE written
+        (a COMPLETE on disk before the groups' marker would leave the pending offsets to
+        no transaction, and recovery would drop them). A failed sync writes the
+        decision instead, for the sweep to complete (the marker decides until then)."""
+        tid = done.transactional_id
+        pid, epoch = decision.marker_ids()
+        try:
+            if groups_end:
+                await self.offsets.durable(groups_end)
+            crash_point("txn_group_markers_durable")
+            self._complete_one_round(done, partition, pid, epoch)
+        except OSError as exc:
+            log.error("event=txn_markers_sync_failed ids=%r error=%r", [tid], str(exc))
+            end = self._write_or_install(decision)
+            self._one_round_ends[tid] = end or UNWRITTEN
+        finally:
+            if self._settling.get(tid) is settled:
+                del self._settling[tid]
+            settled.set()
 
     def _one_round_synced(
         self, transactional_id: str, end: int, partition: Partition, pid: int, epoch: int

@@ -136,7 +136,10 @@ def test_kill_after_the_decision_shows_offsets_iff_committed(
             assert commit(c, "g", {0: 1, 1: 1})["error"] == 0
             tx = Txn(c)
             old = (tx.pid, tx.epoch)
+            # Two partitions: a commit of one takes one round, without a decision first
+            # (the next test).
             assert tx.send("t", 0, [b"out"])["error"] == 0
+            assert tx.send("t", 1, [b"out"])["error"] == 0
             assert txn_commit(tx, "g", {0: 20, 1: 21})["error"] == 0
             assert txn_commit(tx, "h", {1: 30})["error"] == 0
             try:
@@ -161,6 +164,72 @@ def test_kill_after_the_decision_shows_offsets_iff_committed(
             assert view == ([b"out"] if committed else [])
             # The client's retry of EndTxn gets the answer it lost.
             assert_end_txn_retry_answered(c, tx.id, old, committed)
+    finally:
+        broker.kill()
+
+
+@pytest.mark.parametrize(
+    "crash_at,lose",
+    [
+        ("txn_marker_written", None),
+        ("txn_markers_durable", None),
+        ("txn_group_markers_written", None),
+        ("txn_group_markers_written", "offsets.wal"),
+        ("txn_group_markers_durable", None),
+        (None, "txn.wal"),
+    ],
+)
+def test_kill_inside_a_one_round_commit_with_offsets(
+    tmp_path: Path, backend: str, crash_at: str | None, lose: str | None
+) -> None:
+    """A commit of one partition whose transaction holds two groups' offsets takes one
+    round (docs/transactions.md, "One round"): its COMMIT marker behind its batch,
+    synced, decides it; the groups' marker is written before the answer and synced
+    behind it, then COMPLETE is written. Killed at each step (the last, behind the
+    answer), or, answered, once COMPLETE is written (the id's next request waits for
+    it); then, where `lose` says, with the last record of a file cut as a power loss
+    before its sync would: the groups' marker (written, not synced), or COMPLETE
+    (behind the groups' marker on disk). The partition's marker decides the commit
+    at the next start, and the offsets commit with the batch, once."""
+    broker = fresh(tmp_path, backend, crash_at)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert commit(c, "g", {0: 1, 1: 1})["error"] == 0
+            tx = Txn(c)
+            old = (tx.pid, tx.epoch)
+            assert tx.send("t", 0, [b"out"])["error"] == 0
+            assert txn_commit(tx, "g", {0: 20, 1: 21})["error"] == 0
+            assert txn_commit(tx, "h", {1: 30})["error"] == 0
+            try:
+                answer = tx.end(committed=True)
+            except DROPPED:
+                pass
+            else:
+                # Killed behind the answer: once the groups' marker is written.
+                assert crash_at in ("txn_group_markers_durable", None), crash_at
+                assert answer["error"] == 0, answer
+            if crash_at is None:
+                # Waits for COMPLETE to be written (`_locked` waits for the settling).
+                assert_end_txn_retry_answered(c, tx.id, old, True)
+        assert broker.proc is not None
+        if crash_at is None:
+            broker.proc.kill()
+        broker.proc.wait(15)
+        if lose is not None:
+            path = broker.data_dir / ("transactions" if lose == "txn.wal" else "groups") / lose
+            records = list(scan_records(path.read_bytes(), path))
+            assert ("COMPLETE_COMMIT" if lose == "txn.wal" else "markers") in repr(records[-1][0])
+            with path.open("r+b") as f:
+                f.truncate(records[-2][1])
+        broker.restart_after_crash_point()
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "COMPLETE_COMMIT"
+            assert fetch(c, "g") == {0: (20, 0), 1: (21, 0)}
+            assert fetch(c, "h") == {0: (-1, 0), 1: (30, 0)}
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"out"]
+            assert "event=txn_decided_by_marker" in broker.log_text()
+            assert_end_txn_retry_answered(c, tx.id, old, True)
     finally:
         broker.kill()
 
