@@ -21,7 +21,6 @@ transaction ends.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Sequence
@@ -128,16 +127,8 @@ class TxnJoin(Protocol):
         ...
 
     def add_group(self, transactional_id: str, group_id: str) -> int:
-        """Make the transaction hold the group, written; return what `durable` must be
-        given before the answer (0: nothing written). ProtocolError when it may not."""
-        ...
-
-    async def durable(self, end: int) -> None:
-        """Return once the transaction log is on disk up to `end`; OSError if not."""
-        ...
-
-    def is_durable(self, end: int) -> bool:
-        """Whether the transaction log is on disk up to `end` already."""
+        """Make the transaction hold the group, written, not synced (the pending offsets
+        make it durable in effect). ProtocolError when it may not."""
         ...
 
 
@@ -322,11 +313,11 @@ class OffsetStore:
     ) -> m.TxnOffsetCommitResponse | WrittenCommit:
         """`principal`'s producer is judged, then the member, then the partitions; the group
         joins the transaction (written) and the pending offsets are written and in force,
-        under the id's, the member's and the group's locks; both are synced in one round
-        after they are let go, before the answer (`WrittenCommit`): the producer's
-        batches, and whatever its connection sends next, run meanwhile. Ending the
-        transaction waits for that round (`settled`), so its groups' marker comes after
-        the offsets on disk too."""
+        under the id's, the member's and the group's locks; the offsets are synced after
+        they are let go, before the answer (`WrittenCommit`): the producer's batches, and
+        whatever its connection sends next, run meanwhile. Ending the transaction waits
+        for that round (`settled`), so its groups' marker comes after the offsets on disk
+        too."""
         async with txn.locked(req.transactional_id):
             try:
                 txn.judge_offsets(
@@ -354,7 +345,7 @@ class OffsetStore:
                     topics=_answer(req.topics, verdicts.errors),
                 )
             try:
-                added = txn.add_group(req.transactional_id, req.group_id)
+                txn.add_group(req.transactional_id, req.group_id)
             except ProtocolError as exc:
                 return _txn_refused(req, exc.code, exc.message)
             since = empty_since(
@@ -383,28 +374,18 @@ class OffsetStore:
         accepted = {key for key, _ in verdicts.accepted}
 
         def is_durable() -> bool:
-            return self.log.is_durable(end) and txn.is_durable(added)
+            return self.log.is_durable(end)
 
         async def durable() -> None:
-            # The group's add and the pending offsets share one fsync round: either alone
-            # on disk after a crash is harmless (pending offsets no entry holds the group
-            # for are dropped by recovery; a group holding none gets no marker), and the
-            # client was answered neither.
-            failures: list[str] = []
-
-            async def sync(what: str, wait: Callable[[], Awaitable[None]]) -> None:
-                try:
-                    await wait()
-                except OSError as exc:
-                    failures.append(f"{what}: {exc}")
-
-            async with anyio.create_task_group() as tg:
-                if added:
-                    tg.start_soon(sync, "transaction log", functools.partial(txn.durable, added))
-                await sync("offsets log", functools.partial(self.log.durable_or_refuse, end))
-            if failures:
+            # The answer rests on the pending offsets alone: they carry the producer's
+            # pid and epoch, so should the group's add (written to txn.wal, synced by the
+            # next round there) be lost, recovery adopts the group for the transaction,
+            # as it adopts a partition by a batch (docs/transactions.md, "At start").
+            try:
+                await self.log.durable_or_refuse(end)
+            except OSError as exc:
                 response.error = ErrorCode.KAFKA_STORAGE_ERROR
-                response.message = failures[0]
+                response.message = f"offsets log: {exc}"
                 for t in response.topics:
                     for p in t.partitions:
                         if (t.topic, p.partition) in accepted:

@@ -557,9 +557,11 @@ class TransactionCoordinator:
 
     def add_group(self, transactional_id: str, group_id: str) -> int:
         """Make the transaction hold the group (it starts the transaction if none is open),
-        written, not synced: return the size `txn.wal` must reach on disk before the
-        TxnOffsetCommit is answered (0: the group was held already). The caller holds
-        `locked`, had the producer judged, and syncs it with the pending offsets."""
+        written, not synced: return the size `txn.wal` must reach on disk for it to be (0:
+        the group was held already). The caller holds `locked` and had the producer
+        judged; the TxnOffsetCommit's answer waits for its pending offsets alone, which
+        carry the producer's pid and epoch, so recovery adopts the group should this
+        record be lost (`recover`), and the next round of `txn.wal` takes it."""
         entry = self.entries[transactional_id]
         if entry.state == ONGOING and group_id in entry.groups:
             return 0
@@ -924,9 +926,8 @@ class TransactionCoordinator:
             return None
         if entry.groups:
             # Once the marker is durable it commits the offsets, at recovery too: the
-            # pending offsets and the entry's hold of their groups come first.
+            # pending offsets come first (they hold the groups for the entry, `recover`).
             await self.offsets.settled(entry.groups)
-            await self.log.durable(self.log.size_bytes)
         offset = partition.append_commit_first(pid, epoch, now_ms())
         if offset is None:
             return None

@@ -14,7 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from broker.partitions import TopicRegistry
-from broker.transactions.state import DECIDED, ENDED, ONGOING, OPEN, TxnEntry, with_partitions
+from broker.transactions.state import (
+    DECIDED,
+    ENDED,
+    ONGOING,
+    OPEN,
+    TxnEntry,
+    with_group,
+    with_partitions,
+)
 
 log = logging.getLogger(f"minibroker.{__name__}")
 
@@ -73,6 +81,12 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
         # epoch); the partition is the transaction's, which the marker then decides.
         log.warning("event=txn_partition_adopted id=%r topic=%s partition=%d", tid, *key)
         await coordinator.persist([with_partitions(coordinator.entries[tid], {key}, stamp)])
+    for tid, group_id in _lost_group_adds(coordinator):
+        # A TxnOffsetCommit's answer rests on its pending offsets alone: its group add,
+        # synced later, did not reach the disk; the offsets carry the entry's pid and
+        # epoch, so they are its current transaction's.
+        log.warning("event=txn_group_adopted id=%r group=%r", tid, group_id)
+        await coordinator.persist([with_group(coordinator.entries[tid], group_id, stamp)])
     for entry, committed in _decided_by_markers(coordinator):
         # The decision shared its fsync round with the markers and was lost: a marker
         # is only written for a decided transaction, so the one found decides it.
@@ -170,6 +184,29 @@ def _lost_adds(coordinator: Recovering) -> list[tuple[str, tuple[str, int]]]:
                 and key not in entry.partitions
             ):
                 found.append((entry.transactional_id, key))
+    return found
+
+
+def _lost_group_adds(coordinator: Recovering) -> list[tuple[str, str]]:
+    """(transactional id, group) where pending offsets carry the pid and epoch of the
+    entry's current transaction (ONGOING, or EMPTY or COMPLETE_* before its first add)
+    and the entry does not hold their group: the add was lost. Not for a classic entry,
+    whose AddOffsetsToTxn is durable before its offsets are written, and whose epoch
+    does not tell one transaction from the next."""
+    found = []
+    for group_id, pid, epoch in sorted(
+        coordinator.offsets.pending_owners(), key=lambda o: (o[0], o[1], o[2] or 0)
+    ):
+        owner_id = coordinator.owner_of(pid)
+        entry = None if owner_id is None else coordinator.entries.get(owner_id)
+        if (
+            entry is not None
+            and not entry.classic
+            and (entry.producer_id, entry.producer_epoch) == (pid, epoch)
+            and (entry.state == ONGOING or entry.state in ENDED)
+            and group_id not in entry.groups
+        ):
+            found.append((entry.transactional_id, group_id))
     return found
 
 

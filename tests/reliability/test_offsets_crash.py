@@ -7,12 +7,14 @@ pending offsets were written, (c) after the pending offsets are durable but befo
 the answer, and, in a transaction holding data on a partition and offsets in two
 groups, (d) after the decision, (e) after the groups' marker is written but not
 synced, (f) after every marker is durable but before COMPLETE (behind EndTxn's
-answer, which may be out before the kill). Points are armed with
-MINIBROKER_CRASH_AT (broker/crash_points.py). Last, (g) pending offsets whose
-transaction the coordinator lost (its last txn.wal record cut) are dropped at start,
-so OffsetFetch with require_stable does not answer UNSTABLE_OFFSET_COMMIT for ever,
-and (h) a transaction finished again from its decision after a power loss ends its own
-batches and offsets, not those of the producer's next transaction.
+answer, which may be out before the kill); the same for a commit of one partition,
+made in one round, at each of its steps. Points are armed with MINIBROKER_CRASH_AT
+(broker/crash_points.py). Then: (g) pending offsets whose transaction the
+coordinator lost (every txn.wal record cut) are dropped at start, so OffsetFetch
+with require_stable does not answer UNSTABLE_OFFSET_COMMIT for ever, while pending
+offsets whose group add alone was lost are adopted by the transaction their pid and
+epoch name; and (h) a transaction finished again from its decision after a power
+loss ends its own batches and offsets, not those of the producer's next transaction.
 """
 
 from __future__ import annotations
@@ -246,51 +248,60 @@ def test_pending_offsets_no_transaction_claims_are_dropped_at_start(
                 txn_commit(tx, "g", {0: 10})
         assert broker.proc is not None
         broker.proc.wait(15)
-        # The coordinator loses the record that put the group in the transaction (a torn
-        # last record is cut): the pending offsets now belong to no transaction.
+        # The coordinator loses every record of the producer's id (a damaged txn.wal, cut
+        # here): the pending offsets now belong to no transaction.
         wal = tmp_path / "data" / "transactions" / "txn.wal"
-        data = wal.read_bytes()
-        assert (
-            len(list(scan_records(data, wal))) == 2
-        )  # InitProducerId's entry, then the group joining
-        wal.write_bytes(data[:-1])
+        # InitProducerId's entry, then the group joining.
+        assert len(list(scan_records(wal.read_bytes(), wal))) == 2
+        wal.write_bytes(b"")
         broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             assert fetch(c, "g") == {0: (1, 0), 1: (-1, 0)}
             assert broker.log_shows("event=txn_orphan_offsets_dropped")
-            [listing] = c.call("ListTransactions")["transactions"]
-            assert listing["state"] == "EMPTY"
+            assert c.call("ListTransactions")["transactions"] == []
     finally:
         broker.kill()
 
 
-def test_pending_offsets_without_their_group_add_are_dropped(tmp_path: Path, backend: str) -> None:
-    """The group's add and the pending offsets share an fsync round: should the offsets
-    reach the disk and the add not (cut from `txn.wal` after the kill, as a power loss
-    before the round would), recovery drops them, and the client's retry, never
-    answered before, adds both again."""
-    broker = fresh(tmp_path, backend, "txn_offsets_pending_durable")
+@pytest.mark.parametrize("answered", [True, False])
+def test_pending_offsets_whose_group_add_was_lost_are_adopted(
+    tmp_path: Path, backend: str, answered: bool
+) -> None:
+    """A TxnOffsetCommit's answer waits for its pending offsets alone, not for the
+    group's add in txn.wal: should the offsets reach the disk and the add not (cut from
+    `txn.wal` after the kill, as a power loss before its sync would), the offsets,
+    carrying the entry's pid and epoch, are its transaction's, and recovery adopts the
+    group. Answered, the transaction commits them without a resend; killed before the
+    answer, the client's retry writes them again."""
+    broker = fresh(tmp_path, backend, None if answered else "txn_offsets_pending_durable")
     try:
         with WireClient(broker.bootstrap) as c:
             assert commit(c, "g", {0: 1})["error"] == 0
             tx = Txn(c)
             assert tx.send("t", 1, [b"out"])["error"] == 0
-            with pytest.raises(DROPPED):
-                txn_commit(tx, "g", {0: 10})
+            if answered:
+                assert txn_commit(tx, "g", {0: 10})["error"] == 0
+            else:
+                with pytest.raises(DROPPED):
+                    txn_commit(tx, "g", {0: 10})
         assert broker.proc is not None
+        if answered:
+            broker.proc.kill()
         broker.proc.wait(15)
         path = broker.data_dir / "transactions" / "txn.wal"
-        data = path.read_bytes()
-        ends = [end for _, end in scan_records(data, path)]
+        records = list(scan_records(path.read_bytes(), path))
+        assert "'g'" in repr(records[-1][0]) and "'g'" not in repr(records[-2][0])
         with path.open("r+b") as f:
-            f.truncate(ends[-2])
+            f.truncate(records[-2][1])
         broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
+            assert broker.log_shows("event=txn_group_adopted")
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == "ONGOING"
-            assert fetch(c, "g") == {0: (1, 0), 1: (-1, 0)}
+            assert fetch(c, "g") == {0: (-1, UNSTABLE), 1: (-1, 0)}
             tx.c = c
-            assert txn_commit(tx, "g", {0: 10})["error"] == 0
+            if not answered:
+                assert txn_commit(tx, "g", {0: 10})["error"] == 0
             assert tx.end(committed=True)["error"] == 0
             assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
             assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"out"]
