@@ -272,11 +272,13 @@ class PartitionProducerState:
     def in_txn_at(self, producer_id: int, producer_epoch: int) -> bool:
         """True while `producer_id` has a transaction open here whose batches carry
         `producer_epoch`: an ended transaction's marker, written again after a crash,
-        is not due where the producer's next transaction (a later epoch) is open."""
+        is not due where the producer's next transaction (a later epoch) is open. A
+        producer whose state was evicted or expired keeps its open transaction, of an
+        epoch no longer known: that one is taken to be it, so its marker is written."""
+        if producer_id not in self._open_txns:
+            return False
         entry = self._producers.get(producer_id)
-        return (
-            producer_id in self._open_txns and entry is not None and entry.epoch == producer_epoch
-        )
+        return entry is None or entry.epoch == producer_epoch
 
     def first_unstable_offset(self) -> int | None:
         """The first offset of the oldest open transaction: the last stable offset."""

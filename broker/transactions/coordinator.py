@@ -904,11 +904,11 @@ class TransactionCoordinator:
         holding them, so the segment's round makes them durable together and the marker
         decides the transaction (`recover` reads it); the decision, COMPLETE already, is
         written after that round and synced behind the answer. A transaction holding
-        groups' offsets has them and its groups durable first (they are, once its
-        TxnOffsetCommit was answered), and its groups' marker written and in force
-        before the answer, synced behind it before COMPLETE is written
-        (`_settle_one_round`). None, nothing done, for any other transaction, or when
-        the marker could not share its batches' segment (docs/transactions.md)."""
+        groups' offsets has them durable first (they are, once its TxnOffsetCommit was
+        answered; they hold its groups for it, `recover`), and its groups' marker
+        written and in force before the answer, synced behind it before COMPLETE is
+        written (`_settle_one_round`). None, nothing done, for any other transaction,
+        or when the marker could not share its batches' segment (docs/transactions.md)."""
         if len(entries) != 1 or self._settlers is None:
             return None
         entry = entries[0]

@@ -81,12 +81,7 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
         # epoch); the partition is the transaction's, which the marker then decides.
         log.warning("event=txn_partition_adopted id=%r topic=%s partition=%d", tid, *key)
         await coordinator.persist([with_partitions(coordinator.entries[tid], {key}, stamp)])
-    for tid, group_id in _lost_group_adds(coordinator):
-        # A TxnOffsetCommit's answer rests on its pending offsets alone: its group add,
-        # synced later, did not reach the disk; the offsets carry the entry's pid and
-        # epoch, so they are its current transaction's.
-        log.warning("event=txn_group_adopted id=%r group=%r", tid, group_id)
-        await coordinator.persist([with_group(coordinator.entries[tid], group_id, stamp)])
+    await _adopt_groups(coordinator, stamp)
     for entry, committed in _decided_by_markers(coordinator):
         # The decision shared its fsync round with the markers and was lost: a marker
         # is only written for a decided transaction, so the one found decides it.
@@ -98,6 +93,10 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
     if decided_entries:
         log.info("event=txn_recovery decided=%d", len(decided_entries))
         await coordinator.complete(decided_entries)
+    # A transaction finished just now (from its decision or its marker) moved its entry
+    # to the epoch at which the producer's next transaction, whose adds the crash took
+    # with the COMPLETE, wrote its answered offsets.
+    await _adopt_groups(coordinator, stamp)
     claimed: set[tuple[int, str, int]] = set()
     for entry in coordinator.entries.values():
         if entry.state in OPEN:
@@ -174,17 +173,20 @@ def _lost_adds(coordinator: Recovering) -> list[tuple[str, tuple[str, int]]]:
     for partition in coordinator.topics.all_partitions():
         key = (partition.topic, partition.index)
         for pid, (_offset, epoch, _committed) in partition.producers.markers.items():
-            owner_id = coordinator.owner_of(pid)
-            entry = None if owner_id is None else coordinator.entries.get(owner_id)
-            if (
-                entry is not None
-                and not entry.classic
-                and (entry.producer_id, entry.producer_epoch) == (pid, epoch)
-                and (entry.state == ONGOING or entry.state in ENDED)
-                and key not in entry.partitions
-            ):
+            entry = _current_native(coordinator, pid, epoch)
+            if entry is not None and key not in entry.partitions:
                 found.append((entry.transactional_id, key))
     return found
+
+
+async def _adopt_groups(coordinator: Recovering, stamp: int) -> None:
+    """Add each group whose add was lost (`_lost_group_adds`) to its transaction."""
+    for tid, group_id in _lost_group_adds(coordinator):
+        # A TxnOffsetCommit's answer rests on its pending offsets alone: its group add,
+        # synced later, did not reach the disk; the offsets carry the entry's pid and
+        # epoch, so they are its current transaction's.
+        log.warning("event=txn_group_adopted id=%r group=%r", tid, group_id)
+        await coordinator.persist([with_group(coordinator.entries[tid], group_id, stamp)])
 
 
 def _lost_group_adds(coordinator: Recovering) -> list[tuple[str, str]]:
@@ -197,17 +199,26 @@ def _lost_group_adds(coordinator: Recovering) -> list[tuple[str, str]]:
     for group_id, pid, epoch in sorted(
         coordinator.offsets.pending_owners(), key=lambda o: (o[0], o[1], o[2] or 0)
     ):
-        owner_id = coordinator.owner_of(pid)
-        entry = None if owner_id is None else coordinator.entries.get(owner_id)
-        if (
-            entry is not None
-            and not entry.classic
-            and (entry.producer_id, entry.producer_epoch) == (pid, epoch)
-            and (entry.state == ONGOING or entry.state in ENDED)
-            and group_id not in entry.groups
-        ):
+        entry = None if epoch is None else _current_native(coordinator, pid, epoch)
+        if entry is not None and group_id not in entry.groups:
             found.append((entry.transactional_id, group_id))
     return found
+
+
+def _current_native(coordinator: Recovering, pid: int, epoch: int) -> TxnEntry | None:
+    """The entry whose current transaction (ONGOING, or EMPTY or COMPLETE_* before its
+    first add) runs at `pid` and `epoch`; None for a classic entry, whose epoch does
+    not tell one transaction from the next."""
+    owner_id = coordinator.owner_of(pid)
+    entry = None if owner_id is None else coordinator.entries.get(owner_id)
+    if (
+        entry is None
+        or entry.classic
+        or (entry.producer_id, entry.producer_epoch) != (pid, epoch)
+        or not (entry.state == ONGOING or entry.state in ENDED)
+    ):
+        return None
+    return entry
 
 
 def _decided_by_markers(coordinator: Recovering) -> list[tuple[TxnEntry, bool]]:

@@ -76,6 +76,26 @@ def fetch(c: WireClient, group: str) -> dict[int, tuple[int, int]]:
     return {p["partition"]: (p["offset"], p["error"]) for p in r["topics"][0]["partitions"]}
 
 
+def end_with_two_groups(
+    c: WireClient, partitions: list[int], committed: bool
+) -> tuple[Txn, tuple[int, int], dict[str, Any] | None]:
+    """Group g at offsets 1 and 1; then a transaction writes b"out" to each of
+    `partitions` of t, offsets 20 and 21 for g and 30 for h (partition 1), and ends:
+    the transaction, its producer id and epoch, and EndTxn's answer (None: the
+    connection dropped)."""
+    assert commit(c, "g", {0: 1, 1: 1})["error"] == 0
+    tx = Txn(c)
+    old = (tx.pid, tx.epoch)
+    for partition in partitions:
+        assert tx.send("t", partition, [b"out"])["error"] == 0
+    assert txn_commit(tx, "g", {0: 20, 1: 21})["error"] == 0
+    assert txn_commit(tx, "h", {1: 30})["error"] == 0
+    try:
+        return tx, old, tx.end(committed=committed)
+    except DROPPED:
+        return tx, old, None
+
+
 def test_kill_after_a_commit_is_durable_keeps_it(tmp_path: Path, backend: str) -> None:
     broker = fresh(tmp_path, backend, "offset_commit_durable")
     try:
@@ -135,20 +155,10 @@ def test_kill_after_the_decision_shows_offsets_iff_committed(
     broker = fresh(tmp_path, backend, crash_at)
     try:
         with WireClient(broker.bootstrap) as c:
-            assert commit(c, "g", {0: 1, 1: 1})["error"] == 0
-            tx = Txn(c)
-            old = (tx.pid, tx.epoch)
             # Two partitions: a commit of one takes one round, without a decision first
             # (the next test).
-            assert tx.send("t", 0, [b"out"])["error"] == 0
-            assert tx.send("t", 1, [b"out"])["error"] == 0
-            assert txn_commit(tx, "g", {0: 20, 1: 21})["error"] == 0
-            assert txn_commit(tx, "h", {1: 30})["error"] == 0
-            try:
-                answer = tx.end(committed=committed)
-            except DROPPED:
-                pass
-            else:
+            tx, old, answer = end_with_two_groups(c, [0, 1], committed)
+            if answer is not None:
                 # Killed at txn_markers_durable, behind the answer: EndTxn answers once
                 # the decision is durable and its markers, the groups' too, are written.
                 assert crash_at == "txn_markers_durable" and answer["error"] == 0, answer
@@ -196,17 +206,8 @@ def test_kill_inside_a_one_round_commit_with_offsets(
     broker = fresh(tmp_path, backend, crash_at)
     try:
         with WireClient(broker.bootstrap) as c:
-            assert commit(c, "g", {0: 1, 1: 1})["error"] == 0
-            tx = Txn(c)
-            old = (tx.pid, tx.epoch)
-            assert tx.send("t", 0, [b"out"])["error"] == 0
-            assert txn_commit(tx, "g", {0: 20, 1: 21})["error"] == 0
-            assert txn_commit(tx, "h", {1: 30})["error"] == 0
-            try:
-                answer = tx.end(committed=True)
-            except DROPPED:
-                pass
-            else:
+            tx, old, answer = end_with_two_groups(c, [0], True)
+            if answer is not None:
                 # Killed behind the answer: once the groups' marker is written.
                 assert crash_at in ("txn_group_markers_durable", None), crash_at
                 assert answer["error"] == 0, answer
@@ -403,27 +404,28 @@ def test_answers_stay_in_order_behind_a_txn_offset_commit(tmp_path: Path, backen
         broker.kill()
 
 
+@pytest.mark.parametrize("one_round", [False, True])
 @pytest.mark.parametrize("offsets", [True, False])
 def test_an_ended_transaction_finished_again_leaves_the_next_one_open(
-    tmp_path: Path, backend: str, offsets: bool
+    tmp_path: Path, backend: str, offsets: bool, one_round: bool
 ) -> None:
-    """Transaction N commits a batch on each partition and offset 10 (answered); N+1
-    writes a batch to partition 0 (answered) and offset 20. N's COMPLETE is written
-    behind N's answer without a sync, N+1's partition add is durable through its batch
-    and its group add shares a round with its pending offsets: a power loss can keep
-    N+1's batch and offsets and lose everything `txn.wal` took after N's decision (cut
-    here after a kill -9). Recovery finishes N again from its decision: its markers
-    end N's batches and offsets, not N+1's (a later epoch), so N+1's batch is adopted,
-    still open, and its offsets, which no transaction holds, are dropped: the group
-    reads 10 and read_committed sees N alone, until the client, never answered for
-    the offsets, sends them again and commits."""
+    """Transaction N commits a batch (on both partitions, or on one: a commit in one
+    round) and offset 10, answered; N+1 writes a batch to partition 0 and offset 20,
+    both answered. N's COMPLETE is written behind N's answer (synced later), and N+1's
+    partition and group adds are durable only through its batch and its offsets: a
+    power loss can keep all of N+1's and lose everything `txn.wal` took after N's
+    decision, or, for a commit in one round, after N's last add (cut here after a
+    kill -9). Recovery finishes N again, from its decision or its marker: N's markers
+    end N's batches and offsets, not N+1's (a later epoch), and N+1's batch and
+    offsets, of the entry's epoch once N is finished, are adopted: N+1 is open, and
+    the client, answered for both, commits it."""
     broker = fresh(tmp_path, backend, None)
     try:
         with WireClient(broker.bootstrap) as c:
             tx = Txn(c)
-            # Two partitions, so that N's commit writes a decision to txn.wal.
             assert tx.send("t", 0, [b"n"])["error"] == 0
-            assert tx.send("t", 1, [b"n"])["error"] == 0
+            if not one_round:
+                assert tx.send("t", 1, [b"n"])["error"] == 0
             assert txn_commit(tx, "g", {0: 10})["error"] == 0
             assert tx.end(committed=True)["error"] == 0
             assert tx.send("t", 0, [b"n+1"])["error"] == 0
@@ -432,24 +434,24 @@ def test_an_ended_transaction_finished_again_leaves_the_next_one_open(
         assert broker.proc is not None
         broker.proc.kill()
         broker.proc.wait(15)
-        # Keep `txn.wal` up to N's decision: its COMPLETE, N+1's adds, all after it.
         path = broker.data_dir / "transactions" / "txn.wal"
         records = list(scan_records(path.read_bytes(), path))
-        [decision_end] = [end for body, end in records if "PREPARE_COMMIT" in repr(body)]
-        assert "COMPLETE_COMMIT" in repr([body for body, end in records if end > decision_end])
+        [complete] = [i for i, (body, _) in enumerate(records) if "COMPLETE_COMMIT" in repr(body)]
+        kept = records[complete - 1]
+        assert ("ONGOING" if one_round else "PREPARE_COMMIT") in repr(kept[0])
         with path.open("r+b") as f:
-            f.truncate(decision_end)
+            f.truncate(kept[1])
         broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
-            assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
             assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"n"]
+            assert fetch(c, "g") == {0: (-1, UNSTABLE) if offsets else (10, 0), 1: (-1, 0)}
             [listing] = c.call("ListTransactions")["transactions"]
             assert listing["state"] == "ONGOING"
             assert broker.log_shows("event=txn_partition_adopted")
+            assert ("event=txn_group_adopted" in broker.log_text()) == offsets
             tx.c = c
-            assert txn_commit(tx, "g", {0: 20})["error"] == 0
             assert tx.end(committed=True)["error"] == 0
-            assert fetch(c, "g") == {0: (20, 0), 1: (-1, 0)}
+            assert fetch(c, "g") == {0: (20 if offsets else 10, 0), 1: (-1, 0)}
             assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"n", b"n+1"]
     finally:
         broker.kill()

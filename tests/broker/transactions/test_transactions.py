@@ -569,3 +569,32 @@ def test_info_logs_a_summary_of_transactions_not_a_line_each(tmp_path: Path, bac
         assert "event=txn_decided" not in broker.log_text()
     finally:
         broker.kill()
+
+
+def test_a_commit_marks_a_partition_whose_producer_state_was_evicted(
+    tmp_path: Path, backend: str
+) -> None:
+    """With max_producers_per_partition = 1, an idempotent producer's batch on partition 0
+    evicts the transactional producer's state there while its transaction stays open:
+    the commit still writes its marker on both partitions, though the epoch of the
+    one open on partition 0 is no longer known (a marker is otherwise due only where
+    the transaction's own epoch is open), so read_committed sees the whole commit."""
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        extra_args=config_file(tmp_path, "max_producers_per_partition = 1\n"),
+    ).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 2) == 0
+            tx = Txn(c)
+            assert tx.send("t", 0, [b"a"])["error"] == 0
+            assert tx.send("t", 1, [b"b"])["error"] == 0
+            pid, epoch = c.init_producer()
+            batch = values_batch([b"x"], producer_id=pid, producer_epoch=epoch, base_sequence=0)
+            assert c.produce("t", 0, batch, acks=-1)["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"a", b"x"]
+            assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"b"]
+    finally:
+        broker.kill()
