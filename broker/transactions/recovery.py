@@ -75,28 +75,20 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
     partition holds open that no entry claims, so no last stable offset is stuck, and
     drop pending offsets no open transaction claims, so no OffsetFetch with
     require_stable waits for ever."""
-    for tid, key in _lost_adds(coordinator):
-        # A commit made in one round: its partition add, which no answer waited for, did
-        # not reach the disk and its marker did (the marker names the entry's pid and
-        # epoch); the partition is the transaction's, which the marker then decides.
-        log.warning("event=txn_partition_adopted id=%r topic=%s partition=%d", tid, *key)
-        await coordinator.persist([with_partitions(coordinator.entries[tid], {key}, stamp)])
-    await _adopt_groups(coordinator, stamp)
-    for entry, committed in _decided_by_markers(coordinator):
-        # The decision shared its fsync round with the markers and was lost: a marker
-        # is only written for a decided transaction, so the one found decides it.
-        log.warning(
-            "event=txn_decided_by_marker id=%r committed=%s", entry.transactional_id, committed
-        )
-        await coordinator.end_transactions([entry], committed, "recovery")
-    decided_entries = [e for e in coordinator.entries.values() if e.state in DECIDED]
-    if decided_entries:
-        log.info("event=txn_recovery decided=%d", len(decided_entries))
-        await coordinator.complete(decided_entries)
-    # A transaction finished just now (from its decision or its marker) moved its entry
-    # to the epoch at which the producer's next transaction, whose adds the crash took
-    # with the COMPLETE, wrote its answered offsets.
-    await _adopt_groups(coordinator, stamp)
+    # A power loss can take several transactions' records of one id at once: each
+    # later one is durable only through its batches, offsets and markers. Finishing
+    # one moves its entry to the next one's epoch, whose lost adds and marker the next
+    # pass finds; each pass adopts or ends something, or is the last.
+    passes_max = (
+        2
+        + len(coordinator.entries)
+        + sum(len(p.producers.markers) for p in coordinator.topics.all_partitions())
+    )
+    for _ in range(passes_max):
+        if not await _finish_one_pass(coordinator, stamp):
+            break
+    else:
+        raise AssertionError(f"recovery did not settle in {passes_max} passes")
     claimed: set[tuple[int, str, int]] = set()
     for entry in coordinator.entries.values():
         if entry.state in OPEN:
@@ -179,14 +171,37 @@ def _lost_adds(coordinator: Recovering) -> list[tuple[str, tuple[str, int]]]:
     return found
 
 
-async def _adopt_groups(coordinator: Recovering, stamp: int) -> None:
-    """Add each group whose add was lost (`_lost_group_adds`) to its transaction."""
-    for tid, group_id in _lost_group_adds(coordinator):
+async def _finish_one_pass(coordinator: Recovering, stamp: int) -> bool:
+    """Adopt the lost adds of each entry's current transaction, decide open ones by
+    their markers, and finish every decided one; whether anything changed."""
+    lost_adds = _lost_adds(coordinator)
+    for tid, key in lost_adds:
+        # A commit made in one round: its partition add, which no answer waited for, did
+        # not reach the disk and its marker did (the marker names the entry's pid and
+        # epoch); the partition is the transaction's, which the marker then decides.
+        log.warning("event=txn_partition_adopted id=%r topic=%s partition=%d", tid, *key)
+        await coordinator.persist([with_partitions(coordinator.entries[tid], {key}, stamp)])
+    lost_groups = _lost_group_adds(coordinator)
+    for tid, group_id in lost_groups:
         # A TxnOffsetCommit's answer rests on its pending offsets alone: its group add,
         # synced later, did not reach the disk; the offsets carry the entry's pid and
         # epoch, so they are its current transaction's.
         log.warning("event=txn_group_adopted id=%r group=%r", tid, group_id)
         await coordinator.persist([with_group(coordinator.entries[tid], group_id, stamp)])
+    by_markers = _decided_by_markers(coordinator)
+    for entry, committed in by_markers:
+        # The decision shared its fsync round with the markers and was lost, or a commit
+        # made in one round had none yet: a marker is only written for a decided
+        # transaction, so the one found decides it.
+        log.warning(
+            "event=txn_decided_by_marker id=%r committed=%s", entry.transactional_id, committed
+        )
+        await coordinator.end_transactions([entry], committed, "recovery")
+    decided_entries = [e for e in coordinator.entries.values() if e.state in DECIDED]
+    if decided_entries:
+        log.info("event=txn_recovery decided=%d", len(decided_entries))
+        await coordinator.complete(decided_entries)
+    return bool(lost_adds or lost_groups or by_markers or decided_entries)
 
 
 def _lost_group_adds(coordinator: Recovering) -> list[tuple[str, str]]:

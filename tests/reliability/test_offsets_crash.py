@@ -31,6 +31,8 @@ from harness.txn import Txn, assert_end_txn_retry_answered, committed_view
 from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode
 from protocol.framing import encode_frame
+from tests.reliability.conftest import config_file
+from tests.reliability.test_txn_crash import whole_log
 
 DROPPED = (ConnectionError, OSError, EOFError)
 UNSTABLE = ErrorCode.UNSTABLE_OFFSET_COMMIT
@@ -453,5 +455,109 @@ def test_an_ended_transaction_finished_again_leaves_the_next_one_open(
             assert tx.end(committed=True)["error"] == 0
             assert fetch(c, "g") == {0: (20 if offsets else 10, 0), 1: (-1, 0)}
             assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"n", b"n+1"]
+    finally:
+        broker.kill()
+
+
+def cut_txn_wal_to_the_first_decision(broker: BrokerProcess) -> None:
+    """Keep `txn.wal` up to the first PREPARE_COMMIT, as a power loss that took every
+    record after it (none synced since) would."""
+    path = broker.data_dir / "transactions" / "txn.wal"
+    records = list(scan_records(path.read_bytes(), path))
+    decision_end = next(end for body, end in records if "PREPARE_COMMIT" in repr(body))
+    assert decision_end < records[-1][1]
+    with path.open("r+b") as f:
+        f.truncate(decision_end)
+
+
+@pytest.mark.parametrize("lose_groups_marker", [False, True])
+def test_a_chain_of_answered_commits_outlives_the_loss_of_their_records(
+    tmp_path: Path, backend: str, lose_groups_marker: bool
+) -> None:
+    """N commits on two partitions (two rounds: its COMPLETE is written behind the
+    answer, unsynced); N+1 writes a batch and offset 20 and commits in one round, all
+    answered, none of it syncing `txn.wal`. A power loss takes everything `txn.wal`
+    holds after N's decision, and, here or not, N+1's groups' marker (synced behind
+    its answer). Recovery finishes N, which moves the entry to N+1's epoch, and then
+    finds N+1's adds and its marker at that epoch: N+1 is committed with its offsets,
+    and the producer goes on at the epoch N+1's answer gave."""
+    broker = fresh(tmp_path, backend, None)
+    try:
+        with WireClient(broker.bootstrap) as c:
+            tx = Txn(c)
+            assert tx.send("t", 0, [b"n"])["error"] == 0
+            assert tx.send("t", 1, [b"n"])["error"] == 0
+            assert txn_commit(tx, "g", {0: 10})["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert tx.send("t", 0, [b"n+1"])["error"] == 0
+            assert txn_commit(tx, "g", {0: 20})["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+        assert broker.proc is not None
+        broker.proc.kill()
+        broker.proc.wait(15)
+        cut_txn_wal_to_the_first_decision(broker)
+        if lose_groups_marker:
+            path = broker.data_dir / "groups" / "offsets.wal"
+            records = list(scan_records(path.read_bytes(), path))
+            assert "markers" in repr(records[-1][0])
+            with path.open("r+b") as f:
+                f.truncate(records[-2][1])
+        broker.restart_after_crash_point()
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert (listing["state"], listing["producer_epoch"]) == ("COMPLETE_COMMIT", tx.epoch)
+            assert fetch(c, "g") == {0: (20, 0), 1: (-1, 0)}
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"n", b"n+1"]
+            tx.c = c
+            assert tx.send("t", 1, [b"n+2"])["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            # (Whole logs: the restart after a kill starts a new segment.)
+            kinds = [kind for kind, _ in whole_log(c, 1)]
+            assert kinds == ["data", "COMMIT", "data", "COMMIT"], kinds
+            assert committed_view(c.fetch("t", 1, 0, isolation_level=1)) == [b"n"]
+    finally:
+        broker.kill()
+
+
+def test_a_timeout_abort_whose_decision_was_lost_stays_an_abort(
+    tmp_path: Path, backend: str
+) -> None:
+    """N commits on two partitions (its COMPLETE unsynced); N+1 writes a batch and
+    offset 20, answered, then times out: the sweep aborts it, and the broker is killed
+    once its ABORT marker is written, then `txn.wal` is cut back to N's decision (the
+    abort's decision shared the markers' round and was lost with N's COMPLETE and
+    N+1's adds). Recovery finishes N, then decides N+1 by its ABORT marker: its batch
+    and its offsets go, and the client, which never learned of the abort, cannot
+    commit it."""
+    broker = BrokerProcess(
+        tmp_path / "data",
+        backend=backend,
+        env={ENV: "txn_marker_written:3"},
+        extra_args=config_file(
+            tmp_path, "transaction_abort_timed_out_transaction_cleanup_interval_ms = 100\n"
+        ),
+    ).start()
+    try:
+        with WireClient(broker.bootstrap) as c:
+            assert c.create_topic("t", 2) == 0
+            tx = Txn(c, timeout_ms=1000)
+            assert tx.send("t", 0, [b"n"])["error"] == 0
+            assert tx.send("t", 1, [b"n"])["error"] == 0
+            assert txn_commit(tx, "g", {0: 10})["error"] == 0
+            assert tx.end(committed=True)["error"] == 0
+            assert tx.send("t", 0, [b"n+1"])["error"] == 0
+            assert txn_commit(tx, "g", {0: 20})["error"] == 0
+        assert broker.proc is not None
+        broker.proc.wait(30)  # the sweep's abort reaches its third marker
+        cut_txn_wal_to_the_first_decision(broker)
+        broker.restart_after_crash_point()
+        with WireClient(broker.bootstrap) as c:
+            [listing] = c.call("ListTransactions")["transactions"]
+            assert listing["state"] == "COMPLETE_ABORT"
+            assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
+            assert committed_view(c.fetch("t", 0, 0, isolation_level=1)) == [b"n"]
+            tx.c = c
+            assert tx.end(committed=True)["error"] != 0
+            assert fetch(c, "g") == {0: (10, 0), 1: (-1, 0)}
     finally:
         broker.kill()
