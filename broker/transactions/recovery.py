@@ -157,18 +157,27 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
 
 
 def _lost_adds(coordinator: Recovering) -> list[tuple[str, tuple[str, int]]]:
-    """(transactional id, partition) where a partition remembers a marker of the entry's
-    current pid and epoch though the entry, ONGOING, EMPTY or COMPLETE_* (which hold
-    none), does not hold it: the transaction's add was lost. Not for a classic entry,
-    whose markers follow its durable decision (which moves it to its next epoch)."""
-    found = []
+    """(transactional id, partition) where a partition holds a marker, or an open
+    transaction's batches, of the entry's current pid and epoch though the entry,
+    ONGOING, EMPTY or COMPLETE_* (which hold none), does not hold it: the
+    transaction's add was lost. Both are adopted before a marker decides the
+    transaction, so that its decision reaches every partition it wrote to: decided
+    first, the entry would move to its next epoch and step 5 would abort the
+    batches a commit's answer had counted. Not for a classic entry, whose adds are
+    durable before its batches and whose markers follow its durable decision."""
+    found: dict[tuple[str, tuple[str, int]], None] = {}
     for partition in coordinator.topics.all_partitions():
         key = (partition.topic, partition.index)
-        for pid, (_offset, epoch, _committed) in partition.producers.markers.items():
-            entry = _current_native(coordinator, pid, epoch)
+        producers = partition.producers
+        ids: list[tuple[int, int | None]] = [
+            (pid, epoch) for pid, (_offset, epoch, _committed) in producers.markers.items()
+        ]
+        ids += [(pid, producers.epoch_of(pid)) for pid in producers.open_txns]
+        for pid, epoch in ids:
+            entry = None if epoch is None else _current_native(coordinator, pid, epoch)
             if entry is not None and key not in entry.partitions:
-                found.append((entry.transactional_id, key))
-    return found
+                found[(entry.transactional_id, key)] = None
+    return list(found)
 
 
 async def _finish_one_pass(coordinator: Recovering, stamp: int) -> bool:
@@ -176,9 +185,9 @@ async def _finish_one_pass(coordinator: Recovering, stamp: int) -> bool:
     their markers, and finish every decided one; whether anything changed."""
     lost_adds = _lost_adds(coordinator)
     for tid, key in lost_adds:
-        # A commit made in one round: its partition add, which no answer waited for, did
-        # not reach the disk and its marker did (the marker names the entry's pid and
-        # epoch); the partition is the transaction's, which the marker then decides.
+        # Its partition add, which no answer waited for, did not reach the disk, and its
+        # batch or its marker did (they name the entry's pid and epoch): the partition is
+        # the transaction's, which a marker may then decide.
         log.warning("event=txn_partition_adopted id=%r topic=%s partition=%d", tid, *key)
         await coordinator.persist([with_partitions(coordinator.entries[tid], {key}, stamp)])
     lost_groups = _lost_group_adds(coordinator)

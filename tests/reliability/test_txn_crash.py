@@ -258,12 +258,17 @@ def test_kill_after_the_batch_is_appended(tmp_path: Path, backend: str, lose_the
         broker.kill()
 
 
+@pytest.mark.parametrize("records_lost", [1, 3, 4])
 @pytest.mark.parametrize("committed", [True, False])
 def test_a_marker_decides_when_the_decision_was_lost(
-    tmp_path: Path, backend: str, committed: bool
+    tmp_path: Path, backend: str, committed: bool, records_lost: int
 ) -> None:
     """The decision and the markers share an fsync round: a marker on disk without its
-    decision decides the transaction, and recovery writes the other markers."""
+    decision decides the transaction, and recovery writes the other markers. The
+    partitions' adds are durable only through their batches (acks=-1): lost with the
+    decision (the last 3 or 4 records of `txn.wal` cut: the decision and the adds of
+    partitions 2 and 1, or of all three), the partitions are adopted by their batches
+    and the marker before it decides, so the commit reaches all three partitions."""
     broker = fresh(tmp_path, backend, "txn_marker_written")
     try:
         with WireClient(broker.bootstrap) as c:
@@ -275,7 +280,11 @@ def test_a_marker_decides_when_the_decision_was_lost(
                 tx.end(committed=committed)
         assert broker.proc is not None
         broker.proc.wait(15)
-        lose_last_txn_record(broker)
+        path = broker.data_dir / "transactions" / "txn.wal"
+        records = list(scan_records(path.read_bytes(), path))
+        assert len(records) == 1 + PARTITIONS + 1  # InitProducerId, 3 adds, the decision
+        with path.open("r+b") as f:
+            f.truncate(records[-1 - records_lost][1])
         broker.restart_after_crash_point()
         with WireClient(broker.bootstrap) as c:
             [listing] = c.call("ListTransactions")["transactions"]
