@@ -406,6 +406,23 @@ def test_answers_stay_in_order_behind_a_txn_offset_commit(tmp_path: Path, backen
         broker.kill()
 
 
+def commit_then_write_the_next(
+    c: WireClient, *, one_round: bool = False, offsets: bool = True, timeout_ms: int = 60_000
+) -> Txn:
+    """Transaction N: b"n" on partitions 0 and 1 (partition 0 alone with `one_round`)
+    and offset 10 in group g, committed; then N+1: b"n+1" on partition 0 and, with
+    `offsets`, offset 20 in g. Every request answered; N+1 left open."""
+    tx = Txn(c, timeout_ms=timeout_ms)
+    for partition in [0] if one_round else [0, 1]:
+        assert tx.send("t", partition, [b"n"])["error"] == 0
+    assert txn_commit(tx, "g", {0: 10})["error"] == 0
+    assert tx.end(committed=True)["error"] == 0
+    assert tx.send("t", 0, [b"n+1"])["error"] == 0
+    if offsets:
+        assert txn_commit(tx, "g", {0: 20})["error"] == 0
+    return tx
+
+
 @pytest.mark.parametrize("one_round", [False, True])
 @pytest.mark.parametrize("offsets", [True, False])
 def test_an_ended_transaction_finished_again_leaves_the_next_one_open(
@@ -424,15 +441,7 @@ def test_an_ended_transaction_finished_again_leaves_the_next_one_open(
     broker = fresh(tmp_path, backend, None)
     try:
         with WireClient(broker.bootstrap) as c:
-            tx = Txn(c)
-            assert tx.send("t", 0, [b"n"])["error"] == 0
-            if not one_round:
-                assert tx.send("t", 1, [b"n"])["error"] == 0
-            assert txn_commit(tx, "g", {0: 10})["error"] == 0
-            assert tx.end(committed=True)["error"] == 0
-            assert tx.send("t", 0, [b"n+1"])["error"] == 0
-            if offsets:
-                assert txn_commit(tx, "g", {0: 20})["error"] == 0
+            tx = commit_then_write_the_next(c, one_round=one_round, offsets=offsets)
         assert broker.proc is not None
         broker.proc.kill()
         broker.proc.wait(15)
@@ -484,13 +493,7 @@ def test_a_chain_of_answered_commits_outlives_the_loss_of_their_records(
     broker = fresh(tmp_path, backend, None)
     try:
         with WireClient(broker.bootstrap) as c:
-            tx = Txn(c)
-            assert tx.send("t", 0, [b"n"])["error"] == 0
-            assert tx.send("t", 1, [b"n"])["error"] == 0
-            assert txn_commit(tx, "g", {0: 10})["error"] == 0
-            assert tx.end(committed=True)["error"] == 0
-            assert tx.send("t", 0, [b"n+1"])["error"] == 0
-            assert txn_commit(tx, "g", {0: 20})["error"] == 0
+            tx = commit_then_write_the_next(c)
             assert tx.end(committed=True)["error"] == 0
         assert broker.proc is not None
         broker.proc.kill()
@@ -540,13 +543,7 @@ def test_a_timeout_abort_whose_decision_was_lost_stays_an_abort(
     try:
         with WireClient(broker.bootstrap) as c:
             assert c.create_topic("t", 2) == 0
-            tx = Txn(c, timeout_ms=1000)
-            assert tx.send("t", 0, [b"n"])["error"] == 0
-            assert tx.send("t", 1, [b"n"])["error"] == 0
-            assert txn_commit(tx, "g", {0: 10})["error"] == 0
-            assert tx.end(committed=True)["error"] == 0
-            assert tx.send("t", 0, [b"n+1"])["error"] == 0
-            assert txn_commit(tx, "g", {0: 20})["error"] == 0
+            tx = commit_then_write_the_next(c, timeout_ms=1000)
         assert broker.proc is not None
         broker.proc.wait(30)  # the sweep's abort reaches its third marker
         cut_txn_wal_to_the_first_decision(broker)
