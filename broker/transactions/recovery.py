@@ -97,14 +97,10 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
         for pid in partition.producers.open_txns:
             if (pid, partition.topic, partition.index) in claimed:
                 continue
-            owner_id = coordinator.owner_of(pid)
-            owner = None if owner_id is None else coordinator.entries.get(owner_id)
-            if (
-                owner is not None
-                and owner.producer_id == pid
-                and (owner.state == ONGOING or owner.state in ENDED)
-                and partition.producers.epoch_of(pid) == owner.producer_epoch
-            ):
+            epoch = partition.producers.epoch_of(pid)
+            owner = None if epoch is None else _current_entry(coordinator, pid, epoch)
+            if owner is not None:
+                # (A classic entry's: a native one's was adopted by the passes above.)
                 # The current transaction's batch reached the disk and its partition
                 # add, which shared the round, did not: the batch is the transaction's
                 # (its pid and epoch say so), and a retry of it would be answered as a
@@ -118,7 +114,6 @@ async def recover(coordinator: Recovering, stamp: int) -> None:
                 key = (partition.topic, partition.index)
                 await coordinator.persist([with_partitions(owner, {key}, stamp)])
                 continue
-            epoch = partition.producers.epoch_of(pid)
             log.warning(
                 "event=txn_orphan_aborted topic=%s partition=%d producer_id=%d",
                 partition.topic,
@@ -230,14 +225,19 @@ def _lost_group_adds(coordinator: Recovering) -> list[tuple[str, str]]:
 
 
 def _current_native(coordinator: Recovering, pid: int, epoch: int) -> TxnEntry | None:
+    """`_current_entry`, but None for a classic entry, whose epoch does not tell one
+    transaction from the next."""
+    entry = _current_entry(coordinator, pid, epoch)
+    return None if entry is None or entry.classic else entry
+
+
+def _current_entry(coordinator: Recovering, pid: int, epoch: int) -> TxnEntry | None:
     """The entry whose current transaction (ONGOING, or EMPTY or COMPLETE_* before its
-    first add) runs at `pid` and `epoch`; None for a classic entry, whose epoch does
-    not tell one transaction from the next."""
+    first add) runs at `pid` and `epoch`."""
     owner_id = coordinator.owner_of(pid)
     entry = None if owner_id is None else coordinator.entries.get(owner_id)
     if (
         entry is None
-        or entry.classic
         or (entry.producer_id, entry.producer_epoch) != (pid, epoch)
         or not (entry.state == ONGOING or entry.state in ENDED)
     ):

@@ -31,7 +31,6 @@ from harness.txn import Txn, assert_end_txn_retry_answered, committed_view
 from harness.wire import WireClient, values_batch
 from protocol.errors import ErrorCode
 from protocol.framing import encode_frame
-from tests.reliability.conftest import config_file
 from tests.reliability.test_txn_crash import whole_log
 
 DROPPED = (ConnectionError, OSError, EOFError)
@@ -536,9 +535,7 @@ def test_a_timeout_abort_whose_decision_was_lost_stays_an_abort(
         tmp_path / "data",
         backend=backend,
         env={ENV: "txn_marker_written:3"},
-        extra_args=config_file(
-            tmp_path, "transaction_abort_timed_out_transaction_cleanup_interval_ms = 100\n"
-        ),
+        config="transaction_abort_timed_out_transaction_cleanup_interval_ms = 100\n",
     ).start()
     try:
         with WireClient(broker.bootstrap) as c:

@@ -580,9 +580,7 @@ def test_a_commit_marks_a_partition_whose_producer_state_was_evicted(
     one open on partition 0 is no longer known (a marker is otherwise due only where
     the transaction's own epoch is open), so read_committed sees the whole commit."""
     broker = BrokerProcess(
-        tmp_path / "data",
-        backend=backend,
-        extra_args=config_file(tmp_path, "max_producers_per_partition = 1\n"),
+        tmp_path / "data", backend=backend, config="max_producers_per_partition = 1\n"
     ).start()
     try:
         with WireClient(broker.bootstrap) as c:
